@@ -1,0 +1,39 @@
+"""The library's errors. Every one derives from ``LifecycleError``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lifecycle._executor import StepFailure
+    from lifecycle._states import State
+
+
+class LifecycleError(Exception):
+    """Base class of every error this library raises."""
+
+
+class InvalidTransition(LifecycleError):
+    """A trigger was pulled in a state that declares no edge for it; nothing was done."""
+
+    def __init__(self, state: State, trigger: str) -> None:
+        self.state = state
+        self.trigger = trigger
+        super().__init__(f"trigger {trigger!r} is not valid in state {state.value!r}")
+
+
+class ConfigError(LifecycleError, ValueError):
+    """A configuration value is invalid; raised before anything is acquired."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class TeardownError(LifecycleError):
+    """Success teardown had failing steps; ``failures`` lists every one, in order."""
+
+    def __init__(self, failures: tuple[StepFailure, ...]) -> None:
+        self.failures = failures
+        listed = "; ".join(f"{f.step}: {f.error!r}" for f in failures)
+        super().__init__(f"{len(failures)} teardown step(s) failed: {listed}")
