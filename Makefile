@@ -22,8 +22,8 @@ test: $(STAMP)
 	TORCH_CPP_LOG_LEVEL=error $(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lifecycle tests bench
-	$(VENV)/bin/ruff format --check lifecycle tests bench
+	$(VENV)/bin/ruff check lifecycle tests $(wildcard bench)
+	$(VENV)/bin/ruff format --check lifecycle tests $(wildcard bench)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict lifecycle
