@@ -1,5 +1,5 @@
 # Every target bootstraps .venv itself. torch==2.13.0 is the CPU build on disk here.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
