@@ -1,4 +1,11 @@
-"""lifecycle: the life of a distributed training session as an explicit state machine."""
+"""lifecycle: the life of a distributed training session as an explicit state machine.
+
+The vocabulary, table, ledger, plans and ``Session`` import neither torch nor
+Megatron-core. The names that need them (``TorchActions``, ``pretrain`` and its
+configuration) are loaded on first use.
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from lifecycle._errors import ConfigError, InvalidTransition, LifecycleError, TeardownError
 from lifecycle._executor import DistributedActions, StepFailure, StepRecord, TeardownReport
@@ -8,11 +15,35 @@ from lifecycle._session import CheckpointWriter, JournalEntry, Session
 from lifecycle._states import State, Trigger
 from lifecycle._table import TRANSITIONS, Edge, edges_from, reachable_states
 
+if TYPE_CHECKING:
+    from lifecycle._config import DistributedConfig, ParallelConfig
+    from lifecycle._distributed import TorchActions
+
+_LAZY = {
+    "DistributedConfig": "lifecycle._config",
+    "ParallelConfig": "lifecycle._config",
+    "TorchActions": "lifecycle._distributed",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load the names that need torch (or their configuration) on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lifecycle' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "TRANSITIONS",
     "CheckpointWriter",
     "ConfigError",
     "DistributedActions",
+    "DistributedConfig",
     "Edge",
     "InvalidTransition",
     "JournalEntry",
@@ -21,6 +52,7 @@ __all__ = [
     "LifecycleError",
     "Outcome",
     "Owner",
+    "ParallelConfig",
     "Plan",
     "Resource",
     "RestartMode",
@@ -32,6 +64,7 @@ __all__ = [
     "StepRecord",
     "TeardownError",
     "TeardownReport",
+    "TorchActions",
     "Trigger",
     "edges_from",
     "plan_teardown",
