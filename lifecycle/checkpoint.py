@@ -211,7 +211,10 @@ class AsyncCheckpointer:
         except BaseException as exc:  # noqa: BLE001 - always resolve the future, or finalize() waits forever
             if not isinstance(exc, Exception):
                 exc = CheckpointError(f"writer of {final} stopped: {exc!r}")
-            pending.future.set_exception(exc)
+            # The traceback holds this frame: `pending` (whose future holds the error) and
+            # `self` (its process group) would form a cycle only the GC frees, and gloo
+            # closes an aborted group's sockets only once the group object is freed.
+            pending.future.set_exception(exc.with_traceback(None))
 
     def finalize(self) -> int | None:
         """Success path, COLLECTIVE: wait for the in-flight save, then commit it as latest.
