@@ -1,0 +1,480 @@
+"""In-process restart: sessions run by NVIDIA Resiliency Extension's ``inprocess.Wrapper``.
+
+Under the Wrapper a failure on any rank restarts the wrapped function on every rank,
+in the same processes. The session releases on a failure only what is rank-local
+(in-flight checkpoints, user resources, signal handlers) and leaves the process group
+and the Megatron-core globals to the Wrapper, which runs this module's ``abort()`` (in
+its monitor thread, to unblock a main thread stuck in a collective) and then
+``finalize()`` (in the main thread, before the next iteration). Both run the steps of
+the ordinary failure plan for what the session deferred (``wrapper_plan``).
+
+A session learns that it runs under the Wrapper from the ``CallWrapper`` the Wrapper
+injects into the wrapped function (``session_for``); the iteration comes from it too.
+
+No ``from __future__ import annotations`` here, on purpose: the Wrapper finds the
+parameter to inject its ``CallWrapper`` into by evaluating annotations at run time,
+and fails on string or subscripted annotations. ``run`` gives it a thin entry
+function with one plainly annotated parameter.
+"""
+
+import dataclasses
+import datetime
+import gc
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from nvidia_resiliency_ext.inprocess import CallWrapper, Compose, Wrapper
+from nvidia_resiliency_ext.inprocess.abort import Abort
+from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+from nvidia_resiliency_ext.inprocess.finalize import Finalize
+from nvidia_resiliency_ext.inprocess.initialize import RetryController
+
+from lifecycle._config import LOOPBACK
+from lifecycle._errors import ConfigError, TeardownError
+from lifecycle._executor import DistributedActions, StepFailure, execute
+from lifecycle._ownership import Ledger, LedgerEntry, Owner, Resource
+from lifecycle._plans import LEFT_TO_WRAPPER, Outcome, Plan, RestartMode, Step, StepKind, left_alone, plan_teardown
+from lifecycle._session import CheckpointWriter, Session
+from lifecycle._states import State
+
+if TYPE_CHECKING:
+    from lifecycle._callbacks import Callback
+    from lifecycle._pretrain import BatchProvider, ForwardStepFunc, ModelProvider, PretrainResult
+    from lifecycle._train_config import PretrainConfig
+
+__all__ = [
+    "ABORT_STEPS",
+    "SessionAbort",
+    "SessionFinalize",
+    "abort",
+    "finalize",
+    "make_wrapper",
+    "restart_mode_from",
+    "run",
+    "session_for",
+    "teardown_table",
+    "wrapped_pretrain",
+    "wrapper_plan",
+]
+
+T = TypeVar("T")
+
+ABORT_STEPS: frozenset[StepKind] = frozenset({StepKind.ABORT_CHECKPOINTS, StepKind.ABORT_PROCESS_GROUP})
+"""The steps of ``wrapper_plan`` that ``abort()`` runs; ``finalize()`` runs the rest."""
+
+_ENV_KEYS = ("RANK", "WORLD_SIZE")  # the Wrapper rewrites these
+
+
+# -- what the Wrapper releases, and the live attempt it reaches it through ---------------
+
+
+def wrapper_plan(ledger: Ledger) -> Plan:
+    """The steps the Wrapper owes for ``ledger``: the ordinary failure plan of what an in-process session defers.
+
+    That is what ``plan_teardown(ledger, INPROCESS, FAILURE)`` leaves to the Wrapper
+    (process group, Megatron globals), plus in-flight checkpoints while the session
+    still holds them: aborting them before the group goes is rank-local and keeps a
+    dying group from committing a partial save. Caller-owned resources get no step.
+    ``abort()`` runs the steps in ``ABORT_STEPS``; ``finalize()`` runs the rest.
+    """
+    deferred = {
+        e.key for e, why in left_alone(ledger, RestartMode.INPROCESS, Outcome.FAILURE) if why == LEFT_TO_WRAPPER
+    }
+    owed = tuple(
+        LedgerEntry(e.resource, Owner.SESSION, e.name)
+        for e in ledger.held()
+        if e.key in deferred or (e.resource is Resource.ASYNC_CHECKPOINT and e.owner is Owner.SESSION)
+    )
+    return plan_teardown(Ledger(owed), RestartMode.ORDINARY, Outcome.FAILURE)
+
+
+class _WrappedSession(Session):
+    """A session under the Wrapper: keeps what the Wrapper's abort and finalize need to reach."""
+
+    def __init__(self, actions: DistributedActions, iteration: int) -> None:
+        super().__init__(actions, restart_mode=RestartMode.INPROCESS, iteration=iteration)
+        self.wrapper_actions = actions
+        self.wrapper_checkpoints: CheckpointWriter | None = None
+
+    def track_checkpoints(self, writer: CheckpointWriter) -> None:
+        """As ``Session.track_checkpoints``; also lets the Wrapper's abort reach ``writer``."""
+        super().track_checkpoints(writer)
+        self.wrapper_checkpoints = writer
+
+
+class _Attempt:
+    """The live attempt: its session, and which of the Wrapper's steps already ran."""
+
+    def __init__(self, session: _WrappedSession) -> None:
+        self.session = session
+        self.released: set[tuple[Resource, str]] = set()
+        self.failures: list[StepFailure] = []
+        self.lock = threading.Lock()  # abort runs in the monitor thread, finalize in the main thread
+
+    def release(self, kinds: frozenset[StepKind] | None) -> None:
+        """Run the steps of ``wrapper_plan`` not run yet (only those of ``kinds``, if given); keep failures."""
+        with self.lock:
+            steps = tuple(
+                step
+                for step in wrapper_plan(self.session.ledger)
+                if step.entry.key not in self.released and (kinds is None or step.kind in kinds)
+            )
+            report, _ = execute(
+                Plan(steps),
+                self._perform,
+                Ledger(tuple(step.entry for step in steps)),
+                outcome=Outcome.FAILURE,
+                restart_mode=RestartMode.INPROCESS,
+            )
+            self.released |= {r.step.entry.key for r in report.records if r.error is None}
+            self.failures += report.failed
+
+    def _perform(self, step: Step) -> None:
+        if step.kind is StepKind.ABORT_CHECKPOINTS:
+            writer = self.session.wrapper_checkpoints
+            assert writer is not None  # recorded together with its ledger entry
+            writer.abort()
+        else:
+            action: Callable[[], object] = getattr(self.session.wrapper_actions, step.kind.value)
+            action()
+
+
+class _Registry:
+    """This process's live attempt (at most one), how the last failed one ended, and its Wrapper calls so far."""
+
+    attempt: _Attempt | None = None
+    last_failure: str | None = None
+    call: "weakref.ref[Any] | None" = None  # the CallWrapper of the latest Wrapper call
+    calls: int = 0
+
+
+_registry = _Registry()
+
+
+# -- sessions under the Wrapper ------------------------------------------------------------
+
+
+def restart_mode_from(call_wrapper: CallWrapper | None) -> tuple[RestartMode, int]:
+    """Return ``(INPROCESS, call_wrapper.iteration)`` under the Wrapper, ``(ORDINARY, 0)`` for None.
+
+    ``call_wrapper`` must be the object the Wrapper injected (a ``CallWrapper``):
+    anything else raises ``TypeError``, so a stray flag cannot switch the mode.
+    """
+    if call_wrapper is None:
+        return RestartMode.ORDINARY, 0
+    if not isinstance(call_wrapper, CallWrapper):
+        raise TypeError(f"expected the Wrapper's CallWrapper or None, got {type(call_wrapper).__name__}")
+    return RestartMode.INPROCESS, int(call_wrapper.iteration)
+
+
+def session_for(
+    call_wrapper: CallWrapper | None, actions_factory: Callable[[str | None], DistributedActions]
+) -> Session:
+    """Build the session of this call of the wrapped function (one per call).
+
+    Under the Wrapper (``call_wrapper`` is its ``CallWrapper``): the actions are built
+    with a store prefix unique to this Wrapper call and iteration (all ranks make the
+    same Wrapper calls, so their prefixes agree); the session has restart mode
+    ``inprocess`` and the Wrapper's iteration (journaled by ``init_distributed``); it
+    refuses a process group or Megatron globals the caller created; and it becomes the
+    live attempt whose deferred resources ``abort()`` and ``finalize()`` release. With
+    None: an ordinary session, actions built with no prefix, nothing registered.
+    """
+    mode, iteration = restart_mode_from(call_wrapper)
+    if mode is RestartMode.ORDINARY:
+        return Session(actions_factory(None))
+    if _registry.call is None or _registry.call() is not call_wrapper:
+        _registry.call, _registry.calls = weakref.ref(call_wrapper), _registry.calls + 1
+    prefix = f"lifecycle/wrapped-{_registry.calls}/iter-{iteration}/"
+    session = _WrappedSession(actions_factory(prefix), iteration)
+    _registry.attempt = _Attempt(session)
+    return session
+
+
+# -- the Wrapper's abort and finalize ------------------------------------------------------
+
+
+class SessionAbort(Abort):  # type: ignore[misc]  # NVRx is untyped
+    """The Wrapper's ``abort``: in its monitor thread, unblock the live attempt's main thread.
+
+    Runs the ``ABORT_STEPS`` of ``wrapper_plan``: abandon in-flight checkpoints
+    (rank-local), then abort every process group without waiting on outstanding
+    collectives. Never a collective, never a barrier. Does nothing without a live
+    attempt. Step failures are kept and raised by ``SessionFinalize``.
+    """
+
+    def __call__(self, state: Any) -> Any:
+        """Run the abort steps; return ``state`` unchanged (the Wrapper chains it)."""
+        attempt = _registry.attempt
+        if attempt is not None:
+            attempt.release(ABORT_STEPS)
+        return state
+
+
+class SessionFinalize(Finalize):  # type: ignore[misc]  # NVRx is untyped
+    """The Wrapper's ``finalize``: in the main thread, release what the failed attempt still owes.
+
+    Runs every step of ``wrapper_plan`` that ``SessionAbort`` did not: destroy the
+    rerun state machine, the microbatch calculator and the model-parallel state (and
+    the abort steps too, if no abort ran), so the next iteration can create them again,
+    and forgets the attempt. Raises ``TeardownError`` listing every step of this
+    attempt's abort or finalize that failed: the Wrapper then stops instead of
+    restarting on top of live state.
+    """
+
+    def __call__(self, state: Any) -> Any:
+        """Run the remaining steps; return ``state`` unchanged, or raise ``TeardownError``."""
+        attempt, _registry.attempt = _registry.attempt, None
+        _registry.last_failure = f"iteration {state.iteration} failed with {state.fn_exception!r}"
+        if attempt is not None:
+            attempt.release(None)
+            if attempt.failures:
+                raise TeardownError(tuple(attempt.failures))
+        return state
+
+
+def abort() -> SessionAbort:
+    """A new ``SessionAbort``, for the Wrapper's ``abort=`` parameter."""
+    return SessionAbort()
+
+
+def finalize() -> SessionFinalize:
+    """A new ``SessionFinalize``, for the Wrapper's ``finalize=`` parameter."""
+    return SessionFinalize()
+
+
+# -- running under the Wrapper -------------------------------------------------------------
+
+
+def make_wrapper(
+    *,
+    max_restarts: int,
+    store_port: int | None = None,
+    store_host: str | None = None,
+    group_timeout_s: float = 60.0,
+    **wrapper_kwargs: Any,
+) -> Wrapper:
+    """Build an ``inprocess.Wrapper`` that runs lifecycle sessions.
+
+    ``max_restarts`` (required, >= 0) bounds the restarts: the wrapped function runs at
+    most ``max_restarts + 1`` times, then the Wrapper raises ``RestartAbort``. Its store
+    listens on ``store_port`` (default ``MASTER_PORT + 1``: never the port of the
+    default group's store) at ``store_host`` (default ``MASTER_ADDR``; 127.0.0.1 in a
+    world of one). Its abort and finalize are ``abort()`` and ``finalize()``, run before
+    any ``abort``, ``finalize`` or ``initialize`` given in ``wrapper_kwargs``. Timeouts are ordered after
+    ``group_timeout_s`` (each group's timeout): soft = group + 10 s, hard = soft + 10 s,
+    barrier and completion = hard + 20 s, so a slow collective fails by itself before
+    the Wrapper declares the rank stuck; ``wrapper_kwargs`` may override them (and the
+    intervals) but not break that order. Raises ``ConfigError`` for a bad value.
+    """
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError("max_restarts", f"must be an integer >= 0, got {max_restarts!r}")
+    if store_port is None:
+        master = os.environ.get("MASTER_PORT")
+        if not master:
+            raise ConfigError("store_port", "not given, and MASTER_PORT is not set in the environment")
+        store_port = int(master) + 1
+    if store_host is None:
+        store_host = os.environ.get("MASTER_ADDR") or None
+    if store_host is None and os.environ.get("WORLD_SIZE", "1") != "1":
+        raise ConfigError("store_host", "not given, and MASTER_ADDR is not set in the environment")
+    group = datetime.timedelta(seconds=group_timeout_s)
+    options: dict[str, Any] = {
+        "soft_timeout": group + datetime.timedelta(seconds=10),
+        "hard_timeout": group + datetime.timedelta(seconds=20),
+        "barrier_timeout": group + datetime.timedelta(seconds=40),
+        "completion_timeout": group + datetime.timedelta(seconds=40),
+    }
+    options.update(wrapper_kwargs)
+    if not group < options["soft_timeout"]:
+        raise ConfigError("soft_timeout", f"must exceed the group timeout {group_timeout_s} s")
+    store_kwargs = {"port": store_port, "host_name": store_host or LOOPBACK}
+    options["store_kwargs"] = {**store_kwargs, **options.get("store_kwargs", {})}
+    options["initialize"] = _then(RetryController(max_iterations=max_restarts + 1), options.get("initialize"))
+    options["abort"] = _then(abort(), options.get("abort"))
+    options["finalize"] = _then(finalize(), options.get("finalize"))
+    return Wrapper(**options)
+
+
+def _then(first: Any, second: Any) -> Any:
+    """``first``, then ``second`` if one is given (``Compose`` calls its last argument first)."""
+    return first if second is None else Compose(second, first)
+
+
+def run(
+    job: Callable[[CallWrapper], T],
+    *,
+    max_restarts: int,
+    store_port: int | None = None,
+    store_host: str | None = None,
+    group_timeout_s: float = 60.0,
+    **wrapper_kwargs: Any,
+) -> T:
+    """Run ``job(call_wrapper)`` under a ``make_wrapper(...)`` Wrapper; return what its last iteration returned.
+
+    ``job`` builds its session with ``session_for(call_wrapper, ...)``. A failure on any
+    rank restarts it on every rank, at most ``max_restarts`` times; then the Wrapper's
+    ``RestartAbort`` propagates (with a note naming the last failure). Restart
+    exceptions are never caught here. Afterwards ``RANK`` and ``WORLD_SIZE`` are as they
+    were before (the Wrapper rewrites them) and no attempt stays registered.
+    """
+    wrapper = make_wrapper(
+        max_restarts=max_restarts,
+        store_port=store_port,
+        store_host=store_host,
+        group_timeout_s=group_timeout_s,
+        **wrapper_kwargs,
+    )
+
+    # Plain annotations only: the Wrapper injects its CallWrapper by this parameter's type.
+    def entry(call_wrapper: CallWrapper | None = None) -> T:
+        return job(call_wrapper)
+
+    # Reference cycles (the tracebacks of failed iterations) keep a Wrapper call's store,
+    # and so its server on ``store_port``, alive until they are collected; a call on the
+    # same port would then join that stale server (BarrierOverflow). Collect before
+    # this call and after it.
+    gc.collect()
+    with _restored_env(_ENV_KEYS):
+        _registry.last_failure = None
+        try:
+            result: T = wrapper(entry)()
+        except RestartAbort as exc:
+            if _registry.last_failure is not None:
+                exc.add_note(f"lifecycle: the last restart {_registry.last_failure}")
+            raise
+        finally:
+            _registry.attempt = None
+            gc.collect()  # see above
+    return result
+
+
+@contextmanager
+def _restored_env(keys: tuple[str, ...]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in keys}
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def wrapped_pretrain(
+    config: "PretrainConfig",
+    forward_step_func: "ForwardStepFunc | None" = None,
+    callbacks: "Iterable[Callback] | None" = None,
+    *,
+    max_restarts: int,
+    store_port: int | None = None,
+    model_provider: "ModelProvider | None" = None,
+    batch_provider: "BatchProvider | None" = None,
+    **wrapper_kwargs: Any,
+) -> "PretrainResult":
+    """Run ``pretrain`` under the Wrapper: a failure on any rank restarts it on every rank, in the same processes.
+
+    Each iteration is one ``pretrain`` call (same arguments, ``attempt`` = the
+    iteration) whose session runs in ``inprocess`` mode (``session_for``): a fresh
+    default group on a per-iteration store prefix, released by the Wrapper on a
+    failure. Ranks and world size are read from the environment each iteration (the
+    Wrapper sets them); ``config.distributed.rank`` / ``world_size``, if given, only seed
+    ``RANK`` / ``WORLD_SIZE``. The Wrapper's store listens on ``store_port`` (default: the
+    group's port + 1) and its timeouts are ordered after ``config.distributed.timeout_s``.
+    Returns the ``PretrainResult`` of the successful iteration; after ``max_restarts``
+    restarts the Wrapper's ``RestartAbort`` propagates. ``config.fault`` fires in every
+    iteration, so it exhausts the restarts: inject a one-off fault with a callback.
+    """
+    from lifecycle._pretrain import pretrain
+
+    distributed = config.distributed
+    if store_port is None and distributed.master_port is not None:
+        store_port = distributed.master_port + 1
+    seed_env = {"RANK": distributed.rank, "WORLD_SIZE": distributed.world_size}
+    per_iteration = dataclasses.replace(
+        config, distributed=dataclasses.replace(distributed, rank=None, world_size=None)
+    )
+
+    def job(call_wrapper: CallWrapper) -> "PretrainResult":
+        return pretrain(
+            per_iteration,
+            forward_step_func,
+            callbacks,
+            model_provider=model_provider,
+            batch_provider=batch_provider,
+            attempt=restart_mode_from(call_wrapper)[1],
+            call_wrapper=call_wrapper,
+        )
+
+    with _restored_env(tuple(seed_env)):
+        os.environ.update({key: str(value) for key, value in seed_env.items() if value is not None})
+        return run(
+            job,
+            max_restarts=max_restarts,
+            store_port=store_port,
+            store_host=distributed.master_addr,
+            group_timeout_s=distributed.timeout_s,
+            **wrapper_kwargs,
+        )
+
+
+# -- documentation --------------------------------------------------------------------------
+
+_HELD_AT_FAILURE: tuple[tuple[State, tuple[LedgerEntry, ...]], ...] = (
+    (State.UNINITIALIZED, ()),
+    (State.DIST_READY, (LedgerEntry(Resource.PROCESS_GROUP, Owner.RESTART_WRAPPER),)),
+    (
+        State.GLOBALS_READY,
+        (
+            LedgerEntry(Resource.PROCESS_GROUP, Owner.RESTART_WRAPPER),
+            LedgerEntry(Resource.MODEL_PARALLEL, Owner.RESTART_WRAPPER),
+            LedgerEntry(Resource.MICROBATCH_CALCULATOR, Owner.RESTART_WRAPPER),
+            LedgerEntry(Resource.RERUN_STATE_MACHINE, Owner.RESTART_WRAPPER),
+        ),
+    ),
+)
+_TRAINING_HOLDS = _HELD_AT_FAILURE[-1][1] + (
+    LedgerEntry(Resource.SIGNAL_HANDLERS, Owner.SESSION),
+    LedgerEntry(Resource.ASYNC_CHECKPOINT, Owner.SESSION),
+    LedgerEntry(Resource.USER, Owner.SESSION, "r"),
+)
+
+
+def _steps(plan: Plan) -> str:
+    return " → ".join(str(step) for step in plan) or "—"
+
+
+def teardown_table() -> str:
+    """The Markdown table of who releases what under the Wrapper, generated from the plans.
+
+    One row per state a failure can happen in, holding what a ``pretrain`` session holds
+    there (the group and globals recorded as the Wrapper's, a user resource ``r``): the
+    session's failure plan, what it leaves to the Wrapper, then the steps of
+    ``wrapper_plan`` that ``abort()`` and ``finalize()`` run after the session's own
+    teardown. A last row shows the success plan. ``docs/inprocess.md`` embeds it.
+    """
+    rows = [
+        "| failure in | the session releases, in order | left to the Wrapper "
+        "| Wrapper `abort()` (monitor thread) | Wrapper `finalize()` (main thread) |",
+        "|---|---|---|---|---|",
+    ]
+    cases = (*_HELD_AT_FAILURE, (State.TRAINING, _TRAINING_HOLDS), (State.FINALIZING, _TRAINING_HOLDS))
+    for state, held in cases:
+        ledger = Ledger(held)
+        mine = plan_teardown(ledger, RestartMode.INPROCESS, Outcome.FAILURE)
+        left = left_alone(ledger, RestartMode.INPROCESS, Outcome.FAILURE)
+        for step in mine:
+            ledger = ledger.release(step.entry)
+        owed = wrapper_plan(ledger)
+        aborts = Plan(tuple(step for step in owed if step.kind in ABORT_STEPS))
+        finals = Plan(tuple(step for step in owed if step.kind not in ABORT_STEPS))
+        names = ", ".join(entry.resource.value for entry, _ in left) or "—"
+        rows.append(f"| `{state.value}` | {_steps(mine)} | {names} | {_steps(aborts)} | {_steps(finals)} |")
+    success = plan_teardown(Ledger(_TRAINING_HOLDS), RestartMode.INPROCESS, Outcome.SUCCESS)
+    rows.append(f"| none: `finalizing` → `closed` | {_steps(success)} | — | — | — |")
+    return "\n".join(rows) + "\n"
