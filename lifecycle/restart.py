@@ -319,7 +319,10 @@ def run(
     ``job`` builds its session with ``session_for(call_wrapper, ...)``. A failure on any
     rank restarts it on every rank, at most ``max_restarts`` times; then the Wrapper's
     ``RestartAbort`` propagates (with a note naming the last failure). Restart
-    exceptions are never caught here. Afterwards ``RANK`` and ``WORLD_SIZE`` are as they
+    exceptions are never caught here. A ``BaseException`` that is not an ``Exception``
+    (Ctrl-C, ``SystemExit``) ends the Wrapper without a restart and without its abort
+    or finalize: the group and globals the failed attempt deferred to the Wrapper are
+    then released here, rank-locally, before it propagates unchanged. Afterwards ``RANK`` and ``WORLD_SIZE`` are as they
     were before (the Wrapper rewrites them) and no attempt stays registered.
     """
     wrapper = make_wrapper(
@@ -343,8 +346,16 @@ def run(
         _registry.last_failure = None
         try:
             result: T = wrapper(entry)()
-        except RestartAbort as exc:
-            if _registry.last_failure is not None:
+        except BaseException as exc:
+            # The Wrapper restarts only on an Exception; any other BaseException (Ctrl-C,
+            # SystemExit) ends it without its abort or finalize, so what the attempt
+            # deferred to it is still live: release it here, rank-locally.
+            attempt = _registry.attempt
+            if attempt is not None:
+                attempt.release(None)
+                for failure in attempt.failures:
+                    exc.add_note(f"lifecycle: teardown step {failure.step} also failed: {failure.error!r}")
+            if isinstance(exc, RestartAbort) and _registry.last_failure is not None:
                 exc.add_note(f"lifecycle: the last restart {_registry.last_failure}")
             raise
         finally:

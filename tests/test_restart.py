@@ -250,6 +250,26 @@ def test_a_restart_request_during_the_session_teardown_is_not_swallowed(world_of
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit], ids=lambda t: t.__name__)
+def test_an_interrupt_ends_the_wrapper_and_still_releases_everything(
+    world_of_one: WorldOfOne, interrupt: type[BaseException]
+) -> None:
+    """Ctrl-C or SystemExit is not restarted: it propagates as the same object, and nothing stays live."""
+    job = StagedJob(world_of_one, State.TRAINING)
+    error = interrupt()
+
+    def stop(session: Session) -> None:
+        raise error
+
+    job.before_fault = stop
+    with pytest.raises(interrupt) as info:
+        restart.run(job, max_restarts=2, group_timeout_s=GROUP_TIMEOUT_S, **FAST)
+    assert info.value is error
+    assert [s.state for s in job.sessions] == [State.FAILED]
+    assert_nothing_left(world_of_one, monitor_exit=False)
+
+
+@pytest.mark.timeout(60)
 def test_max_restarts_is_honoured(world_of_one: WorldOfOne) -> None:
     """A fault in every iteration: the Wrapper's ``RestartAbort`` after ``max_restarts + 1`` attempts, nothing live."""
     job = StagedJob(world_of_one, State.TRAINING, fault_in=lambda iteration: True)
