@@ -31,9 +31,9 @@ from torch.distributed import (  # type: ignore[attr-defined]  # re-exported at 
 
 from lifecycle._config import DistributedConfig, ParallelConfig, Rendezvous, validate
 from lifecycle._errors import ConfigError, LifecycleError
-from lifecycle._ownership import Owner
+from lifecycle._ownership import Owner, Resource
 
-__all__ = ["TorchActions", "close_hosted_stores", "next_store_prefix"]
+__all__ = ["TorchActions", "close_hosted_stores", "live_resources", "next_store_prefix"]
 
 _log = logging.getLogger(__name__)
 
@@ -87,6 +87,17 @@ def close_hosted_stores() -> int:
         count = len(_hosted)
         _hosted.clear()
     return count
+
+
+def live_resources() -> tuple[Resource, ...]:
+    """The process group and Megatron-core globals that exist in this process now, whoever made them."""
+    live = {
+        Resource.PROCESS_GROUP: dist.is_initialized(),
+        Resource.MODEL_PARALLEL: _ps.model_parallel_is_initialized(),
+        Resource.MICROBATCH_CALCULATOR: _microbatches._GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None,
+        Resource.RERUN_STATE_MACHINE: _rerun._GLOBAL_RERUN_STATE_MACHINE is not None,
+    }
+    return tuple(resource for resource, exists in live.items() if exists)
 
 
 def _pg_map() -> dict[Any, Any]:

@@ -34,7 +34,7 @@ from nvidia_resiliency_ext.inprocess.finalize import Finalize
 from nvidia_resiliency_ext.inprocess.initialize import RetryController
 
 from lifecycle._config import LOOPBACK
-from lifecycle._errors import ConfigError, TeardownError
+from lifecycle._errors import ConfigError, LifecycleError, TeardownError
 from lifecycle._executor import DistributedActions, StepFailure, execute
 from lifecycle._ownership import Ledger, LedgerEntry, Owner, Resource
 from lifecycle._plans import LEFT_TO_WRAPPER, Outcome, Plan, RestartMode, Step, StepKind, left_alone, plan_teardown
@@ -319,12 +319,28 @@ def run(
     ``job`` builds its session with ``session_for(call_wrapper, ...)``. A failure on any
     rank restarts it on every rank, at most ``max_restarts`` times; then the Wrapper's
     ``RestartAbort`` propagates (with a note naming the last failure). Restart
-    exceptions are never caught here. A ``BaseException`` that is not an ``Exception``
-    (Ctrl-C, ``SystemExit``) ends the Wrapper without a restart and without its abort
-    or finalize: the group and globals the failed attempt deferred to the Wrapper are
-    then released here, rank-locally, before it propagates unchanged. Afterwards ``RANK`` and ``WORLD_SIZE`` are as they
-    were before (the Wrapper rewrites them) and no attempt stays registered.
+    exceptions are never caught here.
+
+    A process group or Megatron globals that already exist are refused with
+    ``LifecycleError`` before the Wrapper starts. A ``BaseException`` that is not an
+    ``Exception`` (Ctrl-C, ``SystemExit``) ends the Wrapper without a restart and
+    without its abort or finalize: what the failed attempt deferred to the Wrapper is
+    then released here, rank-locally, before it propagates unchanged. Afterwards
+    ``RANK`` and ``WORLD_SIZE`` are as they were before (the Wrapper rewrites them) and
+    no attempt stays registered.
     """
+    from lifecycle._distributed import live_resources
+
+    found = live_resources()
+    if found:
+        # The Wrapper owns the failure path of the group and the globals, and creates
+        # nothing itself: each iteration's session must create them (NVRx's own check
+        # only says "enforce_value(not torch.distributed.is_initialized())").
+        names = ", ".join(resource.value for resource in found)
+        raise LifecycleError(
+            f"in-process restart needs a process with no process group or Megatron-core globals; "
+            f"found {names}, created by the caller: release them, or run without the Wrapper"
+        )
     wrapper = make_wrapper(
         max_restarts=max_restarts,
         store_port=store_port,

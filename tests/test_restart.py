@@ -303,6 +303,23 @@ def test_a_caller_created_group_is_refused_up_front(world_of_one: WorldOfOne) ->
     assert_nothing_left(world_of_one)
 
 
+@pytest.mark.timeout(60)
+def test_a_caller_created_group_is_refused_before_the_wrapper_starts(world_of_one: WorldOfOne) -> None:
+    """``run`` refuses a group that exists before the Wrapper starts, names it, and leaves it usable."""
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    job = StagedJob(world_of_one)
+    try:
+        with pytest.raises(LifecycleError, match="found process_group, created by the caller"):
+            restart.run(job, max_restarts=1, group_timeout_s=GROUP_TIMEOUT_S, **FAST)
+        assert job.sessions == [] and world_of_one.monitors == []
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)
+        assert tensor.item() == 1.0
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.timeout(90)
 def test_two_wrapped_runs_back_to_back_in_one_process_both_succeed(world_of_one: WorldOfOne) -> None:
     """Two ``run`` calls in a row, each with a restart, on the same ports: both close."""
