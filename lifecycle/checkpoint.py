@@ -327,6 +327,10 @@ class AsyncCheckpointer:
         Idempotent. The last committed checkpoint stays the latest.
         """
         self._aborted = True
+        # Drop the group: gloo closes an aborted group's sockets only once the group
+        # object is freed, and this writer (kept by the session, and by the frames of
+        # the failure's traceback) would keep peers blocked until the group timeout.
+        self._group = None
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.abandoned.set()

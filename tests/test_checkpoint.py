@@ -213,6 +213,18 @@ def test_abort_works_after_the_group_is_destroyed_and_finalize_then_errors(tmp_p
     assert latest_checkpoint(tmp_path) is None
 
 
+@pytest.mark.usefixtures("world_of_one")
+def test_an_aborted_writer_keeps_no_reference_to_its_group(tmp_path: Path) -> None:
+    """After abort() the writer holds no process group: gloo closes an aborted group's sockets only once it is freed."""
+    writer = AsyncCheckpointer(tmp_path)
+    group = dist.group.WORLD
+    assert any(value is group for value in vars(writer).values())
+    writer.save(1, {"w": torch.ones(2)})
+    writer.abort()
+    assert not any(value is group for value in vars(writer).values())
+    assert writer.finalize() is None
+
+
 def test_save_while_a_save_is_in_flight_finalizes_the_previous_one_first(tmp_path: Path) -> None:
     """A second save() commits the in-flight one before starting; only one save is ever in flight."""
     writer = AsyncCheckpointer(tmp_path)
