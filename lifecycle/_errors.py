@@ -21,13 +21,22 @@ class InvalidTransition(LifecycleError):
         self.trigger = trigger
         super().__init__(f"trigger {trigger!r} is not valid in state {state.value!r}")
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuild from the constructor's arguments (copy, pickle: NVRx's Wrapper copies
+        # the exception of a failed iteration); the instance dict carries any notes.
+        return (type(self), (self.state, self.trigger), self.__dict__)
+
 
 class ConfigError(LifecycleError, ValueError):
     """A configuration value is invalid; raised before anything is acquired."""
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.field, self.message), self.__dict__)
 
 
 class TeardownError(LifecycleError):
@@ -37,3 +46,6 @@ class TeardownError(LifecycleError):
         self.failures = failures
         listed = "; ".join(f"{f.step}: {f.error!r}" for f in failures)
         super().__init__(f"{len(failures)} teardown step(s) failed: {listed}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.failures,), self.__dict__)

@@ -182,13 +182,17 @@ class Session:
 
         If a step raises, every later step still runs, then the session takes the
         failure edge (releasing only what is still held) and raises ``TeardownError``
-        carrying every step's failure.
+        carrying every step's failure; if a step was interrupted (Ctrl-C, ``SystemExit``),
+        that interruption is raised instead, from the ``TeardownError``.
         """
         start = self._check(Trigger.CLOSE)
         report = self._teardown(Outcome.SUCCESS)
         if report.failed:
             error = TeardownError(report.failed)
             self._fail_after(start, error)
+            interruption = _first_interruption(report.failed)
+            if interruption is not None:
+                raise interruption from error
             raise error
         self._move(Trigger.CLOSE, start)
         return report

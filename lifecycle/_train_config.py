@@ -179,6 +179,10 @@ class InjectedFault(RuntimeError):
         at = f", step {step}" if step is not None else ""
         super().__init__(f"injected failure at phase {phase.value!r} on rank {rank}{at}")
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuild from the constructor's arguments: NVRx's Wrapper copies the exception.
+        return (type(self), (self.phase, self.rank, self.step), self.__dict__)
+
 
 @dataclass(frozen=True, slots=True)
 class PretrainConfig:

@@ -10,6 +10,7 @@ import pytest
 from lifecycle import (
     InvalidTransition,
     LifecycleError,
+    Outcome,
     Owner,
     Resource,
     RestartMode,
@@ -18,6 +19,7 @@ from lifecycle import (
     StepKind,
     TeardownError,
     Trigger,
+    plan_teardown,
 )
 from lifecycle.testing import COLLECTIVES, RecordingActions, RecordingCheckpoints
 
@@ -243,3 +245,42 @@ def test_an_interruption_during_teardown_is_raised_after_every_step_ran() -> Non
         session.fail(original)
     assert info.value is interrupt and interrupt.__cause__ is original
     assert actions.calls[-1] == "abort_process_group" and session.state is State.FAILED
+
+
+def test_an_interruption_during_success_teardown_is_raised_after_the_failure_edge() -> None:
+    """A Ctrl-C in a success step: every step runs, the session fails, and the same interrupt propagates."""
+    interrupt = KeyboardInterrupt()
+    actions = RecordingActions(fail_on={"barrier": interrupt})
+    session = Session(actions)
+    run_to_training(session, actions)
+    session.finish()
+    with pytest.raises(KeyboardInterrupt) as info:
+        session.close()
+    assert info.value is interrupt
+    assert isinstance(interrupt.__cause__, TeardownError)
+    assert session.state is State.FAILED and session.ledger.held() == ()
+
+
+def test_the_library_errors_survive_copy_and_pickle() -> None:
+    """Errors rebuild from their fields with their notes (NVRx's Wrapper copies a failed iteration's exception)."""
+    import copy
+    import pickle
+
+    from lifecycle import ConfigError, InjectedFault, Phase
+    from lifecycle._executor import StepFailure
+
+    session = Session(RecordingActions())
+    session.init_distributed()
+    step = plan_teardown(session.ledger, RestartMode.ORDINARY, Outcome.SUCCESS)[0]
+    errors: list[BaseException] = [
+        InvalidTransition(State.DIST_READY, "close"),
+        ConfigError("world_size", "must be positive"),
+        TeardownError((StepFailure(step, RuntimeError("x")),)),
+        InjectedFault(Phase.STEP, 1, 3),
+    ]
+    for error in errors:
+        error.add_note("a note")
+        for clone in (copy.deepcopy(error), pickle.loads(pickle.dumps(error))):
+            assert type(clone) is type(error) and str(clone) == str(error)
+            assert clone.__notes__ == ["a note"] and clone.__dict__.keys() == error.__dict__.keys()
+    session.fail(RuntimeError("end"))
