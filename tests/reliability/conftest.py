@@ -1,0 +1,35 @@
+"""Prints the fault matrix's summary table after the run."""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from typing import Any
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One row per world size × restart mode × owners: cells passed of cells run."""
+    module = sys.modules.get("test_fault_matrix")
+    if module is None or not module.RESULTS:
+        return
+    from matrix_cells import ALL_CELLS, CELLS, POINTS, RAISED, REFUSED
+
+    rows: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0])
+    for cell in CELLS + REFUSED:
+        if cell.id in module.RESULTS:
+            key = (cell.world_size, cell.mode, cell.group_owner, cell.globals_owner, cell.refusal or "-")
+            weight = 1 if cell.refusal is None else len(POINTS) * len(RAISED)
+            rows[key][0] += weight * module.RESULTS[cell.id]
+            rows[key][1] += weight
+    write = terminalreporter.write_line
+    write("")
+    write(
+        f"fault matrix: cells passed of {len(ALL_CELLS)} (each row: {len(POINTS)} failure points x "
+        f"{len(RAISED)} kinds of raise; a refused row is one run, refused before any point)"
+    )
+    write(f"{'ranks':>5}  {'mode':<10} {'group':<8} {'globals':<8} {'refused':<10} passed")
+    for (world, mode, group, globals_, refusal), (passed, total) in sorted(rows.items()):
+        write(f"{world:>5}  {mode:<10} {group:<8} {globals_:<8} {refusal:<10} {passed}/{total}")
+    passed = sum(p for p, _ in rows.values())
+    total = sum(t for _, t in rows.values())
+    write(f"total: {passed}/{total} cells passed")

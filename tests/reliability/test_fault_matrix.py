@@ -1,0 +1,132 @@
+"""The fault matrix: every failure point × what is raised × owners × restart mode × world size.
+
+Each cell runs in long-lived worker processes (one per rank, per world size) rather
+than a new interpreter per cell. A cell passes when every rank reports no problem:
+the original exception reached the caller (or the documented outcome: a Wrapper
+restart, a refusal up front), the final state is right, exactly what the session
+owned was released, no collective ran on a failure path, the next session in the
+same process closed, and the cell finished well inside its timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import random
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+from matrix_cells import CELLS, REFUSED, Cell
+from matrix_worker import serve
+
+CELL_TIMEOUT_S = 45.0
+RESULTS: dict[str, bool] = {}
+"""Cell id → passed, for the summary table (see conftest.py)."""
+
+
+def free_ports(count: int) -> tuple[int, ...]:
+    """``count`` distinct ports below the ephemeral range that were free a moment ago."""
+    ports: set[int] = set()
+    while len(ports) < count:
+        port = random.randrange(20000, 32000)
+        with contextlib.suppress(OSError), socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+            ports.add(port)
+    return tuple(ports)
+
+
+class Pool:
+    """One worker process per rank; restarted if a cell hangs or a worker dies."""
+
+    def __init__(self, world_size: int, base: str) -> None:
+        self.world_size, self.base = world_size, base
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        self.start()
+
+    def start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        for rank in range(self.world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=serve, args=(child, rank, self.world_size, self.base))
+            proc.start()
+            self.procs.append(proc)
+            self.conns.append(parent)
+
+    def stop(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError, BrokenPipeError):
+                conn.send(None)
+        for proc in self.procs:
+            proc.join(timeout=10)
+        self.kill()
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.pid is None:
+                continue
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    child.kill()
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=10)
+        self.procs, self.conns = [], []
+
+    def run(self, cell: Cell) -> list[dict[str, Any]]:
+        """Run ``cell`` on every rank; a rank that does not answer in time is a failed cell."""
+        ports = free_ports(4)
+        for conn in self.conns:
+            conn.send((cell, ports))
+        results = []
+        for rank, conn in enumerate(self.conns):
+            if conn.poll(CELL_TIMEOUT_S):
+                with contextlib.suppress(EOFError):
+                    results.append(conn.recv())
+                    continue
+            results.append({"rank": rank, "problems": [f"no answer within {CELL_TIMEOUT_S} s"], "elapsed": None})
+        if any(r["elapsed"] is None for r in results):
+            self.kill()  # a hung or dead worker: start the next cell on fresh ones
+            self.start()
+        return results
+
+
+@pytest.fixture(scope="module")
+def pools() -> Iterator[dict[int, Pool]]:
+    """Worker pools for world sizes 1 and 2, started once for the whole matrix."""
+    base = tempfile.mkdtemp(prefix="lifecycle-matrix-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    made = {world: Pool(world, base) for world in sorted({c.world_size for c in CELLS + REFUSED})}
+    try:
+        yield made
+    finally:
+        for pool in made.values():
+            pool.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.timeout(CELL_TIMEOUT_S + 30)
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.id)
+def test_cell(cell: Cell, pools: dict[int, Pool]) -> None:
+    """Every rank reports that this cell's outcome, state, releases, path, retry and timing are right."""
+    run_and_check(cell, pools)
+
+
+@pytest.mark.timeout(CELL_TIMEOUT_S + 30)
+@pytest.mark.parametrize("cell", REFUSED, ids=lambda c: c.id)
+def test_refused(cell: Cell, pools: dict[int, Pool]) -> None:
+    """A configuration that cannot exist is refused up front, touching nothing the caller owns."""
+    run_and_check(cell, pools)
+
+
+def run_and_check(cell: Cell, pools: dict[int, Pool]) -> None:
+    """Run ``cell`` on every rank of its pool and fail with every rank's problems."""
+    results = pools[cell.world_size].run(cell)
+    problems = [f"rank {r['rank']}: {p}" for r in results for p in r["problems"]]
+    RESULTS[cell.id] = not problems
+    assert not problems, "\n".join(problems)
