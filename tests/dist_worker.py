@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron.core import num_microbatches_calculator, parallel_state, rerun_state_machine
+from megatron.core import parallel_state
+from probes import alive
 
 from lifecycle import Session
 from lifecycle._config import DistributedConfig, ParallelConfig
@@ -45,16 +46,6 @@ def drive(session: Session, state: str) -> None:
 def group_for(state: str) -> Any:
     """The group to run collectives on in ``state``: Megatron's data-parallel group once it exists."""
     return None if state == "dist_ready" else parallel_state.get_data_parallel_group()
-
-
-def alive() -> dict[str, bool]:
-    """Which resources are still alive in this process (True: alive)."""
-    return {
-        "process_group": dist.is_initialized(),
-        "model_parallel": parallel_state.model_parallel_is_initialized(),
-        "microbatch_calculator": num_microbatches_calculator._GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None,
-        "rerun_state_machine": rerun_state_machine._GLOBAL_RERUN_STATE_MACHINE is not None,
-    }
 
 
 def fail_in(state: str, rank: int) -> dict[str, Any]:

@@ -11,9 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-from megatron.core import num_microbatches_calculator, parallel_state, rerun_state_machine
-
 from lifecycle._config import DistributedConfig, ParallelConfig
 from lifecycle._train_config import CheckpointConfig, ModelConfig, PretrainConfig, TrainingConfig
 
@@ -41,16 +38,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def live_state() -> dict[str, bool]:
-    """Which process-wide distributed resources exist now (all False after a clean teardown)."""
-    return {
-        "process_group": dist.is_initialized(),
-        "model_parallel": parallel_state.model_parallel_is_initialized(),
-        "microbatch_calculator": num_microbatches_calculator._GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None,
-        "rerun_state_machine": rerun_state_machine._GLOBAL_RERUN_STATE_MACHINE is not None,
-    }
 
 
 def child_env() -> dict[str, str]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 import torch.distributed as dist
-from megatron.core import num_microbatches_calculator, parallel_state, rerun_state_machine
+from probes import alive
 
 from lifecycle import State
 
@@ -51,14 +51,7 @@ def free_ports(count: int = 2) -> int:
 
 def megatron_globals_left() -> list[str]:
     """The names of the Megatron-core globals that still exist (empty: none)."""
-    left = []
-    if parallel_state.model_parallel_is_initialized():
-        left.append("model_parallel")
-    if num_microbatches_calculator._GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None:
-        left.append("microbatch_calculator")
-    if rerun_state_machine._GLOBAL_RERUN_STATE_MACHINE is not None:
-        left.append("rerun_state_machine")
-    return left
+    return [name for name, up in alive().items() if up and name != "process_group"]
 
 
 @dataclass(frozen=True)

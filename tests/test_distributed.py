@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from megatron.core import num_microbatches_calculator, parallel_state, rerun_state_machine
+from probes import alive
 
 import lifecycle._distributed as distributed_module
 from lifecycle import ConfigError, LifecycleError, Owner, Resource, Session, State
@@ -54,16 +55,6 @@ COLLECTIVES = (
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def alive() -> dict[str, bool]:
-    """Which resources are alive in this process (True: alive)."""
-    return {
-        "process_group": dist.is_initialized(),
-        "model_parallel": parallel_state.model_parallel_is_initialized(),
-        "microbatch_calculator": num_microbatches_calculator._GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None,
-        "rerun_state_machine": rerun_state_machine._GLOBAL_RERUN_STATE_MACHINE is not None,
-    }
 
 
 NOTHING_ALIVE = dict.fromkeys(

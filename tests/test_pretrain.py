@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from pretrain_helpers import REPO, config_of_one, free_port, live_state, run_bounded
+from pretrain_helpers import REPO, config_of_one, free_port, run_bounded
+from probes import alive
 
 from lifecycle import ConfigError, State
 from lifecycle._callbacks import Callback, ExitReason, TrainContext
@@ -31,7 +32,7 @@ from lifecycle._train_config import (
 )
 from lifecycle.checkpoint import CheckpointError, latest_checkpoint
 
-NOTHING_LIVE = dict.fromkeys(live_state(), False)
+NOTHING_LIVE = dict.fromkeys(alive(), False)
 
 
 def ends(journal_dir: Path) -> list[dict[str, Any]]:
@@ -69,13 +70,13 @@ def test_a_failure_at_each_phase_leaves_nothing_live_and_a_retry_succeeds(tmp_pa
     with pytest.raises(InjectedFault) as caught:
         pretrain(config)
     assert caught.value.phase is phase
-    assert live_state() == NOTHING_LIVE
+    assert alive() == NOTHING_LIVE
     assert signal.getsignal(signal.SIGTERM) is handler_before
     assert ends(tmp_path / "journal")[-1]["state"] == State.FAILED.value
     result = pretrain(config_of_one(tmp_path))
     assert (result.final_step, result.exit_reason) == (3, ExitReason.ITERATIONS)
     assert result.journal[-1].dest is State.CLOSED
-    assert live_state() == NOTHING_LIVE
+    assert alive() == NOTHING_LIVE
 
 
 @pytest.mark.parametrize(
@@ -108,7 +109,7 @@ def test_the_caller_gets_the_original_exception_object(tmp_path: Path, where: st
     with pytest.raises(RuntimeError) as caught:
         pretrain(config_of_one(tmp_path), forward, [raising_callback(where, error)], model_provider=provider)
     assert caught.value is error
-    assert live_state() == NOTHING_LIVE
+    assert alive() == NOTHING_LIVE
 
 
 def test_a_requested_exit_saves_a_final_checkpoint_and_closes(tmp_path: Path) -> None:
@@ -119,7 +120,7 @@ def test_a_requested_exit_saves_a_final_checkpoint_and_closes(tmp_path: Path) ->
     found = latest_checkpoint(tmp_path / "ckpt")
     assert found is not None and found[0] == 6
     assert result.journal[-1].dest is State.CLOSED
-    assert live_state() == NOTHING_LIVE
+    assert alive() == NOTHING_LIVE
 
 
 def test_the_time_limit_is_a_graceful_exit(tmp_path: Path) -> None:
@@ -158,7 +159,7 @@ def test_a_corrupt_latest_checkpoint_is_an_error_naming_it(tmp_path: Path) -> No
     config = config_of_one(tmp_path, iterations=6, checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt"), resume=True))
     with pytest.raises(CheckpointError, match=str(shard)):
         pretrain(config)
-    assert live_state() == NOTHING_LIVE
+    assert alive() == NOTHING_LIVE
 
 
 def test_a_partial_newer_checkpoint_falls_back_to_the_last_complete_one(tmp_path: Path) -> None:
