@@ -66,3 +66,20 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -
     out = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(out) + "\n"
+
+
+def raw_release() -> None:
+    """Release by hand what a session acquires: rerun state machine, calculator, Megatron state, default group."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+    from megatron.core.rerun_state_machine import destroy_rerun_state_machine
+
+    destroy_rerun_state_machine()
+    destroy_num_microbatches_calculator()
+    parallel_state.destroy_model_parallel()
+    parallel_state.destroy_global_memory_buffer()
+    # megatron-core 0.16.1 leaves these two set after destroy_model_parallel.
+    parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP = None
+    parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO = None
+    dist.destroy_process_group()

@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import table
+from bench_retry import lifecycle_cycle as cycle
 
 CYCLES = 100
 
@@ -43,20 +44,6 @@ def _ppid(stat: Path) -> str:
         return stat.read_text().rsplit(")", 1)[1].split()[1]
     except (OSError, IndexError):
         return ""
-
-
-def cycle() -> None:
-    """One failed session: acquire everything, raise, release."""
-    from lifecycle import DistributedConfig, ParallelConfig, Session, TorchActions
-
-    try:
-        with Session(TorchActions(DistributedConfig(world_size=1, rank=0), ParallelConfig())) as session:
-            session.init_distributed()
-            session.init_globals()
-            session.start_training()
-            raise RuntimeError("fail")
-    except RuntimeError:
-        pass
 
 
 def main() -> str:

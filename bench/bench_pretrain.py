@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import median, paired_ratio, table
+from _harness import median, paired_ratio, raw_release, table
 
 STEPS = 400
 """Optimizer steps per run: about 2 s a run on one CPU thread here (5 ms a step)."""
@@ -87,13 +87,11 @@ def hand_run(steps: int) -> tuple[float, float, list[float]]:
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.num_microbatches_calculator import (
-        destroy_num_microbatches_calculator,
         get_num_microbatches,
         init_num_microbatches_calculator,
     )
     from megatron.core.rerun_state_machine import (
         RerunMode,
-        destroy_rerun_state_machine,
         initialize_rerun_state_machine,
     )
 
@@ -152,14 +150,7 @@ def hand_run(steps: int) -> tuple[float, float, list[float]]:
             losses.append(mean.item() / world)
         dist.barrier()
     finally:
-        destroy_rerun_state_machine()
-        destroy_num_microbatches_calculator()
-        parallel_state.destroy_model_parallel()
-        parallel_state.destroy_global_memory_buffer()
-        # megatron-core 0.16.1 leaves these two set after destroy_model_parallel.
-        parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP = None
-        parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO = None
-        dist.destroy_process_group()
+        raw_release()
         del store
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     return elapsed, cpu, losses

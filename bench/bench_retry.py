@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import fast_mean, median, paired_ratio, table
+from _harness import fast_mean, median, paired_ratio, raw_release, table
 
 CYCLES = 45
 TIMEOUT_S = 60.0  # DistributedConfig's default, used by both sides
@@ -67,12 +67,10 @@ def raw_cycle() -> float:
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.num_microbatches_calculator import (
-        destroy_num_microbatches_calculator,
         init_num_microbatches_calculator,
     )
     from megatron.core.rerun_state_machine import (
         RerunMode,
-        destroy_rerun_state_machine,
         initialize_rerun_state_machine,
     )
 
@@ -93,14 +91,7 @@ def raw_cycle() -> float:
             initialize_rerun_state_machine(mode=RerunMode.DISABLED)
             raise RuntimeError("fail")
         finally:
-            destroy_rerun_state_machine()
-            destroy_num_microbatches_calculator()
-            parallel_state.destroy_model_parallel()
-            parallel_state.destroy_global_memory_buffer()
-            # megatron-core 0.16.1 leaves these two set after destroy_model_parallel.
-            parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP = None
-            parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO = None
-            dist.destroy_process_group()
+            raw_release()
             del store
     except RuntimeError:
         pass
