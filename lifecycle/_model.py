@@ -68,6 +68,7 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Causal self-attention then MLP, each pre-normed and residual: ``(batch, seq, hidden)`` in and out."""
         b, s, h = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(dim=2)
         attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
