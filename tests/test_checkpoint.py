@@ -23,35 +23,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from probes import TORCH_COLLECTIVES
 
 from lifecycle.checkpoint import AsyncCheckpointer, CheckpointError, latest_checkpoint, load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
-
-COLLECTIVE_NAMES = (
-    "all_reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_object",
-    "broadcast",
-    "broadcast_object_list",
-    "barrier",
-    "monitored_barrier",
-    "gather",
-    "gather_object",
-    "scatter",
-    "scatter_object_list",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "all_to_all",
-    "all_to_all_single",
-    "send",
-    "recv",
-    "isend",
-    "irecv",
-    "batch_isend_irecv",
-)
 
 
 def _trained(seed: int) -> tuple[torch.nn.Linear, torch.optim.AdamW]:
@@ -110,7 +86,7 @@ def world_of_one(tmp_path: Path) -> Iterator[None]:
 def collective_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record every torch.distributed collective called from any thread (calls pass through)."""
     calls: list[str] = []
-    for name in COLLECTIVE_NAMES:
+    for name in TORCH_COLLECTIVES:
         real = getattr(dist, name, None)
         if real is None:
             continue
@@ -452,7 +428,11 @@ def _run_two_ranks(worker: str, directory: Path, *args: Any, timeout_s: float = 
         "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
         f"mod.{worker}(int(sys.argv[1]), int(sys.argv[2]), *{[str(directory), *args]!r})\n"
     )
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "error", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "TORCH_CPP_LOG_LEVEL": "error",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    }
     port = _free_port()
     procs = [
         subprocess.Popen(

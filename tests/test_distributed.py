@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from megatron.core import num_microbatches_calculator, parallel_state, rerun_state_machine
-from probes import alive
+from probes import TORCH_COLLECTIVES, alive
 
 import lifecycle._distributed as distributed_module
 from lifecycle import ConfigError, LifecycleError, Owner, Resource, Session, State
@@ -29,29 +29,6 @@ from lifecycle._distributed import TorchActions, close_hosted_stores
 WORKER = Path(__file__).with_name("dist_worker.py")
 LIVE_STATES = ("uninitialized", "dist_ready", "globals_ready", "training", "finalizing")
 ONE = DistributedConfig(world_size=1, rank=0, timeout_s=20)
-COLLECTIVES = (
-    "barrier",
-    "monitored_barrier",
-    "all_reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_object",
-    "broadcast",
-    "broadcast_object_list",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "all_to_all",
-    "all_to_all_single",
-    "gather",
-    "scatter",
-    "send",
-    "recv",
-    "isend",
-    "irecv",
-    "batch_isend_irecv",
-    "new_group",
-)
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -152,7 +129,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     """Wrap torch.distributed's collectives and the torch/megatron release functions with a recorder."""
     rec = Recorder()
     for module in (dist, dist.distributed_c10d):
-        for name in COLLECTIVES:
+        for name in TORCH_COLLECTIVES:
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, rec.wrap(rec.collectives, name, getattr(module, name)))
         for name in ("destroy_process_group", "_abort_process_group"):

@@ -32,6 +32,7 @@ from matrix_cells import CALLBACK_HOOKS, INTERRUPTS, Cell
 from megatron.core import num_microbatches_calculator as microbatches
 from megatron.core import parallel_state
 from megatron.core import rerun_state_machine as rerun
+from probes import TORCH_COLLECTIVES
 from restart_probe import FAST
 
 import lifecycle._pretrain as pretrain_module
@@ -65,25 +66,6 @@ GROUP_TIMEOUT_S = 10.0
 CELL_LIMIT_S = 8.0
 """A cell must finish well inside the group timeout: nothing waited for a peer that is gone."""
 TEARDOWN_FAULT = "injected teardown fault"
-
-COLLECTIVES = (
-    "all_reduce",
-    "all_gather",
-    "all_gather_object",
-    "all_gather_into_tensor",
-    "all_to_all",
-    "barrier",
-    "monitored_barrier",
-    "broadcast",
-    "broadcast_object_list",
-    "gather",
-    "gather_object",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "scatter",
-    "scatter_object_list",
-)
 
 
 @contextlib.contextmanager
@@ -130,7 +112,7 @@ class Observer:
         stack.enter_context(patched(Session, "__init__", record_sessions))
         stack.enter_context(patched(Session, "_fail_after", watch_failure_path))
         for module in (dist, dist.distributed_c10d):
-            for name in COLLECTIVES:
+            for name in TORCH_COLLECTIVES:
                 if hasattr(module, name):
                     stack.enter_context(patched(module, name, self._watch(name)))
 
