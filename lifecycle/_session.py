@@ -307,9 +307,12 @@ class Session:
 
     def _perform(self, step: Step) -> None:
         kind = step.kind
-        if kind in (StepKind.FINALIZE_CHECKPOINTS, StepKind.ABORT_CHECKPOINTS):
+        if kind is StepKind.FINALIZE_CHECKPOINTS:
             assert self._checkpoints is not None  # set together with its ledger entry
-            self._checkpoints.finalize() if kind is StepKind.FINALIZE_CHECKPOINTS else self._checkpoints.abort()
+            self._checkpoints.finalize()
+        elif kind is StepKind.ABORT_CHECKPOINTS:
+            assert self._checkpoints is not None
+            self._checkpoints.abort()
         elif kind is StepKind.RELEASE_USER_RESOURCE:
             self._user[step.entry.name]()
         elif kind is StepKind.RESTORE_SIGNAL_HANDLERS:
