@@ -90,7 +90,9 @@ class Pool:
                 with contextlib.suppress(EOFError):
                     results.append(conn.recv())
                     continue
-            results.append({"rank": rank, "problems": [f"no answer within {CELL_TIMEOUT_S} s"], "elapsed": None})
+            results.append(
+                {"rank": rank, "problems": [f"no answer within {CELL_TIMEOUT_S} s"], "elapsed": None, "fired": False}
+            )
         if any(r["elapsed"] is None for r in results):
             self.kill()  # a hung or dead worker: start the next cell on fresh ones
             self.start()
@@ -128,5 +130,7 @@ def run_and_check(cell: Cell, pools: dict[int, Pool]) -> None:
     """Run ``cell`` on every rank of its pool and fail with every rank's problems."""
     results = pools[cell.world_size].run(cell)
     problems = [f"rank {r['rank']}: {p}" for r in results for p in r["problems"]]
+    if cell.refusal is None and not any(r.get("fired") for r in results):
+        problems.append(f"the fault fired on none of ranks {cell.fault_ranks}")
     RESULTS[cell.id] = not problems
     assert not problems, "\n".join(problems)
