@@ -1,6 +1,6 @@
 """``pretrain`` against the same training loop written by hand, without the lifecycle.
 
-World size 1, gloo, one process, the default tiny model (``lifecycle._model``), no
+World size 1, gloo, one process, the default tiny model (``lifecycle._training.model``), no
 checkpoints, no evaluation, no progress log. After one short warm-up run of each side,
 each round runs (a) the lifecycle, (b) the loop by hand and (b') the loop by hand once
 more, back to back, the order rotating from round to round so that each takes every
@@ -95,7 +95,7 @@ def hand_run(steps: int) -> tuple[float, float, list[float]]:
         initialize_rerun_state_machine,
     )
 
-    from lifecycle._model import SyntheticTokens, default_forward_step, default_model_provider
+    from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
 
     config = _config(steps)
     training, parallel = config.training, config.parallel

@@ -1,21 +1,22 @@
 """lifecycle: the life of a distributed training session as an explicit state machine.
 
-The vocabulary, table, ledger, plans and ``Session`` import neither torch nor
-Megatron-core. The names that need them (``TorchActions``, ``pretrain`` and its
-configuration) are loaded on first use.
+``import lifecycle`` loads no torch, megatron-core or NVRx: the vocabulary, table,
+ledger, plans, ``Session`` and the configuration come from modules that import none of
+them. The names that need torch (``TorchActions``, ``pretrain``) load it on first use.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from lifecycle._callbacks import Callback, ExitReason, ProgressLog, TrainContext
-from lifecycle._errors import ConfigError, InvalidTransition, LifecycleError, TeardownError
-from lifecycle._executor import DistributedActions, StepFailure, StepRecord, TeardownReport
-from lifecycle._ownership import Ledger, LedgerEntry, Owner, Resource
-from lifecycle._plans import Outcome, Plan, RestartMode, Step, StepKind, plan_teardown
-from lifecycle._session import CheckpointWriter, JournalEntry, Session
-from lifecycle._states import State, Trigger
-from lifecycle._table import TRANSITIONS, Edge, edges_from, reachable_states
-from lifecycle._train_config import (
+from lifecycle._core.errors import ConfigError, InvalidTransition, LifecycleError
+from lifecycle._core.executor import StepFailure, StepRecord, TeardownError, TeardownReport
+from lifecycle._core.ownership import Ledger, LedgerEntry, Owner, Resource
+from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, StepKind, plan_teardown
+from lifecycle._core.seams import CheckpointWriter, DistributedActions
+from lifecycle._core.session import JournalEntry, Session
+from lifecycle._core.states import State, Trigger
+from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
+from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, TrainContext
+from lifecycle._training.config import (
     CheckpointConfig,
     ExitConfig,
     FaultInjection,
@@ -27,16 +28,16 @@ from lifecycle._train_config import (
 )
 
 if TYPE_CHECKING:
-    from lifecycle._config import DistributedConfig, ParallelConfig
-    from lifecycle._distributed import TorchActions
-    from lifecycle._pretrain import PretrainResult, pretrain
+    from lifecycle._torch.actions import TorchActions
+    from lifecycle._torch.config import DistributedConfig, ParallelConfig
+    from lifecycle._training.pretrain import PretrainResult, pretrain
 
 _LAZY = {
-    "DistributedConfig": "lifecycle._config",
-    "ParallelConfig": "lifecycle._config",
-    "TorchActions": "lifecycle._distributed",
-    "pretrain": "lifecycle._pretrain",
-    "PretrainResult": "lifecycle._pretrain",
+    "DistributedConfig": "lifecycle._torch.config",
+    "ParallelConfig": "lifecycle._torch.config",
+    "TorchActions": "lifecycle._torch.actions",
+    "pretrain": "lifecycle._training.pretrain",
+    "PretrainResult": "lifecycle._training.pretrain",
 }
 
 

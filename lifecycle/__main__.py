@@ -2,6 +2,6 @@
 
 import sys
 
-from lifecycle._cli import main
+from lifecycle._tools.cli import main
 
 sys.exit(main())

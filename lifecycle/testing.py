@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from lifecycle._ownership import Owner, Resource
+from lifecycle._core.ownership import Owner, Resource
 
 _INIT = {
     "init_process_group": Resource.PROCESS_GROUP,

@@ -24,19 +24,19 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "error")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for restart_probe
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for support
 
 import torch
 import torch.distributed as dist
-from matrix_cells import CALLBACK_HOOKS, INTERRUPTS, Cell
 from megatron.core import num_microbatches_calculator as microbatches
 from megatron.core import parallel_state
 from megatron.core import rerun_state_machine as rerun
-from probes import TORCH_COLLECTIVES
-from restart_probe import FAST
+from reliability.matrix_cells import CALLBACK_HOOKS, INTERRUPTS, Cell
+from support.probes import TORCH_COLLECTIVES
+from support.restart import FAST
 
-import lifecycle._pretrain as pretrain_module
-import lifecycle._session as session_module
+import lifecycle._core.session as session_module
+import lifecycle._training.pretrain as pretrain_module
 from lifecycle import (
     Callback,
     CheckpointConfig,
@@ -56,9 +56,9 @@ from lifecycle import (
     TrainingConfig,
     pretrain,
 )
-from lifecycle._distributed import close_hosted_stores, live_resources
-from lifecycle._model import default_model_provider
-from lifecycle._signals import InstalledHandlers
+from lifecycle._core.signals import InstalledHandlers
+from lifecycle._torch.actions import close_hosted_stores, live_resources
+from lifecycle._training.model import default_model_provider
 from lifecycle.checkpoint import AsyncCheckpointer
 from lifecycle.restart import wrapped_pretrain
 

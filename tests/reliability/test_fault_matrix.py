@@ -22,8 +22,8 @@ from typing import Any
 
 import psutil
 import pytest
-from matrix_cells import CELLS, REFUSED, Cell
-from matrix_worker import serve
+from reliability.matrix_cells import CELLS, REFUSED, Cell
+from reliability.matrix_worker import serve
 
 CELL_TIMEOUT_S = 45.0
 RESULTS: dict[str, bool] = {}

@@ -1,0 +1,7 @@
+"""The core: states, table, ledger, plans, executor, session. No torch, megatron-core or NVRx.
+
+Read bottom-up: ``states`` → ``table`` → ``errors`` → ``ownership`` → ``plans`` →
+``seams`` (the protocols the world implements) → ``executor`` → ``signals`` →
+``machine`` (the one ``transitions`` adapter) → ``session`` → ``wrapped`` (sessions
+under a restart wrapper) → ``journal`` (the records a run writes).
+"""

@@ -1,0 +1,1 @@
+"""The command line: ``cli`` dispatches to ``demo``, ``show`` and ``diagrams``."""

@@ -1,0 +1,58 @@
+"""``python -m lifecycle``: the command line (demo, show, diagrams)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+USAGE = """usage: python -m lifecycle COMMAND [ARGS]
+
+commands:
+  demo [OPTIONS]      train the demo model with 2 ranks on CPU/gloo (see `demo --help`)
+  show JOURNAL...     print a run's timeline and draw the path it took (see `show --help`)
+  diagrams [--check] [--out DIR]
+                      write the diagrams generated from the table into DIR (default:
+                      diagrams/); with --check, write nothing and exit 1 if any is stale
+"""
+
+
+def _diagrams(argv: list[str]) -> int:
+    from lifecycle._tools import diagrams as _diagrams
+
+    check = "--check" in argv
+    rest = [a for a in argv if a != "--check"]
+    out = Path("diagrams")
+    if rest[:1] == ["--out"] and len(rest) == 2:
+        out = Path(rest[1])
+    elif rest:
+        print(USAGE, file=sys.stderr)
+        return 2
+    if check:
+        stale = _diagrams.stale(out)
+        for name in stale:
+            print(f"stale: {out / name} (run `python -m lifecycle diagrams`)", file=sys.stderr)
+        return 1 if stale else 0
+    for path in _diagrams.write(out):
+        print(f"wrote {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command named by ``argv[0]``; return the process exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "diagrams":
+        return _diagrams(rest)
+    if command == "demo":
+        from lifecycle._tools.demo import demo_main
+
+        return demo_main(rest)
+    if command == "show":
+        from lifecycle._tools.show import show_main
+
+        return show_main(rest)
+    print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2

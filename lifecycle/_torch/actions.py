@@ -1,0 +1,425 @@
+"""``TorchActions``: the real ``DistributedActions``, on torch.distributed and megatron-core.
+
+The facade the session drives; ``store``, ``groups`` and ``megatron`` beside it hold the
+pieces. Every ``init_*`` either acquires its one resource and reports who
+owns it, or raises having acquired nothing; every release tolerates partial state.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import num_microbatches_calculator as _microbatches
+from megatron.core import parallel_state as _ps
+from megatron.core import rerun_state_machine as _rerun
+from torch.distributed import (  # type: ignore[attr-defined]  # re-exported at runtime
+    PrefixStore,
+    Store,
+)
+
+from lifecycle._core.errors import ConfigError, LifecycleError
+from lifecycle._core.ownership import Owner
+from lifecycle._torch.config import DistributedConfig, ParallelConfig, Rendezvous, validate
+from lifecycle._torch.groups import abort_group, is_registered
+from lifecycle._torch.megatron import MP_GLOBALS, drop_leftover_groups, live_resources
+from lifecycle._torch.store import close_hosted_stores, drop_hosted, next_store_prefix, open_store
+
+__all__ = ["TorchActions", "close_hosted_stores", "live_resources", "next_store_prefix"]
+
+_ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+
+
+class TorchActions:
+    """``DistributedActions`` on real torch.distributed process groups and megatron-core globals.
+
+    ``distributed`` says how to create the default group, ``parallel`` how to lay out
+    Megatron's model-parallel state. ``store_prefix`` names this attempt's keys in the
+    rendezvous store; it must differ from every earlier attempt's on the same store
+    (the in-process restart wrapper passes one per iteration), so it serves one group
+    creation. None takes ``next_store_prefix()`` at each creation.
+
+    Each ``init_*`` returns ``Owner.SESSION`` if it created its resource and
+    ``Owner.CALLER`` if it found it already there (after checking that it agrees with
+    the configuration, else ``LifecycleError``); if it raises, it has acquired
+    nothing. Each release method releases exactly its one resource, tolerates it being
+    partly or wholly gone, and never runs a collective, except ``barrier`` (and, on
+    the success path only, the group destroy that follows it).
+
+    One object can serve several sessions in turn, one at a time.
+    """
+
+    def __init__(
+        self, distributed: DistributedConfig, parallel: ParallelConfig, *, store_prefix: str | None = None
+    ) -> None:
+        """Bind the configuration; acquire nothing (validation happens in ``init_process_group``)."""
+        self.distributed = distributed
+        self.parallel = parallel
+        self._fixed_prefix = store_prefix
+        self._fixed_prefix_used = False
+        self._prefix: str | None = None
+        self._created_group = False
+        # The store this object opened; dropped when its group goes, so that a hosted
+        # server stops listening and a client's socket closes.
+        self._store: Store | None = None
+        # (hook before init, hook torch installed): init_process_group wraps
+        # sys.excepthook on every call, so without restoring it each retry nests one more.
+        self._hooks: tuple[_ExceptHook, _ExceptHook] | None = None
+
+    # -- read-only views -------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the default group; ``LifecycleError`` if there is none."""
+        self._require_group("rank")
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        """The default group's size; ``LifecycleError`` if there is none."""
+        self._require_group("world_size")
+        return dist.get_world_size()
+
+    @property
+    def owns_process_group(self) -> bool:
+        """True while the default group exists because this object's ``init_process_group`` created it."""
+        return self._created_group and dist.is_initialized()
+
+    @property
+    def store_prefix(self) -> str | None:
+        """The store prefix of the group this object created last, or None if it never created one."""
+        return self._prefix
+
+    # -- the default process group ---------------------------------------------------
+
+    def init_process_group(self) -> Owner:
+        """Create the default group (``Owner.SESSION``), or find one (``Owner.CALLER``).
+
+        Found: its world size and rank must agree with the configuration (or the
+        environment), else ``LifecycleError``. Otherwise the whole configuration is
+        validated first (``ConfigError`` naming the field), then a ``TCPStore`` is opened
+        at ``master_addr:master_port`` (rank 0 hosts it, except under torchrun, whose
+        agent already serves it: then every rank is a client), wrapped in a
+        ``PrefixStore`` unique to this attempt, and the group is created on it with
+        ``timeout_s``. A store rank 0 hosts on a fixed port stays up for later attempts
+        in this process, so peers retrying early find it (``close_hosted_stores``
+        releases it). For nccl the CUDA device ``local_rank`` is selected first and
+        bound to the group. If creation raises, the half-made group (if any) is
+        aborted and a store opened for this attempt dropped before the error propagates.
+        """
+        if dist.is_initialized():
+            self._check_found_group()
+            self._created_group = False
+            return Owner.CALLER
+        rendezvous = validate(self.distributed, self.parallel)
+        device = self._select_device(rendezvous)
+        if self._fixed_prefix is None:
+            prefix = next_store_prefix()
+        elif self._fixed_prefix_used:
+            # A second creation under one prefix could read the first one's keys.
+            raise LifecycleError(
+                f"store_prefix {self._fixed_prefix!r} was already used for a group; pass a new one per attempt"
+            )
+        else:
+            prefix = self._fixed_prefix
+            self._fixed_prefix_used = True
+        hook_before = sys.excepthook
+        try:
+            store = self._create_group(rendezvous, prefix, device)
+        except BaseException as exc:
+            self._undo_failed_init(hook_before, exc)
+            raise
+        self._store = store
+        self._prefix = prefix
+        self._created_group = True
+        self._hooks = (hook_before, sys.excepthook)
+        return Owner.SESSION
+
+    def barrier(self) -> None:
+        """Wait until every rank of the default group arrives (success teardown only)."""
+        dist.barrier()
+
+    def destroy_process_group(self) -> None:
+        """Destroy the default group (and every group left in it); a no-op if there is none.
+
+        The success plan runs ``barrier`` right before this, so no peer is still using it.
+        """
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            self._forget_group()
+
+    def abort_process_group(self) -> None:
+        """Failure path: abort every group now: no barrier, no collective, no wait on outstanding work.
+
+        Afterwards ``torch.distributed.is_initialized()`` is False (else ``LifecycleError``),
+        so a new session can start in this process, and peers blocked in a collective
+        with this rank get a connection error instead of waiting for the timeout. With
+        gloo that needs the groups' last references gone: torch's and megatron-core's
+        are (see ``destroy_model_parallel``), but a group kept elsewhere (a model, a
+        local variable in the failing frame) keeps its connections open until it goes.
+        """
+        try:
+            if dist.is_initialized():
+                abort_group(None)
+        finally:
+            self._forget_group()
+        if dist.is_initialized():
+            raise LifecycleError("the default process group is still initialized after abort")
+
+    # -- Megatron model-parallel state -----------------------------------------------
+
+    def init_model_parallel(self) -> Owner:
+        """Create Megatron's model-parallel groups and global memory buffer, or find them.
+
+        Needs the default group. Found while the group is the caller's: the groups must
+        be alive in the current world and their sizes must match the configuration,
+        then ``Owner.CALLER``. Found while this object created the group: that state
+        belongs to an earlier world (stale) and ``LifecycleError`` is raised instead of
+        reusing it; so is it for a half-made state. Otherwise ``initialize_model_parallel``
+        with the configured sizes, ``timeout_s`` for every subgroup and
+        ``create_gloo_process_groups``; if it raises, whatever it had set is cleared.
+        """
+        self._require_group("init_model_parallel")
+        self.parallel.check_world(dist.get_world_size())
+        if _ps.model_parallel_is_initialized():
+            if self._created_group:
+                raise LifecycleError(
+                    "megatron-core model-parallel state already exists, but this session has just created the "
+                    "default process group: that state is stale (left by an earlier run that did not release "
+                    "it); call megatron.core.parallel_state.destroy_model_parallel() before starting a session"
+                )
+            self._check_found_model_parallel()
+            return Owner.CALLER
+        half_made = [name for name in MP_GLOBALS if getattr(_ps, name, None) is not None]
+        if half_made:
+            raise LifecycleError(
+                f"megatron-core model-parallel state is half-made ({', '.join(half_made)} set); call "
+                "megatron.core.parallel_state.destroy_model_parallel() before starting a session"
+            )
+        try:
+            _ps.initialize_model_parallel(
+                tensor_model_parallel_size=self.parallel.tensor_model_parallel_size,
+                pipeline_model_parallel_size=self.parallel.pipeline_model_parallel_size,
+                context_parallel_size=self.parallel.context_parallel_size,
+                # Megatron takes minutes but only feeds them to timedelta: a fraction works,
+                # and keeps subgroups as short-fused as the default group.
+                distributed_timeout_minutes=self.distributed.timeout_s / 60.0,
+                create_gloo_process_groups=self.parallel.create_gloo_process_groups,
+            )
+        except BaseException:
+            self.destroy_model_parallel()
+            raise
+        return Owner.SESSION
+
+    def destroy_model_parallel(self) -> None:
+        """Drop Megatron's model-parallel groups and its global memory buffers; tolerates partial state.
+
+        Rank-local. When the default group is the caller's, the subgroups Megatron
+        created in it are aborted here too (the caller's group outlives the session, so
+        nothing else would release them); when this object owns the default group,
+        they go with it.
+        """
+        subgroups = list(getattr(_ps, "_global_process_group_list", None) or ())
+        errors: list[BaseException] = []
+        if dist.is_initialized() and not self._created_group:
+            # Newest first, like torch's own shutdown of every group.
+            for group in reversed(subgroups):
+                if is_registered(group):
+                    try:
+                        abort_group(group)
+                    except Exception as exc:  # noqa: BLE001 - release the others, then report
+                        errors.append(exc)
+        _ps.destroy_model_parallel()
+        _ps.destroy_global_memory_buffer()
+        drop_leftover_groups()
+        if errors:
+            raise LifecycleError(f"{len(errors)} model-parallel subgroup(s) failed to abort: {errors!r}") from errors[0]
+
+    # -- microbatch calculator and rerun state machine -------------------------------
+
+    def init_microbatch_calculator(self) -> Owner:
+        """Create megatron-core's microbatch calculator (constant global batch), or find one.
+
+        Needs the default group. Found: its micro and global batch sizes must match
+        the configuration (else ``LifecycleError``), then ``Owner.CALLER``. Created with
+        the data-parallel size of Megatron's state if it exists, else of the world.
+        """
+        self._require_group("init_microbatch_calculator")
+        world = dist.get_world_size()
+        if _ps.model_parallel_is_initialized():
+            data_parallel = _ps.get_data_parallel_world_size()
+            global_batch = self.parallel.global_batch_size or self.parallel.micro_batch_size * data_parallel
+        else:
+            data_parallel = self.parallel.data_parallel_size(world)
+            global_batch = self.parallel.resolved_global_batch_size(world)
+        if global_batch % (self.parallel.micro_batch_size * data_parallel):
+            raise ConfigError(
+                "global_batch_size",
+                f"{global_batch} is not a multiple of micro_batch_size * data_parallel_size "
+                f"= {self.parallel.micro_batch_size * data_parallel}",
+            )
+        found = _microbatches._GLOBAL_NUM_MICROBATCHES_CALCULATOR
+        if found is not None:
+            have = (found.get_micro_batch_size(), found.get_current_global_batch_size())
+            want = (self.parallel.micro_batch_size, global_batch)
+            if have != want:
+                raise LifecycleError(
+                    f"a microbatch calculator already exists with (micro, global) batch size {have}, "
+                    f"but the configuration says {want}"
+                )
+            return Owner.CALLER
+        try:
+            _microbatches.init_num_microbatches_calculator(
+                dist.get_rank(), None, global_batch, self.parallel.micro_batch_size, data_parallel
+            )
+        except BaseException:
+            _microbatches.destroy_num_microbatches_calculator()
+            raise
+        return Owner.SESSION
+
+    def destroy_microbatch_calculator(self) -> None:
+        """Drop the microbatch calculator; a no-op if there is none."""
+        _microbatches.destroy_num_microbatches_calculator()
+
+    def init_rerun_state_machine(self) -> Owner:
+        """Create megatron-core's rerun state machine in ``rerun_mode``, or find one.
+
+        Found: its mode must match the configuration (else ``LifecycleError``), then
+        ``Owner.CALLER``. Reads the module global directly: megatron's getter would
+        silently create one.
+        """
+        mode = _rerun.RerunMode(self.parallel.rerun_mode)
+        found = _rerun._GLOBAL_RERUN_STATE_MACHINE
+        if found is not None:
+            if found.mode != mode:
+                raise LifecycleError(
+                    f"a rerun state machine already exists in mode {found.mode.value!r}, "
+                    f"but the configuration says {mode.value!r}"
+                )
+            return Owner.CALLER
+        try:
+            _rerun.initialize_rerun_state_machine(mode=mode)
+        except BaseException:
+            _rerun.destroy_rerun_state_machine()
+            raise
+        return Owner.SESSION
+
+    def destroy_rerun_state_machine(self) -> None:
+        """Drop the rerun state machine; a no-op if there is none."""
+        _rerun.destroy_rerun_state_machine()
+
+    # -- internals -------------------------------------------------------------------
+
+    def _require_group(self, what: str) -> None:
+        if not dist.is_initialized():
+            raise LifecycleError(f"{what} needs the default process group, and there is none")
+
+    def _check_found_group(self) -> None:
+        world, rank = self.distributed.resolve_world()
+        have_world, have_rank = dist.get_world_size(), dist.get_rank()
+        if world is not None and world != have_world:
+            raise LifecycleError(
+                f"the default process group already exists with world size {have_world}, "
+                f"but the configuration says {world}"
+            )
+        if rank is not None and rank != have_rank:
+            raise LifecycleError(
+                f"the default process group already exists with this process as rank {have_rank}, "
+                f"but the configuration says {rank}"
+            )
+        self.parallel.check_world(have_world)
+
+    def _check_found_model_parallel(self) -> None:
+        groups = (
+            _ps.get_tensor_model_parallel_group(),
+            _ps.get_pipeline_model_parallel_group(),
+            _ps.get_data_parallel_group(),
+        )
+        if not all(is_registered(group) for group in groups):
+            raise LifecycleError(
+                "megatron-core model-parallel state exists, but its groups are not in the current world: "
+                "it is stale (the default group was re-created without destroy_model_parallel())"
+            )
+        have = (
+            _ps.get_tensor_model_parallel_world_size(),
+            _ps.get_pipeline_model_parallel_world_size(),
+            _ps.get_context_parallel_world_size(),
+        )
+        want = (
+            self.parallel.tensor_model_parallel_size,
+            self.parallel.pipeline_model_parallel_size,
+            self.parallel.context_parallel_size,
+        )
+        if have != want:
+            raise LifecycleError(
+                f"megatron-core model-parallel state already exists with (tensor, pipeline, context) sizes "
+                f"{have}, but the configuration says {want}"
+            )
+
+    def _select_device(self, rendezvous: Rendezvous) -> torch.device | None:
+        """For nccl: check and select the CUDA device ``local_rank``; None for gloo."""
+        if self.distributed.backend != "nccl":
+            return None
+        local_rank = rendezvous.local_rank
+        assert local_rank is not None  # resolve() requires it for nccl
+        if not torch.cuda.is_available():
+            raise ConfigError("backend", "nccl needs CUDA, and torch.cuda.is_available() is False")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                "local_rank", f"{local_rank} is not below the CUDA device count {torch.cuda.device_count()}"
+            )
+        # Before the group exists, so NCCL and every later CUDA call land on this device.
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+
+    def _create_group(self, rendezvous: Rendezvous, prefix: str, device: torch.device | None) -> Store:
+        timeout = timedelta(seconds=self.distributed.timeout_s)
+        store, new_hosted = open_store(rendezvous, timeout)
+        kwargs: dict[str, Any] = {} if device is None else {"device_id": device}
+        try:
+            dist.init_process_group(
+                backend=self.distributed.backend,
+                store=PrefixStore(prefix, store),
+                rank=rendezvous.rank,
+                world_size=rendezvous.world_size,
+                timeout=timeout,
+                **kwargs,
+            )
+        except BaseException:
+            if new_hosted is not None:  # opened for this attempt only: leave nothing behind
+                drop_hosted(new_hosted, store)
+            raise
+        return store
+
+    def _undo_failed_init(self, hook_before: _ExceptHook, exc: BaseException) -> None:
+        """Leave nothing behind after ``init_process_group`` raised: no group, no store, no hook."""
+        if dist.is_initialized():
+            try:
+                abort_group(None)
+            except Exception as cleanup:  # noqa: BLE001 - the original error is the one to raise
+                exc.add_note(f"lifecycle: aborting the half-made process group also failed: {cleanup!r}")
+        installed = sys.excepthook
+        if installed is not hook_before and getattr(installed, "__name__", "") == "_distributed_excepthook":
+            sys.excepthook = hook_before
+        # The failed frames (ours and torch's) still reference the store through their
+        # locals; clear them so a hosted server stops listening now, not when the
+        # exception is collected. The traceback's lines are kept.
+        traceback.clear_frames(exc.__traceback__)
+
+    def _forget_group(self) -> None:
+        """After the default group is gone: drop the store, restore ``sys.excepthook``."""
+        self._store = None
+        self._created_group = False
+        if self._hooks is not None:
+            before, installed = self._hooks
+            if sys.excepthook is installed:  # leave a hook someone set since alone
+                sys.excepthook = before
+            self._hooks = None

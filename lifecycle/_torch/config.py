@@ -1,0 +1,241 @@
+"""Configuration of the distributed resources, validated before anything is acquired.
+
+No torch import here: a bad value is reported (as ``ConfigError`` naming the field)
+without loading torch, and long before a store, a group or a Megatron global exists.
+
+``None`` in ``DistributedConfig`` means "read it from the environment, as torchrun sets
+it" (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lifecycle._core.errors import ConfigError
+
+BACKENDS: tuple[str, ...] = ("gloo", "nccl")
+"""The process-group backends the library supports."""
+
+RERUN_MODES: tuple[str, ...] = ("disabled", "validate_results", "report_determinism_stats")
+"""The values of megatron-core's ``RerunMode`` (kept here so this module needs no Megatron import)."""
+
+LOOPBACK = "127.0.0.1"
+"""The store address used for a world of one when none is configured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    """Where and as whom this process joins the default group: every value resolved.
+
+    ``use_agent_store`` is True under torchrun (``TORCHELASTIC_USE_AGENT_STORE=True``):
+    torchrun's agent already serves the store at ``master_addr:master_port``, so every
+    rank connects as a client and none hosts it. ``master_port`` 0 (only for a world of
+    one) lets the operating system pick a free port.
+    """
+
+    world_size: int
+    rank: int
+    master_addr: str
+    master_port: int
+    local_rank: int | None
+    use_agent_store: bool
+
+
+def _positive(field: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(field, f"must be a positive integer, got {value!r}")
+
+
+def _non_negative(field: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError(field, f"must be a non-negative integer, got {value!r}")
+
+
+def _env_int(env: Mapping[str, str], field: str, name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(field, f"{name}={raw!r} in the environment is not an integer") from None
+
+
+@dataclass(frozen=True, slots=True)
+class DistributedConfig:
+    """How to create the default process group.
+
+    ``backend``: ``"gloo"`` (CPU) or ``"nccl"`` (GPU). ``world_size``, ``rank``,
+    ``local_rank``, ``master_addr``, ``master_port``: None reads ``WORLD_SIZE``, ``RANK``,
+    ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``. ``local_rank`` selects the CUDA
+    device for nccl. ``timeout_s``: the store's and every group's timeout, in seconds;
+    keep it short so a lost peer surfaces as an error instead of a long hang.
+
+    Construction raises ``ConfigError`` naming the field for a value that is wrong on
+    its own; ``resolve`` checks what needs the environment.
+    """
+
+    backend: str = "gloo"
+    world_size: int | None = None
+    rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    timeout_s: float = 60.0
+    local_rank: int | None = None
+
+    def __post_init__(self) -> None:
+        """Reject values that are wrong whatever the environment says."""
+        if self.backend not in BACKENDS:
+            raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        _positive("world_size", self.world_size)
+        _non_negative("rank", self.rank)
+        _non_negative("local_rank", self.local_rank)
+        if self.world_size is not None and self.rank is not None and self.rank >= self.world_size:
+            raise ConfigError("rank", f"must be below world_size {self.world_size}, got {self.rank}")
+        if self.master_port is not None and (
+            isinstance(self.master_port, bool) or not isinstance(self.master_port, int)
+        ):
+            raise ConfigError("master_port", f"must be an integer, got {self.master_port!r}")
+        if self.master_port is not None and not 0 <= self.master_port <= 65535:
+            raise ConfigError("master_port", f"must be in 0..65535, got {self.master_port}")
+        if self.master_addr is not None and not self.master_addr:
+            raise ConfigError("master_addr", "must not be empty")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float):
+            raise ConfigError("timeout_s", f"must be a number of seconds, got {self.timeout_s!r}")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError("timeout_s", f"must be a positive, finite number of seconds, got {self.timeout_s!r}")
+
+    def resolve_world(self, env: Mapping[str, str] | None = None) -> tuple[int | None, int | None]:
+        """Return ``(world_size, rank)``, each from the config or else the environment, or None if neither.
+
+        Raises ``ConfigError`` if a value read from the environment is invalid.
+        """
+        env = os.environ if env is None else env
+        world = self.world_size if self.world_size is not None else _env_int(env, "world_size", "WORLD_SIZE")
+        rank = self.rank if self.rank is not None else _env_int(env, "rank", "RANK")
+        _positive("world_size", world)
+        _non_negative("rank", rank)
+        if world is not None and rank is not None and rank >= world:
+            raise ConfigError("rank", f"must be below world_size {world}, got {rank}")
+        return world, rank
+
+    def resolve(self, env: Mapping[str, str] | None = None) -> Rendezvous:
+        """Resolve every value needed to create the default group; raise ``ConfigError`` naming a missing or bad one.
+
+        A world of one needs no address: it defaults to ``127.0.0.1`` and port 0 (any
+        free port). nccl needs ``local_rank``.
+        """
+        env = os.environ if env is None else env
+        world, rank = self.resolve_world(env)
+        if world is None:
+            raise ConfigError("world_size", "not given, and WORLD_SIZE is not set in the environment")
+        if rank is None:
+            raise ConfigError("rank", "not given, and RANK is not set in the environment")
+        addr = self.master_addr if self.master_addr is not None else env.get("MASTER_ADDR") or None
+        port = self.master_port if self.master_port is not None else _env_int(env, "master_port", "MASTER_PORT")
+        if addr is None:
+            if world != 1:
+                raise ConfigError("master_addr", "not given, and MASTER_ADDR is not set in the environment")
+            addr = LOOPBACK
+        if port is None:
+            if world != 1:
+                raise ConfigError("master_port", "not given, and MASTER_PORT is not set in the environment")
+            port = 0
+        if not 0 <= port <= 65535:
+            raise ConfigError("master_port", f"must be in 0..65535, got {port}")
+        if port == 0 and world != 1:
+            raise ConfigError("master_port", "0 (any free port) only works for a world of one")
+        local_rank = self.local_rank if self.local_rank is not None else _env_int(env, "local_rank", "LOCAL_RANK")
+        _non_negative("local_rank", local_rank)
+        if self.backend == "nccl" and local_rank is None:
+            raise ConfigError("local_rank", "nccl needs it to pick the CUDA device, and LOCAL_RANK is not set")
+        use_agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        return Rendezvous(world, rank, addr, port, local_rank, use_agent_store)
+
+
+_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    """How to lay out Megatron-core's model-parallel state on the world.
+
+    ``global_batch_size`` None means ``micro_batch_size * data_parallel_size``.
+    ``rerun_mode`` is a megatron-core ``RerunMode`` value. ``create_gloo_process_groups``
+    is passed to ``initialize_model_parallel`` (megatron's default, True, also builds the
+    gloo data-parallel groups some of its checkpointing code asks for).
+
+    Construction raises ``ConfigError`` naming the field for a value that is wrong on
+    its own; ``check_world`` checks the values that depend on the world size.
+    """
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None
+    rerun_mode: str = "disabled"
+    create_gloo_process_groups: bool = True
+
+    def __post_init__(self) -> None:
+        """Reject values that are wrong whatever the world size."""
+        for name in (*_SIZES, "micro_batch_size"):
+            _positive(name, getattr(self, name))
+        _positive("global_batch_size", self.global_batch_size)
+        if self.rerun_mode not in RERUN_MODES:
+            raise ConfigError("rerun_mode", f"must be one of {', '.join(RERUN_MODES)}, got {self.rerun_mode!r}")
+
+    @property
+    def model_parallel_size(self) -> int:
+        """tensor × pipeline × context parallel size: the ranks one model replica spans."""
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+
+    def check_world(self, world_size: int) -> None:
+        """Raise ``ConfigError`` naming the field unless this layout fits a world of ``world_size`` ranks.
+
+        The parallel sizes' product must divide the world size (the field named is the
+        first size whose running product stops dividing it), and the global batch must
+        be a multiple of ``micro_batch_size * data_parallel_size``.
+        """
+        product = 1
+        for name in _SIZES:
+            product *= getattr(self, name)
+            if world_size % product:
+                raise ConfigError(
+                    name,
+                    f"{' * '.join(_SIZES)} = {self.model_parallel_size} does not divide world_size {world_size}",
+                )
+        per_step = self.micro_batch_size * (world_size // self.model_parallel_size)
+        if self.global_batch_size is not None and self.global_batch_size % per_step:
+            raise ConfigError(
+                "global_batch_size",
+                f"{self.global_batch_size} is not a multiple of micro_batch_size * data_parallel_size = {per_step}",
+            )
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """The data-parallel size on a world of ``world_size`` ranks (after ``check_world``)."""
+        self.check_world(world_size)
+        return world_size // self.model_parallel_size
+
+    def resolved_global_batch_size(self, world_size: int) -> int:
+        """The global batch size on a world of ``world_size`` ranks: as given, or micro × data-parallel size."""
+        if self.global_batch_size is not None:
+            self.check_world(world_size)
+            return self.global_batch_size
+        return self.micro_batch_size * self.data_parallel_size(world_size)
+
+
+def validate(
+    distributed: DistributedConfig, parallel: ParallelConfig, env: Mapping[str, str] | None = None
+) -> Rendezvous:
+    """Check both configs against each other and the environment, and return the resolved rendezvous.
+
+    Raises ``ConfigError`` naming the field for the first bad or missing value. Call it
+    before acquiring anything; it touches nothing but ``env`` (default ``os.environ``).
+    """
+    rendezvous = distributed.resolve(env)
+    parallel.check_world(rendezvous.world_size)
+    return rendezvous

@@ -1,0 +1,203 @@
+"""Configuration of ``pretrain``: typed, frozen, validated before anything is acquired.
+
+No torch import here, so a bad value is reported (``ConfigError`` naming the field)
+without loading torch. ``PretrainConfig`` gathers the distributed and parallel layout
+(``lifecycle._torch.config``) with the training loop, checkpoint, exit and fault settings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from lifecycle._core.errors import ConfigError
+from lifecycle._torch.config import DistributedConfig, ParallelConfig
+
+
+def _int_at_least(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(name, f"must be an integer >= {low}, got {value!r}")
+
+
+def _positive_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
+        raise ConfigError(name, f"must be a positive, finite number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shape of the default model and its synthetic data (ignored by a custom model provider).
+
+    ``vocab_size`` must be a multiple of 8: the held-out split is the sequences whose
+    first token is a multiple of 8 (see ``lifecycle._training.model.SyntheticTokens``).
+    """
+
+    vocab_size: int = 64
+    seq_length: int = 32
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+
+    def __post_init__(self) -> None:
+        """Reject a shape the default model cannot build."""
+        for name in ("vocab_size", "seq_length", "hidden_size", "num_layers", "num_heads"):
+            _int_at_least(f"model.{name}", getattr(self, name), 1)
+        if self.vocab_size % 8:
+            raise ConfigError("model.vocab_size", f"must be a multiple of 8, got {self.vocab_size}")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError("model.num_heads", f"must divide hidden_size {self.hidden_size}, got {self.num_heads}")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingConfig:
+    """The loop: optimizer steps, learning rate, seed, logging and evaluation cadence.
+
+    ``iterations``: the step to train up to (steps count from 1; a resumed run continues
+    from the checkpoint's step). ``log_interval``: rank 0 logs progress every that many
+    steps (0: never). ``eval_interval``: evaluate on the held-out split every that many
+    steps and after the last one (0: never), over ``eval_iterations`` micro-batches.
+    """
+
+    iterations: int = 100
+    lr: float = 3e-3
+    seed: int = 1234
+    log_interval: int = 10
+    eval_interval: int = 0
+    eval_iterations: int = 4
+
+    def __post_init__(self) -> None:
+        """Reject values no loop could run with."""
+        _int_at_least("training.iterations", self.iterations, 0)
+        _positive_number("training.lr", self.lr)
+        _int_at_least("training.seed", self.seed, 0)
+        _int_at_least("training.log_interval", self.log_interval, 0)
+        _int_at_least("training.eval_interval", self.eval_interval, 0)
+        _int_at_least("training.eval_iterations", self.eval_iterations, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointConfig:
+    """Asynchronous checkpoints under ``dir`` (None: no checkpoints at all).
+
+    ``interval``: save every that many steps (0: only the final checkpoint); each save
+    is written in the background during the next step and committed after it. A final
+    checkpoint is saved whenever the loop ends without failing (steps done, or a
+    requested exit). ``async_save`` False waits for each save to be committed before
+    training continues. ``resume``: start from the latest complete checkpoint in
+    ``dir`` if there is one.
+    """
+
+    dir: str | None = None
+    interval: int = 0
+    async_save: bool = True
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        """Reject intervals below 0 and checkpoint options without a directory."""
+        _int_at_least("checkpoint.interval", self.interval, 0)
+        if self.dir is not None and not self.dir:
+            raise ConfigError("checkpoint.dir", "must not be empty (use None for no checkpoints)")
+        if self.dir is None and (self.interval or self.resume):
+            raise ConfigError("checkpoint.dir", "interval and resume need a checkpoint directory")
+
+
+@dataclass(frozen=True, slots=True)
+class ExitConfig:
+    """When to stop early, gracefully (final checkpoint, every rank ``closed``).
+
+    ``max_duration_s``: stop after the first step that ends this long after training
+    started (None: no limit). ``handle_sigterm``: SIGTERM requests such an exit instead
+    of killing the process (``pretrain`` must then run on the main thread, where Python
+    delivers signals). Ranks decide together at the end of every step (one
+    all-reduce carries every rank's loss and stop flags), so all stop after the same step.
+    """
+
+    max_duration_s: float | None = None
+    handle_sigterm: bool = True
+
+    def __post_init__(self) -> None:
+        """Reject a duration that is not a positive number."""
+        if self.max_duration_s is not None:
+            _positive_number("exit.max_duration_s", self.max_duration_s)
+
+
+class Phase(StrEnum):
+    """Where a ``FaultInjection`` raises; the values are the demo's ``--fail-at`` names."""
+
+    DIST = "dist"
+    """Right after the default process group was created."""
+    GLOBALS = "globals"
+    """Right after the Megatron-core globals were created."""
+    SETUP = "setup"
+    """After model, optimizer, data and checkpointer were set up."""
+    STEP = "step"
+    """In a train step, after the backward pass, before the gradient all-reduce."""
+    EVAL = "eval"
+    """In an evaluation."""
+    CHECKPOINT = "checkpoint"
+    """In a checkpoint save."""
+    FINALIZE = "finalize"
+    """In the collective finalization of the last checkpoint, after the loop."""
+    CALLBACK = "callback"
+    """In a callback's ``on_step_end``."""
+
+
+STEPPED_PHASES = frozenset({Phase.STEP, Phase.EVAL, Phase.CHECKPOINT, Phase.CALLBACK})
+"""Phases that run at steps: the fault fires the first time the phase runs at or after ``step``."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultInjection:
+    """Raise ``InjectedFault`` at ``phase`` on ``rank`` (for demos and tests).
+
+    For the phases in ``STEPPED_PHASES`` it fires the first time that phase runs at a
+    step >= ``step``; the other phases run once per ``pretrain`` call.
+    """
+
+    phase: Phase
+    rank: int = 0
+    step: int = 1
+
+    def __post_init__(self) -> None:
+        """Accept a phase name as a string; reject an unknown phase, a negative rank or step < 1."""
+        try:
+            object.__setattr__(self, "phase", Phase(self.phase))
+        except ValueError:
+            names = ", ".join(p.value for p in Phase)
+            raise ConfigError("fault.phase", f"must be one of {names}, got {self.phase!r}") from None
+        _int_at_least("fault.rank", self.rank, 0)
+        _int_at_least("fault.step", self.step, 1)
+
+
+class InjectedFault(RuntimeError):
+    """The failure a ``FaultInjection`` raises; says where it was injected."""
+
+    def __init__(self, phase: Phase, rank: int, step: int | None) -> None:
+        """Record where the fault fired (``step`` None outside the loop)."""
+        self.phase, self.rank, self.step = phase, rank, step
+        at = f", step {step}" if step is not None else ""
+        super().__init__(f"injected failure at phase {phase.value!r} on rank {rank}{at}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuild from the constructor's arguments: NVRx's Wrapper copies the exception.
+        return (type(self), (self.phase, self.rank, self.step), self.__dict__)
+
+
+@dataclass(frozen=True, slots=True)
+class PretrainConfig:
+    """Everything ``pretrain`` needs, each part validated on construction.
+
+    ``journal_dir``: if set, every ``pretrain`` call appends this rank's journal to
+    ``<journal_dir>/rank<R>.jsonl`` (see ``lifecycle._core.journal``), whether it succeeds
+    or fails. ``fault``: an optional injected failure (demos and tests).
+    """
+
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    exit: ExitConfig = field(default_factory=ExitConfig)
+    fault: FaultInjection | None = None
+    journal_dir: str | None = None

@@ -1,0 +1,414 @@
+"""``pretrain``: the training entry point, driving one ``Session`` through every state.
+
+uninitialized → dist_ready → globals_ready → (setup) → training → (loop) → finalizing
+→ closed. Any exception on the way takes the failure edge, the session releases what
+it owns, and the caller gets the original exception object; the next ``pretrain``
+call in the same process starts from a clean slate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+from lifecycle._core import journal as _journal
+from lifecycle._core.errors import ConfigError, InvalidTransition
+from lifecycle._core.executor import TeardownReport
+from lifecycle._core.session import JournalEntry, Session
+from lifecycle._core.states import State
+from lifecycle._torch.actions import TorchActions
+from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, TrainContext, call_hooks
+from lifecycle._training.config import STEPPED_PHASES, InjectedFault, Phase, PretrainConfig
+from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
+from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
+
+__all__ = [
+    "BatchProvider",
+    "Callback",
+    "ForwardStepFunc",
+    "ModelProvider",
+    "PretrainResult",
+    "pretrain",
+]
+
+logger = logging.getLogger("lifecycle.pretrain")
+
+ForwardStepFunc = Callable[[Any, torch.nn.Module], torch.Tensor]
+"""``forward_step_func(batch, model) -> loss``: a scalar tensor to call ``backward()`` on."""
+ModelProvider = Callable[[PretrainConfig], torch.nn.Module]
+"""Builds the model from the config, on every rank (the RNG is seeded with ``training.seed`` first)."""
+BatchProvider = Callable[[str, int], Any]
+"""``batch_provider(split, index) -> batch``: micro-batch ``index`` of ``"train"`` or ``"eval"``, a pure function."""
+
+
+@dataclass(frozen=True, slots=True)
+class PretrainResult:
+    """What a successful ``pretrain`` call did, on this rank.
+
+    ``losses`` and ``eval_losses`` are ``(step, loss)`` pairs, averaged over all ranks.
+    ``checkpoint_step`` is the step of the last checkpoint this call committed (None
+    if it committed none). ``journal`` and ``report`` are the session's.
+    """
+
+    rank: int
+    world_size: int
+    start_step: int
+    final_step: int
+    exit_reason: ExitReason
+    exit_detail: str | None
+    losses: tuple[tuple[int, float], ...]
+    eval_losses: tuple[tuple[int, float], ...]
+    checkpoint_step: int | None
+    journal: tuple[JournalEntry, ...]
+    report: TeardownReport
+
+
+def pretrain(
+    config: PretrainConfig,
+    forward_step_func: ForwardStepFunc | None = None,
+    callbacks: Iterable[Callback] | None = None,
+    *,
+    model_provider: ModelProvider | None = None,
+    batch_provider: BatchProvider | None = None,
+    attempt: int = 0,
+    session: Session | None = None,
+) -> PretrainResult:
+    """Train ``model_provider``'s model with ``forward_step_func`` on every rank, data-parallel.
+
+    Defaults: the tiny causal LM, its next-token loss, and synthetic token batches
+    (``lifecycle._training.model``). Gradients are averaged over Megatron-core's data-parallel
+    group; each data-parallel rank reads different batches (the model is not sharded:
+    ranks of one model-parallel group hold identical replicas). Checkpoints, evaluation,
+    exits and faults follow ``config``; ``callbacks`` are called as ``Callback`` documents.
+    ``attempt`` only labels this call in the journal. ``session`` is the fresh session
+    to drive (in ``uninitialized``); None builds an ordinary one on
+    ``TorchActions(config.distributed, config.parallel)``. Under in-process restart,
+    ``lifecycle.restart.wrapped_pretrain`` passes the session of the wrapper's attempt.
+
+    Returns a ``PretrainResult`` once the session is ``closed``. A requested exit
+    (SIGTERM, ``exit.max_duration_s``, ``session.request_exit``) is not a failure: every
+    rank stops after the same step, saves a final checkpoint and closes. Any exception
+    raised in setup, a step, an evaluation, a checkpoint save or its finalization, or a
+    callback takes the failure edge: the session releases what it owns (no collective)
+    and the same exception object is re-raised.
+    """
+    if session is None:
+        # No store prefix given: TorchActions takes a new one per group it creates.
+        session = Session(TorchActions(config.distributed, config.parallel))
+    elif session.state is not State.UNINITIALIZED:
+        raise InvalidTransition(session.state, "pretrain")
+    run = _Run(
+        config,
+        session,
+        forward_step_func or default_forward_step,
+        model_provider or default_model_provider,
+        batch_provider,
+    )
+    if config.training.log_interval:
+        run.hooks.append(ProgressLog(config.training.log_interval))
+    run.hooks += list(callbacks or ())
+    if config.fault is not None and config.fault.phase is Phase.CALLBACK:
+        run.hooks.append(_FaultCallback(run))
+    started = time.monotonic()
+    end: dict[str, Any] = {}
+    try:
+        with session:
+            result = run.execute()
+        end = {"exit_reason": result.exit_reason.value, "error": None}
+        return result
+    except BaseException as exc:
+        end = {"exit_reason": None, "error": f"{type(exc).__name__}: {exc}"}
+        raise
+    finally:
+        if config.journal_dir is not None:
+            end |= {
+                "final_step": run.step,
+                "losses": run.losses,
+                "eval_losses": run.eval_losses,
+                "checkpoint_step": run.committed,
+            }
+            records = _journal.session_records(
+                session, rank=run.rank, world_size=run.world_size, attempt=attempt, started=started, end=end
+            )
+            try:
+                _journal.append(_journal.journal_path(config.journal_dir, run.rank), records)
+            except OSError as exc:  # a journal must never replace the run's own outcome
+                logger.warning("could not write the journal in %s: %s", config.journal_dir, exc)
+
+
+class _FaultCallback(Callback):
+    """Raises the configured ``callback`` fault from ``on_step_end``: a failure inside a callback."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+
+    def on_step_end(self, session: Session, step: int, loss: float) -> None:
+        self.run.inject(Phase.CALLBACK, step)
+
+
+class _Run:
+    """The state of one ``pretrain`` call; ``execute`` runs it inside its session."""
+
+    def __init__(
+        self,
+        config: PretrainConfig,
+        session: Session,
+        forward: ForwardStepFunc,
+        model_provider: ModelProvider,
+        batch_provider: BatchProvider | None,
+    ) -> None:
+        self.config = config
+        self.session = session
+        self.forward = forward
+        self.hooks: list[Callback] = []
+        self.model_provider = model_provider
+        self.batch_provider = batch_provider
+        # Until the group exists, the configured (or torchrun's) rank names the journal.
+        try:
+            world, rank = config.distributed.resolve_world()
+        except ConfigError:
+            world, rank = None, None
+        self.rank, self.world_size = rank or 0, world or 1
+        self.step = 0
+        self.losses: list[tuple[int, float]] = []
+        self.eval_losses: list[tuple[int, float]] = []
+        self.committed: int | None = None
+        self.saved: int | None = None
+
+    def inject(self, phase: Phase, step: int | None = None) -> None:
+        """Raise the configured fault if it is due here; a few attribute reads otherwise."""
+        fault = self.config.fault
+        if fault is None or fault.phase is not phase or fault.rank != self.rank:
+            return
+        if phase in STEPPED_PHASES and (step is None or step < fault.step):
+            return
+        raise InjectedFault(phase, self.rank, step)
+
+    def execute(self) -> PretrainResult:
+        """Drive the session from ``uninitialized`` to ``closed``; exceptions propagate to the session block."""
+        session = self.session
+        session.init_distributed()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.inject(Phase.DIST)
+        session.init_globals()
+        self.inject(Phase.GLOBALS)
+        ctx = self.setup()
+        self.inject(Phase.SETUP)
+        call_hooks(self.hooks, "on_setup_end", session, ctx)
+        session.start_training()
+        call_hooks(self.hooks, "on_train_start", session, ctx)
+        reason = self.loop(ctx)
+        if ctx.checkpointer is not None and self.step != self.saved and self.step > ctx.start_step:
+            self.save(ctx.checkpointer, self.step)
+        session.finish()
+        self.inject(Phase.FINALIZE)
+        if ctx.checkpointer is not None:
+            self.commit(ctx.checkpointer)
+        call_hooks(self.hooks, "on_train_end", session, self.step, reason)
+        report = session.close()
+        return PretrainResult(
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            start_step=ctx.start_step,
+            final_step=self.step,
+            exit_reason=reason,
+            exit_detail=session.exit_requested,
+            losses=tuple(self.losses),
+            eval_losses=tuple(self.eval_losses),
+            checkpoint_step=self.committed,
+            journal=session.journal,
+            report=report,
+        )
+
+    # -- setup --------------------------------------------------------------------------
+
+    def setup(self) -> TrainContext:
+        """Signal handler, model, optimizer, data, checkpointer; load the checkpoint to resume from."""
+        config, session = self.config, self.session
+        if config.exit.handle_sigterm:
+            session.install_signal_handlers()
+        # Same seed on every rank: identical replicas, and a resumed run rebuilds the same model.
+        torch.manual_seed(config.training.seed)
+        self.model = self.model_provider(config)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.params, lr=config.training.lr)
+        self.dp_rank: int = parallel_state.get_data_parallel_rank()
+        self.dp_size: int = parallel_state.get_data_parallel_world_size()
+        self.num_microbatches: int = get_num_microbatches()
+        if self.batch_provider is None:
+            data = SyntheticTokens(config.model, config.parallel.micro_batch_size, config.training.seed)
+            self.batch_provider = data.batch
+        if self.dp_size > 1:
+            # A custom provider may not be seeded; replicas must start equal all the same.
+            src = parallel_state.get_data_parallel_src_rank()
+            _flat_apply([p.data for p in self.params], lambda f: dist.broadcast(f, src, group=_dp_group()))
+        checkpointer = None
+        start_step = 0
+        if config.checkpoint.dir is not None:
+            checkpointer = AsyncCheckpointer(config.checkpoint.dir)
+            session.track_checkpoints(checkpointer)
+            if config.checkpoint.resume:
+                start_step = self.load(config.checkpoint.dir)
+        self.step = start_step
+        probe = self.batch_provider("train", 0)
+        tokens = probe.get("tokens") if isinstance(probe, dict) else None
+        per_batch = tokens.numel() if isinstance(tokens, torch.Tensor) else 0
+        return TrainContext(
+            config=config,
+            model=self.model,
+            optimizer=self.optimizer,
+            rank=self.rank,
+            world_size=self.world_size,
+            data_parallel_rank=self.dp_rank,
+            data_parallel_size=self.dp_size,
+            start_step=start_step,
+            tokens_per_step=per_batch * self.num_microbatches * self.dp_size,
+            checkpointer=checkpointer,
+        )
+
+    def state(self, step: int) -> dict[str, Any]:
+        """What a checkpoint holds: model, optimizer, step and this rank's RNG state."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": step,
+            "rng": torch.get_rng_state(),
+        }
+
+    def load(self, directory: str) -> int:
+        """Load the latest complete checkpoint under ``directory``; return its step (0 if there is none)."""
+        state = self.state(0)
+        step = load_checkpoint(directory, state)  # safe loader: weights_only, checksummed
+        if step is None:
+            return 0
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        logger.info("resumed from step %d in %s", step, directory)
+        self.saved = self.committed = step
+        return step
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def loop(self, ctx: TrainContext) -> ExitReason:
+        """Train until ``iterations`` or an exit all ranks agreed on; return why it ended."""
+        training, checkpointer = self.config.training, ctx.checkpointer
+        interval = self.config.checkpoint.interval
+        limit = self.config.exit.max_duration_s
+        started = time.monotonic()
+        while self.step < training.iterations:
+            step = self.step + 1
+            local_loss = self.train_step(step)
+            timed_out = limit is not None and time.monotonic() - started >= limit
+            # One collective a step: the mean loss, and whether any rank wants to stop,
+            # so all ranks stop after the same step (a SIGTERM reaches them at different times).
+            flags = torch.tensor(
+                [local_loss, float(self.session.exit_requested is not None), float(timed_out)], dtype=torch.float64
+            )
+            dist.all_reduce(flags)
+            self.step = step
+            if checkpointer is not None and checkpointer.in_flight:
+                # Commit the save started after the previous step: collective, and every
+                # rank is at the same step. Its write overlapped this step's compute.
+                self.commit(checkpointer)
+            loss = flags[0].item() / self.world_size
+            self.losses.append((step, loss))
+            call_hooks(self.hooks, "on_step_end", self.session, step, loss)
+            last = step == training.iterations or bool(flags[1] or flags[2])
+            if training.eval_interval and (step % training.eval_interval == 0 or last):
+                self.evaluate(step)
+            if checkpointer is not None and interval and step % interval == 0:
+                self.save(checkpointer, step)
+            if flags[1]:
+                return ExitReason.REQUESTED
+            if flags[2]:
+                return ExitReason.MAX_DURATION
+        return ExitReason.ITERATIONS
+
+    def train_step(self, step: int) -> float:
+        """Forward and backward over this step's micro-batches, average gradients over data parallel, update."""
+        assert self.batch_provider is not None  # set in setup
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        total: float = 0.0
+        for micro in range(self.num_microbatches):
+            # Disjoint across data-parallel ranks, and a pure function of the step: a
+            # resumed run reads exactly what an uninterrupted one would.
+            index = ((step - 1) * self.num_microbatches + micro) * self.dp_size + self.dp_rank
+            loss = self.forward(self.batch_provider("train", index), self.model)
+            (loss / self.num_microbatches).backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+            total += loss.item()
+        self.inject(Phase.STEP, step)
+        if self.dp_size > 1:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            _flat_apply(grads, lambda f: dist.all_reduce(f, group=_dp_group()))
+            for p, grad in zip(self.params, grads, strict=True):
+                p.grad = grad.div_(self.dp_size)
+        self.optimizer.step()
+        return total / self.num_microbatches
+
+    def evaluate(self, step: int) -> None:
+        """Mean loss over ``eval_iterations`` held-out micro-batches per rank, averaged over all ranks."""
+        assert self.batch_provider is not None  # set in setup
+        self.inject(Phase.EVAL, step)
+        count = self.config.training.eval_iterations
+        self.model.eval()
+        with torch.no_grad():
+            # The same held-out batches at every evaluation, different on each data-parallel rank.
+            total = sum(
+                self.forward(self.batch_provider("eval", i * self.dp_size + self.dp_rank), self.model).item()
+                for i in range(count)
+            )
+        mean = torch.tensor([total / count], dtype=torch.float64)
+        dist.all_reduce(mean)
+        loss = mean.item() / self.world_size
+        self.eval_losses.append((step, loss))
+        call_hooks(self.hooks, "on_eval_end", self.session, step, loss)
+
+    def save(self, checkpointer: AsyncCheckpointer, step: int) -> None:
+        """Start an async save of ``step`` (committing the previous one); wait for it unless ``async_save``."""
+        self.inject(Phase.CHECKPOINT, step)
+        previous = self.saved if checkpointer.in_flight else None
+        checkpointer.save(step, self.state(step))
+        if previous is not None:
+            self.committed = previous  # save() finalized the one in flight first
+        self.saved = step
+        if not self.config.checkpoint.async_save:
+            self.commit(checkpointer)
+        call_hooks(self.hooks, "on_checkpoint_saved", self.session, step, checkpointer.directory)
+
+    def commit(self, checkpointer: AsyncCheckpointer) -> None:
+        """Collectively finalize the save in flight, if any."""
+        committed = checkpointer.finalize()
+        if committed is not None:
+            self.committed = committed
+
+
+def _dp_group() -> dist.ProcessGroup:
+    """Megatron-core's data-parallel group, looked up at each use.
+
+    Never kept on an object: gloo closes a group's sockets only once the group object
+    is freed, so a reference that outlives a failure keeps peers waiting in a
+    collective until the timeout instead of failing at once.
+    """
+    group: dist.ProcessGroup = parallel_state.get_data_parallel_group()
+    return group
+
+
+def _flat_apply(tensors: Sequence[torch.Tensor], collective: Callable[[torch.Tensor], object]) -> None:
+    """Run ``collective`` once on all of ``tensors`` flattened together, then copy the result back."""
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+    collective(flat)
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()

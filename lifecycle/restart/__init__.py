@@ -1,0 +1,353 @@
+"""In-process restart: sessions run by NVIDIA Resiliency Extension's ``inprocess.Wrapper``.
+
+Under the Wrapper a failure on any rank restarts the wrapped function on every rank,
+in the same processes. The session releases on a failure only what is rank-local
+(in-flight checkpoints, user resources, signal handlers) and leaves the process group
+and the Megatron-core globals to the Wrapper, which runs this module's ``abort()`` (in
+its monitor thread, to unblock a main thread stuck in a collective) and then
+``finalize()`` (in the main thread, before the next iteration). Both run the steps of
+the ordinary failure plan for what the session deferred (``wrapper_plan``).
+
+A session learns that it runs under the Wrapper from the ``CallWrapper`` the Wrapper
+injects into the wrapped function (``session_for``); the iteration comes from it too.
+
+No ``from __future__ import annotations`` here, on purpose: the Wrapper finds the
+parameter to inject its ``CallWrapper`` into by evaluating annotations at run time,
+and fails on string or subscripted annotations. ``run`` gives it a thin entry
+function with one plainly annotated parameter.
+"""
+
+import dataclasses
+import datetime
+import gc
+import os
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from nvidia_resiliency_ext.inprocess import CallWrapper, Compose, Wrapper
+from nvidia_resiliency_ext.inprocess.abort import Abort
+from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+from nvidia_resiliency_ext.inprocess.finalize import Finalize
+from nvidia_resiliency_ext.inprocess.initialize import RetryController
+
+from lifecycle._core.errors import ConfigError, LifecycleError
+from lifecycle._core.executor import TeardownError
+from lifecycle._core.plans import RestartMode
+from lifecycle._core.seams import DistributedActions
+from lifecycle._core.session import Session
+from lifecycle._core.wrapped import ABORT_STEPS, ATTEMPTS, teardown_table, wrapper_plan
+from lifecycle._torch.actions import TorchActions, live_resources
+from lifecycle._torch.config import LOOPBACK
+from lifecycle._training.callbacks import Callback
+from lifecycle._training.config import PretrainConfig
+from lifecycle._training.pretrain import BatchProvider, ForwardStepFunc, ModelProvider, PretrainResult, pretrain
+
+__all__ = [
+    "ABORT_STEPS",
+    "SessionAbort",
+    "SessionFinalize",
+    "abort",
+    "finalize",
+    "make_wrapper",
+    "restart_mode_from",
+    "run",
+    "session_for",
+    "teardown_table",
+    "wrapped_pretrain",
+    "wrapper_plan",
+]
+
+T = TypeVar("T")
+
+_ENV_KEYS = ("RANK", "WORLD_SIZE")  # the Wrapper rewrites these
+
+
+# -- sessions under the Wrapper ------------------------------------------------------------
+
+
+def restart_mode_from(call_wrapper: CallWrapper | None) -> tuple[RestartMode, int]:
+    """Return ``(INPROCESS, call_wrapper.iteration)`` under the Wrapper, ``(ORDINARY, 0)`` for None.
+
+    ``call_wrapper`` must be the object the Wrapper injected (a ``CallWrapper``):
+    anything else raises ``TypeError``, so a stray flag cannot switch the mode.
+    """
+    if call_wrapper is None:
+        return RestartMode.ORDINARY, 0
+    if not isinstance(call_wrapper, CallWrapper):
+        raise TypeError(f"expected the Wrapper's CallWrapper or None, got {type(call_wrapper).__name__}")
+    return RestartMode.INPROCESS, int(call_wrapper.iteration)
+
+
+def session_for(
+    call_wrapper: CallWrapper | None, actions_factory: Callable[[str | None], DistributedActions]
+) -> Session:
+    """Build the session of this call of the wrapped function (one per call).
+
+    Under the Wrapper (``call_wrapper`` is its ``CallWrapper``): the actions are built
+    with a store prefix unique to this Wrapper call and iteration (all ranks make the
+    same Wrapper calls, so their prefixes agree); the session has restart mode
+    ``inprocess`` and the Wrapper's iteration (journaled by ``init_distributed``); it
+    refuses a process group or Megatron globals the caller created; and it becomes the
+    live attempt whose deferred resources ``abort()`` and ``finalize()`` release. With
+    None: an ordinary session, actions built with no prefix, nothing registered.
+    """
+    mode, iteration = restart_mode_from(call_wrapper)
+    if mode is RestartMode.ORDINARY:
+        return Session(actions_factory(None))
+    return ATTEMPTS.begin(call_wrapper, iteration, actions_factory)
+
+
+# -- the Wrapper's abort and finalize ------------------------------------------------------
+
+
+class SessionAbort(Abort):  # type: ignore[misc]  # NVRx is untyped
+    """The Wrapper's ``abort``: in its monitor thread, unblock the live attempt's main thread.
+
+    Runs the ``ABORT_STEPS`` of ``wrapper_plan``: abandon in-flight checkpoints
+    (rank-local), then abort every process group without waiting on outstanding
+    collectives. Never a collective, never a barrier. Does nothing without a live
+    attempt. Step failures are kept and raised by ``SessionFinalize``.
+    """
+
+    def __call__(self, state: Any) -> Any:
+        """Run the abort steps; return ``state`` unchanged (the Wrapper chains it)."""
+        attempt = ATTEMPTS.attempt
+        if attempt is not None:
+            attempt.release(ABORT_STEPS)
+        return state
+
+
+class SessionFinalize(Finalize):  # type: ignore[misc]  # NVRx is untyped
+    """The Wrapper's ``finalize``: in the main thread, release what the failed attempt still owes.
+
+    Runs every step of ``wrapper_plan`` that ``SessionAbort`` did not: destroy the
+    rerun state machine, the microbatch calculator and the model-parallel state (and
+    the abort steps too, if no abort ran), so the next iteration can create them again,
+    and forgets the attempt. Raises ``TeardownError`` listing every step of this
+    attempt's abort or finalize that failed: the Wrapper then stops instead of
+    restarting on top of live state.
+    """
+
+    def __call__(self, state: Any) -> Any:
+        """Run the remaining steps; return ``state`` unchanged, or raise ``TeardownError``."""
+        attempt = ATTEMPTS.take()
+        ATTEMPTS.last_failure = f"iteration {state.iteration} failed with {state.fn_exception!r}"
+        if attempt is not None:
+            attempt.release(None)
+            if attempt.failures:
+                raise TeardownError(tuple(attempt.failures))
+        return state
+
+
+def abort() -> SessionAbort:
+    """A new ``SessionAbort``, for the Wrapper's ``abort=`` parameter."""
+    return SessionAbort()
+
+
+def finalize() -> SessionFinalize:
+    """A new ``SessionFinalize``, for the Wrapper's ``finalize=`` parameter."""
+    return SessionFinalize()
+
+
+# -- running under the Wrapper -------------------------------------------------------------
+
+
+def make_wrapper(
+    *,
+    max_restarts: int,
+    store_port: int | None = None,
+    store_host: str | None = None,
+    group_timeout_s: float = 60.0,
+    **wrapper_kwargs: Any,
+) -> Wrapper:
+    """Build an ``inprocess.Wrapper`` that runs lifecycle sessions.
+
+    ``max_restarts`` (required, >= 0) bounds the restarts: the wrapped function runs at
+    most ``max_restarts + 1`` times, then the Wrapper raises ``RestartAbort``. Its store
+    listens on ``store_port`` (default ``MASTER_PORT + 1``: never the port of the
+    default group's store) at ``store_host`` (default ``MASTER_ADDR``; 127.0.0.1 in a
+    world of one). Its abort and finalize are ``abort()`` and ``finalize()``, run before
+    any ``abort``, ``finalize`` or ``initialize`` given in ``wrapper_kwargs``. Timeouts are ordered after
+    ``group_timeout_s`` (each group's timeout): soft = group + 10 s, hard = soft + 10 s,
+    barrier and completion = hard + 20 s, so a slow collective fails by itself before
+    the Wrapper declares the rank stuck; ``wrapper_kwargs`` may override them (and the
+    intervals) but not break that order. Raises ``ConfigError`` for a bad value.
+    """
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError("max_restarts", f"must be an integer >= 0, got {max_restarts!r}")
+    if store_port is None:
+        master = os.environ.get("MASTER_PORT")
+        if not master:
+            raise ConfigError("store_port", "not given, and MASTER_PORT is not set in the environment")
+        store_port = int(master) + 1
+    if store_host is None:
+        store_host = os.environ.get("MASTER_ADDR") or None
+    if store_host is None and os.environ.get("WORLD_SIZE", "1") != "1":
+        raise ConfigError("store_host", "not given, and MASTER_ADDR is not set in the environment")
+    group = datetime.timedelta(seconds=group_timeout_s)
+    options: dict[str, Any] = {
+        "soft_timeout": group + datetime.timedelta(seconds=10),
+        "hard_timeout": group + datetime.timedelta(seconds=20),
+        "barrier_timeout": group + datetime.timedelta(seconds=40),
+        "completion_timeout": group + datetime.timedelta(seconds=40),
+    }
+    options.update(wrapper_kwargs)
+    if not group < options["soft_timeout"]:
+        raise ConfigError("soft_timeout", f"must exceed the group timeout {group_timeout_s} s")
+    store_kwargs = {"port": store_port, "host_name": store_host or LOOPBACK}
+    options["store_kwargs"] = {**store_kwargs, **options.get("store_kwargs", {})}
+    options["initialize"] = _then(RetryController(max_iterations=max_restarts + 1), options.get("initialize"))
+    options["abort"] = _then(abort(), options.get("abort"))
+    options["finalize"] = _then(finalize(), options.get("finalize"))
+    return Wrapper(**options)
+
+
+def _then(first: Any, second: Any) -> Any:
+    """``first``, then ``second`` if one is given (``Compose`` calls its last argument first)."""
+    return first if second is None else Compose(second, first)
+
+
+def run(
+    job: Callable[[CallWrapper], T],
+    *,
+    max_restarts: int,
+    store_port: int | None = None,
+    store_host: str | None = None,
+    group_timeout_s: float = 60.0,
+    **wrapper_kwargs: Any,
+) -> T:
+    """Run ``job(call_wrapper)`` under a ``make_wrapper(...)`` Wrapper; return what its last iteration returned.
+
+    ``job`` builds its session with ``session_for(call_wrapper, ...)``. A failure on any
+    rank restarts it on every rank, at most ``max_restarts`` times; then the Wrapper's
+    ``RestartAbort`` propagates (with a note naming the last failure). Restart
+    exceptions are never caught here.
+
+    A process group or Megatron globals that already exist are refused with
+    ``LifecycleError`` before the Wrapper starts. A ``BaseException`` that is not an
+    ``Exception`` (Ctrl-C, ``SystemExit``) ends the Wrapper without a restart and
+    without its abort or finalize: what the failed attempt deferred to the Wrapper is
+    then released here, rank-locally, before it propagates unchanged. Afterwards
+    ``RANK`` and ``WORLD_SIZE`` are as they were before (the Wrapper rewrites them) and
+    no attempt stays registered.
+    """
+    found = live_resources()
+    if found:
+        # The Wrapper owns the failure path of the group and the globals, and creates
+        # nothing itself: each iteration's session must create them (NVRx's own check
+        # only says "enforce_value(not torch.distributed.is_initialized())").
+        names = ", ".join(resource.value for resource in found)
+        raise LifecycleError(
+            f"in-process restart needs a process with no process group or Megatron-core globals; "
+            f"found {names}, created by the caller: release them, or run without the Wrapper"
+        )
+    wrapper = make_wrapper(
+        max_restarts=max_restarts,
+        store_port=store_port,
+        store_host=store_host,
+        group_timeout_s=group_timeout_s,
+        **wrapper_kwargs,
+    )
+
+    # Plain annotations only: the Wrapper injects its CallWrapper by this parameter's type.
+    def entry(call_wrapper: CallWrapper | None = None) -> T:
+        return job(call_wrapper)
+
+    # Reference cycles (the tracebacks of failed iterations) keep a Wrapper call's store,
+    # and so its server on ``store_port``, alive until they are collected; a call on the
+    # same port would then join that stale server (BarrierOverflow). Collect before
+    # this call and after it.
+    gc.collect()
+    with _restored_env(_ENV_KEYS):
+        ATTEMPTS.last_failure = None
+        try:
+            result: T = wrapper(entry)()
+        except BaseException as exc:
+            # The Wrapper restarts only on an Exception; any other BaseException (Ctrl-C,
+            # SystemExit) ends it without its abort or finalize, so what the attempt
+            # deferred to it is still live: release it here, rank-locally.
+            attempt = ATTEMPTS.attempt
+            if attempt is not None:
+                attempt.release(None)
+                for failure in attempt.failures:
+                    exc.add_note(f"lifecycle: teardown step {failure.step} also failed: {failure.error!r}")
+            if isinstance(exc, RestartAbort) and ATTEMPTS.last_failure is not None:
+                exc.add_note(f"lifecycle: the last restart {ATTEMPTS.last_failure}")
+            raise
+        finally:
+            ATTEMPTS.take()
+            gc.collect()  # see above
+    return result
+
+
+@contextmanager
+def _restored_env(keys: tuple[str, ...]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in keys}
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def wrapped_pretrain(
+    config: PretrainConfig,
+    forward_step_func: ForwardStepFunc | None = None,
+    callbacks: Iterable[Callback] | None = None,
+    *,
+    max_restarts: int,
+    store_port: int | None = None,
+    model_provider: ModelProvider | None = None,
+    batch_provider: BatchProvider | None = None,
+    **wrapper_kwargs: Any,
+) -> PretrainResult:
+    """Run ``pretrain`` under the Wrapper: a failure on any rank restarts it on every rank, in the same processes.
+
+    Each iteration is one ``pretrain`` call (same arguments, ``attempt`` = the
+    iteration) whose session runs in ``inprocess`` mode (``session_for``): a fresh
+    default group on a per-iteration store prefix, released by the Wrapper on a
+    failure. Ranks and world size are read from the environment each iteration (the
+    Wrapper sets them); ``config.distributed.rank`` / ``world_size``, if given, only seed
+    ``RANK`` / ``WORLD_SIZE``. The Wrapper's store listens on ``store_port`` (default: the
+    group's port + 1) and its timeouts are ordered after ``config.distributed.timeout_s``.
+    Returns the ``PretrainResult`` of the successful iteration; after ``max_restarts``
+    restarts the Wrapper's ``RestartAbort`` propagates. ``config.fault`` fires in every
+    iteration, so it exhausts the restarts: inject a one-off fault with a callback.
+    """
+    distributed = config.distributed
+    if store_port is None and distributed.master_port is not None:
+        store_port = distributed.master_port + 1
+    seed_env = {"RANK": distributed.rank, "WORLD_SIZE": distributed.world_size}
+    per_iteration = dataclasses.replace(
+        config, distributed=dataclasses.replace(distributed, rank=None, world_size=None)
+    )
+
+    def job(call_wrapper: CallWrapper) -> PretrainResult:
+        session = session_for(
+            call_wrapper,
+            lambda prefix: TorchActions(per_iteration.distributed, per_iteration.parallel, store_prefix=prefix),
+        )
+        return pretrain(
+            per_iteration,
+            forward_step_func,
+            callbacks,
+            model_provider=model_provider,
+            batch_provider=batch_provider,
+            attempt=session.iteration,
+            session=session,
+        )
+
+    with _restored_env(tuple(seed_env)):
+        os.environ.update({key: str(value) for key, value in seed_env.items() if value is not None})
+        return run(
+            job,
+            max_restarts=max_restarts,
+            store_port=store_port,
+            store_host=distributed.master_addr,
+            group_timeout_s=distributed.timeout_s,
+            **wrapper_kwargs,
+        )

@@ -1,0 +1,491 @@
+"""lifecycle.checkpoint: async save, collective finalize, rank-local abort, safe load.
+
+Multi-rank tests run real gloo groups in subprocesses that import this file and call
+one of its ``_worker_*`` functions; each prints one JSON line with what it observed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from support.probes import TORCH_COLLECTIVES
+
+from lifecycle.checkpoint import AsyncCheckpointer, CheckpointError, latest_checkpoint, load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _trained(seed: int) -> tuple[torch.nn.Linear, torch.optim.AdamW]:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(2, 4)).sum().backward()
+    optim.step()
+    return model, optim
+
+
+def _state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
+    return {"model": model.state_dict(), "optim": optim.state_dict(), "step_in_epoch": 7}
+
+
+def _fresh() -> tuple[torch.nn.Linear, torch.optim.AdamW, dict[str, Any]]:
+    model = torch.nn.Linear(4, 3)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.5)
+    return model, optim, _state(model, optim)
+
+
+def _commit(directory: Path, step: int, seed: int) -> torch.nn.Linear:
+    model, optim = _trained(seed)
+    writer = AsyncCheckpointer(directory)
+    writer.save(step, _state(model, optim))
+    assert writer.finalize() == step
+    return model
+
+
+def _only_shard(folder: Path) -> Path:
+    (shard,) = folder.glob("rank00000-*.pt")
+    return shard
+
+
+def _wait_done(writer: AsyncCheckpointer) -> Callable[[], BaseException | None]:
+    """Return a function that waits for the writer's current background write to end."""
+    pending = writer._pending
+    assert pending is not None
+    return lambda: pending.future.exception(timeout=20)
+
+
+@pytest.fixture
+def world_of_one(tmp_path: Path) -> Iterator[None]:
+    """A real one-rank gloo default group, destroyed afterwards if still alive."""
+    assert not dist.is_initialized(), "another test leaked a default process group"
+    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=20))
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.fixture
+def collective_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every torch.distributed collective called from any thread (calls pass through)."""
+    calls: list[str] = []
+    for name in TORCH_COLLECTIVES:
+        real = getattr(dist, name, None)
+        if real is None:
+            continue
+
+        def recording(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(dist, name, recording)
+    return calls
+
+
+def test_single_rank_roundtrip_restores_model_and_optimizer(tmp_path: Path) -> None:
+    """save → finalize → load restores equal tensors as they were when save() returned."""
+    model, optim = _trained(0)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    writer = AsyncCheckpointer(tmp_path)
+    writer.save(3, _state(model, optim))
+    assert writer.in_flight
+    with torch.no_grad():
+        model.weight.add_(100.0)  # training goes on; the staged copy must not see it
+    assert writer.finalize() == 3
+    assert not writer.in_flight
+    assert writer.finalize() is None
+    assert latest_checkpoint(tmp_path) == (3, tmp_path / "step_0000000003")
+
+    new_model, new_optim, target = _fresh()
+    assert load_checkpoint(tmp_path, target) == 3
+    new_optim.load_state_dict(target["optim"])
+    for key, value in new_model.state_dict().items():
+        assert torch.equal(value, expected[key])
+    assert target["step_in_epoch"] == 7
+    assert new_optim.param_groups[0]["lr"] == 0.01
+    ref = optim.state[model.weight]
+    got = new_optim.state[new_model.weight]
+    assert torch.equal(got["exp_avg"], ref["exp_avg"]) and torch.equal(got["step"], ref["step"])
+
+
+def test_abort_of_an_in_flight_save_keeps_the_previous_latest(tmp_path: Path) -> None:
+    """A save in flight at abort() is never committed; step 1 stays latest and loads."""
+    model_1 = _commit(tmp_path, 1, seed=1)
+    gate = threading.Event()
+    writer = AsyncCheckpointer(tmp_path)
+    writer._before_write = gate.wait
+    writer.save(2, _state(*_trained(2)))
+    done = _wait_done(writer)
+    assert writer.in_flight
+    writer.abort()
+    writer.abort()
+    assert not writer.in_flight
+    gate.set()  # the abandoned write now completes late
+    assert isinstance(done(), CheckpointError)
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
+    assert list((tmp_path / "step_0000000002").iterdir()) == []
+    assert writer.finalize() is None
+    with pytest.raises(CheckpointError, match="aborted"):
+        writer.save(3, {})
+    new_model, _, target = _fresh()
+    assert load_checkpoint(tmp_path, target) == 1
+    assert torch.equal(new_model.weight, model_1.weight)
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_abort_calls_no_collective_while_finalize_does(tmp_path: Path, collective_calls: list[str]) -> None:
+    """abort() and the writer thread call no collective; finalize() does (the recorder works)."""
+    writer = AsyncCheckpointer(tmp_path)
+    writer.save(1, {"w": torch.ones(2)})
+    assert writer.finalize() == 1
+    assert collective_calls == ["all_gather", "broadcast"]
+    collective_calls.clear()
+
+    gate = threading.Event()
+    writer = AsyncCheckpointer(tmp_path)
+    writer._before_write = gate.wait
+    writer.save(2, {"w": torch.zeros(2)})
+    done = _wait_done(writer)
+    writer.abort()
+    gate.set()
+    done()
+    assert collective_calls == []
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_abort_works_after_the_group_is_destroyed_and_finalize_then_errors(tmp_path: Path) -> None:
+    """Once the group is gone abort() still returns at once; finalize() raises instead of hanging."""
+    gate = threading.Event()
+    gate.set()
+    aborting = AsyncCheckpointer(tmp_path)
+    aborting._before_write = gate.wait
+    aborting.save(1, {"w": torch.ones(2)})
+    finalizing = AsyncCheckpointer(tmp_path)
+    finalizing.save(2, {"w": torch.ones(2)})
+    dist.destroy_process_group()
+    start = time.monotonic()
+    aborting.abort()
+    assert time.monotonic() - start < 0.5
+    with pytest.raises(CheckpointError, match=r"was destroyed; finalize\(\) must run before"):
+        finalizing.finalize()
+    assert latest_checkpoint(tmp_path) is None
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_an_aborted_writer_keeps_no_reference_to_its_group(tmp_path: Path) -> None:
+    """After abort() the writer holds no process group: gloo closes an aborted group's sockets only once it is freed."""
+    writer = AsyncCheckpointer(tmp_path)
+    group = dist.group.WORLD
+    assert any(value is group for value in vars(writer).values())
+    writer.save(1, {"w": torch.ones(2)})
+    writer.abort()
+    assert not any(value is group for value in vars(writer).values())
+    assert writer.finalize() is None
+
+
+def test_save_while_a_save_is_in_flight_finalizes_the_previous_one_first(tmp_path: Path) -> None:
+    """A second save() commits the in-flight one before starting; only one save is ever in flight."""
+    writer = AsyncCheckpointer(tmp_path)
+    writer.save(1, {"w": torch.ones(2)})
+    writer.save(2, {"w": torch.full((2,), 2.0)})
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
+    assert writer.in_flight
+    assert writer.finalize() == 2
+    with pytest.raises(ValueError, match="non-negative int"):
+        writer.save(-1, {})
+
+
+def test_a_partial_step_folder_is_never_latest(tmp_path: Path) -> None:
+    """A step folder without a manifest (crash mid-write, or never finalized) is never returned."""
+    _commit(tmp_path, 1, seed=1)
+    crashed = AsyncCheckpointer(tmp_path)
+    crashed.save(3, {"w": torch.ones(2)})
+    _wait_done(crashed)()  # the shard is fully written, but finalize never ran
+    partial = tmp_path / "step_0000000005"
+    partial.mkdir()
+    (partial / "rank00000-00000000000000aa.pt").write_bytes(b"half a file")
+    (partial / ".rank00000-00000000000000aa.pt.tmp").write_bytes(b"half")
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
+    (tmp_path / "latest").unlink()
+    with pytest.warns(RuntimeWarning, match="marker is missing; using step 1"):
+        assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
+
+
+@pytest.mark.parametrize(
+    ("marker", "why"),
+    [(b"{not json", "marker is unusable"), (b'{"step": 9}', "step_0000000009")],
+    ids=["garbage", "names-missing-step"],
+)
+def test_a_bad_marker_falls_back_to_the_newest_complete_checkpoint(tmp_path: Path, marker: bytes, why: str) -> None:
+    """A corrupt marker, or one naming a missing checkpoint, warns naming the directory and falls back."""
+    _commit(tmp_path, 1, seed=1)
+    _commit(tmp_path, 2, seed=2)
+    (tmp_path / "latest").write_bytes(marker)
+    with pytest.warns(RuntimeWarning, match=why) as record:
+        assert latest_checkpoint(tmp_path) == (2, tmp_path / "step_0000000002")
+    assert str(tmp_path) in str(record[0].message)
+
+
+def test_a_truncated_shard_makes_latest_fall_back(tmp_path: Path) -> None:
+    """A committed step whose shard lost bytes is skipped with a warning; the previous one loads."""
+    model_1 = _commit(tmp_path, 1, seed=1)
+    _commit(tmp_path, 2, seed=2)
+    shard = _only_shard(tmp_path / "step_0000000002")
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.warns(RuntimeWarning, match=str(tmp_path)):
+        assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
+    new_model, _, target = _fresh()
+    with pytest.warns(RuntimeWarning, match="wrong size"):
+        assert load_checkpoint(tmp_path, target) == 1
+    assert torch.equal(new_model.weight, model_1.weight)
+
+
+def test_a_corrupt_shard_errors_naming_the_path_and_leaves_state_untouched(tmp_path: Path) -> None:
+    """A same-size bit flip fails the checksum: CheckpointError names the shard; nothing is restored."""
+    _commit(tmp_path, 1, seed=1)
+    shard = _only_shard(tmp_path / "step_0000000001")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    new_model, _, target = _fresh()
+    before = {k: v.clone() for k, v in new_model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=str(shard)):
+        load_checkpoint(tmp_path, target)
+    assert all(torch.equal(v, before[k]) for k, v in new_model.state_dict().items())
+
+
+class _NotATensor:
+    """An arbitrary class: a safe loader must refuse to unpickle it."""
+
+
+def test_load_never_unpickles_arbitrary_objects(tmp_path: Path) -> None:
+    """A committed shard holding a custom object is refused by the weights_only loader."""
+    _commit(tmp_path, 1, seed=1)
+    folder = tmp_path / "step_0000000001"
+    shard = _only_shard(folder)
+    torch.save({"model": _NotATensor()}, shard)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["shards"][0].update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=f"cannot load shard {shard}"):
+        load_checkpoint(tmp_path, {"model": {}})
+    with pytest.raises(TypeError, match="_NotATensor"):
+        AsyncCheckpointer(tmp_path / "other").save(1, {"x": _NotATensor()})
+
+
+def test_a_mismatched_state_dict_is_not_half_restored(tmp_path: Path) -> None:
+    """If any tensor does not fit, load raises before copying any tensor."""
+    writer = AsyncCheckpointer(tmp_path)
+    writer.save(1, {"a": torch.ones(2), "b": torch.ones(3)})
+    writer.finalize()
+    target = {"a": torch.zeros(2), "b": torch.zeros(4)}
+    with pytest.raises(CheckpointError, match=r"\['b'\]"):
+        load_checkpoint(tmp_path, target)
+    assert torch.equal(target["a"], torch.zeros(2))
+    with pytest.raises(CheckpointError, match=r"keys \['c'\] are not in the checkpoint"):
+        load_checkpoint(tmp_path, {"a": torch.zeros(2), "b": torch.zeros(3), "c": torch.zeros(1)})
+
+
+def test_nothing_committed_means_none(tmp_path: Path) -> None:
+    """An empty or missing directory has no latest checkpoint and load leaves state_dict alone."""
+    target = {"w": torch.zeros(1)}
+    assert latest_checkpoint(tmp_path / "missing") is None
+    assert latest_checkpoint(tmp_path) is None
+    assert load_checkpoint(tmp_path, target) is None
+    assert torch.equal(target["w"], torch.zeros(1))
+
+
+def test_an_abandoned_writers_late_completion_never_commits_for_a_retry(tmp_path: Path) -> None:
+    """A failed attempt's late write neither moves latest nor replaces a retry's shard (Bridge #5117)."""
+    _commit(tmp_path, 1, seed=1)
+    gate_2, gate_3 = threading.Event(), threading.Event()
+    failed = AsyncCheckpointer(tmp_path)
+    failed._before_write = gate_2.wait
+    failed.save(2, {"w": torch.full((2,), -1.0)})
+    late_2 = _wait_done(failed)
+    failed.abort()
+
+    retry = AsyncCheckpointer(tmp_path)  # same process, same directory, same step
+    retry.save(2, {"w": torch.full((2,), 2.0)})
+    assert retry.finalize() == 2
+    gate_2.set()
+    assert isinstance(late_2(), CheckpointError)
+    target = {"w": torch.zeros(2)}
+    assert load_checkpoint(tmp_path, target) == 2
+    assert torch.equal(target["w"], torch.full((2,), 2.0))
+
+    # Again, but the late completion lands while the retry's save is still in flight.
+    failed = AsyncCheckpointer(tmp_path)
+    failed._before_write = gate_3.wait
+    failed.save(3, {"w": torch.full((2,), -1.0)})
+    late_3 = _wait_done(failed)
+    failed.abort()
+    retry.save(3, {"w": torch.full((2,), 3.0)})
+    gate_3.set()
+    late_3()
+    assert latest_checkpoint(tmp_path) == (2, tmp_path / "step_0000000002")
+    assert retry.finalize() == 3
+    assert load_checkpoint(tmp_path, target) == 3
+    assert torch.equal(target["w"], torch.full((2,), 3.0))
+
+
+# ---- two real ranks, in subprocesses --------------------------------------------------
+
+
+def _free_port() -> int:
+    """A free TCP port below the ephemeral range (32768+), so it cannot collide with one."""
+    for _ in range(100):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
+
+
+def _init(rank: int, port: int, timeout_s: float) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def _report(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def _worker_both_finalize(rank: int, port: int, directory: str) -> None:
+    _init(rank, port, 20)
+    writer = AsyncCheckpointer(directory)
+    writer.save(1, {"w": torch.full((3,), float(rank))})
+    committed = writer.finalize()
+    dist.destroy_process_group()
+    target = {"w": torch.zeros(3)}
+    loaded = load_checkpoint(directory, target, rank=rank)
+    _report(committed=committed, loaded=loaded, w=target["w"].tolist())
+
+
+def _worker_peer_aborts(rank: int, port: int, directory: str, timeout_s: float, peer_destroys: bool) -> None:
+    _init(rank, port, timeout_s)
+    writer = AsyncCheckpointer(directory)
+    writer.save(1, {"w": torch.full((3,), 1.0)})
+    writer.finalize()
+    if rank == 1:
+        hung = threading.Event()  # never set: this rank's write hangs forever
+        writer._before_write = hung.wait
+        writer.save(2, {"w": torch.full((3,), 2.0)})
+        writer.abort()
+        _report(aborted_at=time.time())
+        if peer_destroys:
+            dist.destroy_process_group()
+        else:  # stay alive without taking part, until rank 0 is done
+            flag = Path(directory) / "rank0-done"
+            deadline = time.monotonic() + 30
+            while not flag.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return  # exits with the hung daemon writer thread still blocked
+    writer.save(2, {"w": torch.full((3,), 2.0)})
+    start = time.monotonic()
+    try:
+        writer.finalize()
+        error = None
+    except CheckpointError as exc:
+        error = str(exc)
+    elapsed = time.monotonic() - start
+    (Path(directory) / "rank0-done").touch()
+    _report(error=error, elapsed=elapsed, latest=latest_checkpoint(directory)[0])  # type: ignore[index]
+    os._exit(0)  # the group may be broken; do not let teardown wait on it
+
+
+def _run_two_ranks(worker: str, directory: Path, *args: Any, timeout_s: float = 45) -> list[dict[str, Any]]:
+    """Run ``worker(rank, port, directory, *args)`` on 2 ranks; return each rank's reports."""
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('ckpt_test_worker', {str(Path(__file__))!r})\n"
+        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+        f"mod.{worker}(int(sys.argv[1]), int(sys.argv[2]), *{[str(directory), *args]!r})\n"
+    )
+    env = {
+        **os.environ,
+        "TORCH_CPP_LOG_LEVEL": "error",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    }
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(rank), str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    reports: list[dict[str, Any]] = []
+    try:
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=timeout_s)
+            assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{err[-3000:]}"
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            reports.append({"exited_at": time.time(), **json.loads(lines[-1])})
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return reports
+
+
+@pytest.mark.timeout(60)
+def test_two_ranks_finalize_and_each_loads_its_own_shard(tmp_path: Path) -> None:
+    """Both ranks save and finalize; each rank's own shard (not a replicated copy) loads back."""
+    reports = _run_two_ranks("_worker_both_finalize", tmp_path)
+    for rank, report in enumerate(reports):
+        assert report == {"exited_at": report["exited_at"], "committed": 1, "loaded": 1, "w": [float(rank)] * 3}
+    manifest = json.loads((tmp_path / "step_0000000001" / "manifest.json").read_text())
+    assert [s["rank"] for s in manifest["shards"]] == [0, 1]
+
+
+@pytest.mark.timeout(60)
+def test_rank_0_finalizing_is_released_when_aborting_rank_1_destroys_its_group(tmp_path: Path) -> None:
+    """Rank 1 aborts (write hung) and destroys its group: rank 0's finalize errors fast, latest stays 1."""
+    rank_0, rank_1 = _run_two_ranks("_worker_peer_aborts", tmp_path, 20.0, True)
+    assert rank_0["error"] is not None and "step 2" in rank_0["error"]
+    assert rank_0["elapsed"] < 5.0, rank_0  # group timeout is 20 s; measured ~0.1 s
+    assert rank_0["latest"] == 1
+    # The hung daemon writer did not hold up rank 1's interpreter exit.
+    assert rank_1["exited_at"] - rank_1["aborted_at"] < 10.0
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
+
+
+@pytest.mark.timeout(60)
+def test_rank_0_finalizing_errors_within_the_group_timeout_when_rank_1_aborts_and_lingers(tmp_path: Path) -> None:
+    """Rank 1 aborts but keeps its group: rank 0's finalize raises after about the 3 s group timeout."""
+    rank_0, _ = _run_two_ranks("_worker_peer_aborts", tmp_path, 3.0, False)
+    assert rank_0["error"] is not None
+    assert 2.0 < rank_0["elapsed"] < 10.0, rank_0
+    assert rank_0["latest"] == 1
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")

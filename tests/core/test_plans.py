@@ -1,0 +1,161 @@
+"""plan_teardown over its whole input space."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from lifecycle import Ledger, LedgerEntry, Outcome, Owner, Plan, Resource, RestartMode, Step, StepKind, plan_teardown
+from lifecycle._core.ownership import GLOBALS
+from lifecycle._core.plans import LEFT_TO_CALLER, LEFT_TO_WRAPPER, left_alone
+
+ABSENT = None
+GLOBAL_ORDER = (Resource.MODEL_PARALLEL, Resource.MICROBATCH_CALCULATOR, Resource.RERUN_STATE_MACHINE)
+
+
+def all_ledgers() -> Iterator[Ledger]:
+    """Every ledger shape: each built-in resource absent or held by each owner, 0 or 2 user resources."""
+    owners = (ABSENT, *Owner)
+    for group, mp, mb, rerun, ckpt, sig, users in itertools.product(
+        owners, owners, owners, owners, (ABSENT, Owner.SESSION), (ABSENT, Owner.SESSION), (0, 2)
+    ):
+        ledger = Ledger()
+        held = [
+            (Resource.SIGNAL_HANDLERS, sig),
+            (Resource.PROCESS_GROUP, group),
+            (Resource.MODEL_PARALLEL, mp),
+            (Resource.MICROBATCH_CALCULATOR, mb),
+            (Resource.RERUN_STATE_MACHINE, rerun),
+            (Resource.ASYNC_CHECKPOINT, ckpt),
+        ]
+        for resource, owner in held:
+            if owner is not None:
+                ledger = ledger.acquire(LedgerEntry(resource, owner))
+        for i in range(users):
+            ledger = ledger.acquire(LedgerEntry(Resource.USER, Owner.SESSION, f"user{i}"))
+        yield ledger
+
+
+CASES = [(ledger, mode, outcome) for ledger in all_ledgers() for mode in RestartMode for outcome in Outcome]
+
+
+def test_the_input_space_is_enumerated() -> None:
+    """The exhaustive tests below really cover thousands of combinations."""
+    assert len(CASES) == 4**4 * 2 * 2 * 2 * 2 * 2
+
+
+def test_every_plan_follows_the_canonical_order() -> None:
+    """Step kinds never go backwards; only user resources repeat a kind."""
+    for ledger, mode, outcome in CASES:
+        ranks = [step.kind.rank for step in plan_teardown(ledger, mode, outcome)]
+        assert ranks == sorted(ranks)
+
+
+def test_a_failure_plan_never_has_a_barrier() -> None:
+    """No failure plan contains a barrier: a rank-local failure must not hang its peers."""
+    for ledger, mode, _ in CASES:
+        kinds = {s.kind for s in plan_teardown(ledger, mode, Outcome.FAILURE)}
+        assert StepKind.BARRIER not in kinds
+        assert StepKind.FINALIZE_CHECKPOINTS not in kinds
+        assert StepKind.DESTROY_PROCESS_GROUP not in kinds
+
+
+def test_a_barrier_comes_right_before_the_group_is_destroyed_and_only_then() -> None:
+    """Success plans have a barrier exactly when they destroy the group, immediately before it."""
+    for ledger, mode, _ in CASES:
+        kinds = [s.kind for s in plan_teardown(ledger, mode, Outcome.SUCCESS)]
+        assert (StepKind.BARRIER in kinds) == (StepKind.DESTROY_PROCESS_GROUP in kinds)
+        if StepKind.BARRIER in kinds:
+            assert kinds[kinds.index(StepKind.BARRIER) + 1] is StepKind.DESTROY_PROCESS_GROUP
+
+
+def test_caller_owned_resources_get_no_step() -> None:
+    """A resource the caller owns is never released by the session, and the report says why."""
+    for ledger, mode, outcome in CASES:
+        stepped = {s.entry for s in plan_teardown(ledger, mode, outcome)}
+        for entry in ledger.held():
+            if entry.owner is Owner.CALLER:
+                assert entry not in stepped
+                assert (entry, LEFT_TO_CALLER) in left_alone(ledger, mode, outcome)
+
+
+def test_inprocess_failure_leaves_group_and_globals_to_the_wrapper() -> None:
+    """Under in-process restart a failure plan touches neither the group nor the Megatron globals."""
+    for ledger, _, _ in CASES[:: len(RestartMode) * len(Outcome)]:
+        plan = plan_teardown(ledger, RestartMode.INPROCESS, Outcome.FAILURE)
+        assert not {s.entry.resource for s in plan} & (GLOBALS | {Resource.PROCESS_GROUP})
+
+
+def test_wrapper_owned_resources_are_released_by_the_session_on_success() -> None:
+    """The wrapper only owns the failure path: on success the session releases what it recorded for it."""
+    for ledger, mode, _ in CASES:
+        stepped = {s.entry for s in plan_teardown(ledger, mode, Outcome.SUCCESS)}
+        for entry in ledger.held():
+            if entry.owner is Owner.RESTART_WRAPPER:
+                assert entry in stepped
+            wrapper_scope = entry.resource in GLOBALS or entry.resource is Resource.PROCESS_GROUP
+            in_scope = mode is RestartMode.INPROCESS and wrapper_scope and entry.owner is not Owner.CALLER
+            if entry.owner is Owner.RESTART_WRAPPER or in_scope:
+                failure_left = left_alone(ledger, mode, Outcome.FAILURE)
+                assert (entry, LEFT_TO_WRAPPER) in failure_left
+
+
+def test_every_held_resource_is_either_stepped_once_or_left_with_a_reason() -> None:
+    """Each held entry gets exactly one release step, or appears once in the left-alone list."""
+    for ledger, mode, outcome in CASES:
+        releases = [s.entry for s in plan_teardown(ledger, mode, outcome) if s.kind is not StepKind.BARRIER]
+        left = [entry for entry, _ in left_alone(ledger, mode, outcome)]
+        assert sorted(map(str, releases + left)) == sorted(map(str, ledger.held()))
+
+
+def test_user_resources_are_released_in_reverse_registration_order() -> None:
+    """The last user resource registered is the first released."""
+    ledger = Ledger()
+    for name in ("first", "second", "third"):
+        ledger = ledger.acquire(LedgerEntry(Resource.USER, Owner.SESSION, name))
+    plan = plan_teardown(ledger, RestartMode.ORDINARY, Outcome.FAILURE)
+    assert [s.entry.name for s in plan] == ["third", "second", "first"]
+
+
+def test_released_resources_get_no_step() -> None:
+    """A resource already released is not planned again."""
+    entry = LedgerEntry(Resource.MODEL_PARALLEL, Owner.SESSION)
+    ledger = Ledger().acquire(entry).release(entry)
+    assert plan_teardown(ledger, RestartMode.ORDINARY, Outcome.FAILURE) == ()
+
+
+def test_a_plan_in_another_order_cannot_be_built() -> None:
+    """``Plan`` refuses steps out of the canonical order, or a repeated non-user step."""
+    group = LedgerEntry(Resource.PROCESS_GROUP, Owner.SESSION)
+    mp = LedgerEntry(Resource.MODEL_PARALLEL, Owner.SESSION)
+    with pytest.raises(ValueError, match="canonical"):
+        Plan((Step(StepKind.DESTROY_PROCESS_GROUP, group), Step(StepKind.DESTROY_MODEL_PARALLEL, mp)))
+    with pytest.raises(ValueError, match="canonical"):
+        Plan((Step(StepKind.BARRIER, group), Step(StepKind.BARRIER, group)))
+    assert isinstance(plan_teardown(Ledger(), RestartMode.ORDINARY, Outcome.SUCCESS), tuple)
+
+
+def test_plans_are_pure() -> None:
+    """The same inputs always give the same plan."""
+    for ledger, mode, outcome in CASES[:200]:
+        assert plan_teardown(ledger, mode, outcome) == plan_teardown(ledger, mode, outcome)
+
+
+def test_ledger_entries_cannot_be_rewritten() -> None:
+    """An entry is frozen, a key is recorded once, and a resource is released at most once."""
+    from dataclasses import FrozenInstanceError
+
+    from lifecycle import LifecycleError
+
+    entry = LedgerEntry(Resource.PROCESS_GROUP, Owner.SESSION)
+    with pytest.raises(FrozenInstanceError):
+        entry.owner = Owner.CALLER  # type: ignore[misc]
+    ledger = Ledger().acquire(entry)
+    with pytest.raises(LifecycleError, match="already recorded"):
+        ledger.acquire(LedgerEntry(Resource.PROCESS_GROUP, Owner.CALLER))
+    released = ledger.release(entry)
+    with pytest.raises(LifecycleError, match="already released"):
+        released.release(entry)
+    assert ledger.held() == (entry,) and released.held() == ()

@@ -1,0 +1,286 @@
+"""Session: triggers, failure edge, teardown execution, context manager, journal."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from lifecycle import (
+    InvalidTransition,
+    LifecycleError,
+    Outcome,
+    Owner,
+    Resource,
+    RestartMode,
+    Session,
+    State,
+    StepKind,
+    TeardownError,
+    Trigger,
+    plan_teardown,
+)
+from lifecycle.testing import COLLECTIVES, RecordingActions, RecordingCheckpoints
+
+
+def run_to_training(session: Session, actions: RecordingActions) -> None:
+    """Drive ``session`` to ``training`` holding every kind of resource."""
+    session.init_distributed()
+    session.init_globals()
+    session.track_checkpoints(RecordingCheckpoints(calls=actions.calls))
+    session.register("a", lambda: actions.calls.append("release:a"))
+    session.register("b", lambda: actions.calls.append("release:b"))
+    session.start_training()
+
+
+def test_a_full_run_releases_everything_in_the_canonical_order() -> None:
+    """A session-owned run closes with finalize, user resources reversed, globals, barrier, destroy."""
+    actions = RecordingActions()
+    with Session(actions) as session:
+        run_to_training(session, actions)
+    assert session.state is State.CLOSED
+    assert actions.calls[4:] == [
+        "finalize_checkpoints",
+        "release:b",
+        "release:a",
+        "destroy_rerun_state_machine",
+        "destroy_microbatch_calculator",
+        "destroy_model_parallel",
+        "barrier",
+        "destroy_process_group",
+    ]
+    assert session.ledger.held() == ()
+
+
+def test_an_invalid_trigger_names_state_and_trigger_and_does_nothing() -> None:
+    """A trigger with no edge from the current state raises before any side effect."""
+    actions = RecordingActions()
+    session = Session(actions)
+    with pytest.raises(InvalidTransition, match="'init_globals' is not valid in state 'uninitialized'") as info:
+        session.init_globals()
+    assert info.value.state is State.UNINITIALIZED and info.value.trigger == "init_globals"
+    assert actions.calls == [] and session.state is State.UNINITIALIZED and session.journal == ()
+
+
+@pytest.mark.parametrize("final", [State.CLOSED, State.FAILED])
+def test_final_states_refuse_every_trigger(final: State) -> None:
+    """``closed`` and ``failed`` are final: every trigger, ``fail`` included, is refused."""
+    actions = RecordingActions()
+    session = Session(actions)
+    if final is State.CLOSED:
+        run_to_training(session, actions)
+        session.finish()
+        session.close()
+    else:
+        session.fail(RuntimeError("x"))
+    before = list(actions.calls)
+    for trigger in ("init_distributed", "init_globals", "start_training", "finish", "close"):
+        with pytest.raises(InvalidTransition, match=final.value):
+            getattr(session, trigger)()
+    with pytest.raises(InvalidTransition):
+        session.fail(RuntimeError("again"))
+    with pytest.raises(InvalidTransition):
+        session.register("late", lambda: None)
+    assert actions.calls == before and session.state is final
+
+
+def test_the_original_exception_propagates_with_a_note_per_failed_step() -> None:
+    """Failed teardown steps never replace the original exception; each adds a note and later steps run."""
+    actions = RecordingActions(
+        fail_on={"destroy_model_parallel": RuntimeError("mp"), "destroy_rerun_state_machine": OSError("rerun")}
+    )
+    original = ValueError("the real problem")
+    with pytest.raises(ValueError) as info, Session(actions) as session:
+        run_to_training(session, actions)
+        raise original
+    assert info.value is original
+    assert len(original.__notes__) == 2
+    assert "destroy_rerun_state_machine" in original.__notes__[0] and "OSError('rerun')" in original.__notes__[0]
+    assert "destroy_model_parallel" in original.__notes__[1]
+    assert actions.calls[-1] == "abort_process_group"  # the later steps still ran
+    assert session.state is State.FAILED
+    assert [f.step.kind for f in session.report.failed] == [  # type: ignore[union-attr]
+        StepKind.DESTROY_RERUN_STATE_MACHINE,
+        StepKind.DESTROY_MODEL_PARALLEL,
+    ]
+    # What failed to release is still held: nothing pretends it is gone.
+    assert {e.resource for e in session.ledger.held()} == {Resource.MODEL_PARALLEL, Resource.RERUN_STATE_MACHINE}
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt(), SystemExit(3)])
+def test_interrupts_take_the_failure_path_and_propagate(interrupt: BaseException) -> None:
+    """KeyboardInterrupt and SystemExit inside the block release everything, without a barrier, and propagate."""
+    actions = RecordingActions()
+    with pytest.raises(type(interrupt)) as info, Session(actions) as session:
+        run_to_training(session, actions)
+        raise interrupt
+    assert info.value is interrupt
+    assert session.state is State.FAILED
+    assert not set(actions.calls) & COLLECTIVES
+    assert actions.calls[-1] == "abort_process_group"
+
+
+def test_a_failing_success_step_takes_the_failure_edge_and_reports_every_failure() -> None:
+    """If a success step raises, later steps still run, the failure plan releases what is left, all reported."""
+    actions = RecordingActions(fail_on={"destroy_model_parallel": RuntimeError("mp"), "barrier": TimeoutError("b")})
+    session = Session(actions)
+    run_to_training(session, actions)
+    session.finish()
+    with pytest.raises(TeardownError) as info:
+        session.close()
+    assert [f.step.kind for f in info.value.failures] == [StepKind.DESTROY_MODEL_PARALLEL, StepKind.BARRIER]
+    assert session.state is State.FAILED
+    # destroy_process_group still ran after the failed barrier; the failure plan then
+    # released only model-parallel state, still held: nothing was released twice.
+    assert actions.calls[-4:] == [
+        "destroy_model_parallel",
+        "barrier",
+        "destroy_process_group",
+        "destroy_model_parallel",
+    ]
+    assert session.ledger.held() == (session.ledger.entry(Resource.MODEL_PARALLEL),)
+
+
+def test_a_failure_during_acquisition_keeps_what_was_acquired_before_it() -> None:
+    """If the second global fails to initialize, the first is released by the failure plan."""
+    actions = RecordingActions(fail_on={"init_microbatch_calculator": RuntimeError("calc")})
+    with pytest.raises(RuntimeError, match="calc"), Session(actions) as session:
+        session.init_distributed()
+        session.init_globals()
+    assert session.state is State.FAILED
+    assert actions.calls[3:] == ["destroy_model_parallel", "abort_process_group"]
+
+
+def test_caller_owned_resources_are_used_and_never_released() -> None:
+    """Resources found at acquisition are recorded as the caller's and get no teardown step."""
+    actions = RecordingActions(caller_owns=[Resource.PROCESS_GROUP, Resource.MODEL_PARALLEL])
+    with pytest.raises(RuntimeError), Session(actions) as session:
+        run_to_training(session, actions)
+        raise RuntimeError("x")
+    assert session.ledger.owner(Resource.PROCESS_GROUP) is Owner.CALLER
+    assert "abort_process_group" not in actions.calls and "destroy_model_parallel" not in actions.calls
+    assert ("owned by the caller") in {why for _, why in session.report.skipped}  # type: ignore[union-attr]
+
+
+def test_inprocess_refuses_a_caller_created_group_before_acquiring_anything() -> None:
+    """Under in-process restart a group that already exists is refused, and nothing is recorded."""
+    actions = RecordingActions(caller_owns=[Resource.PROCESS_GROUP])
+    session = Session(actions, restart_mode=RestartMode.INPROCESS)
+    with pytest.raises(LifecycleError, match="in-process restart"):
+        session.init_distributed()
+    assert session.ledger.entries == () and session.state is State.UNINITIALIZED
+
+
+def test_inprocess_failure_defers_group_and_globals_to_the_wrapper() -> None:
+    """Under in-process restart a failure releases neither group nor globals, and the report says so."""
+    actions = RecordingActions()
+    session = Session(actions, restart_mode=RestartMode.INPROCESS, iteration=2)
+    run_to_training(session, actions)
+    assert session.ledger.owner(Resource.PROCESS_GROUP) is Owner.RESTART_WRAPPER
+    report = session.fail(RuntimeError("x"))
+    assert actions.calls[4:] == ["abort_checkpoints", "release:b", "release:a"]
+    assert report.deferred_to_wrapper
+    assert "iteration=2" in session.journal[0].detail and "inprocess" in session.journal[0].detail
+
+
+def test_a_block_that_ends_early_fails_loudly() -> None:
+    """Leaving the block in ``globals_ready`` without an exception releases everything and raises."""
+    actions = RecordingActions()
+    with pytest.raises(LifecycleError, match="ended in state 'globals_ready'"), Session(actions) as session:
+        session.init_distributed()
+        session.init_globals()
+    assert session.state is State.FAILED and session.ledger.held() == ()
+
+
+def test_the_journal_records_every_transition() -> None:
+    """Each transition is journaled with source, destination, trigger, time and duration."""
+    actions = RecordingActions()
+    with Session(actions) as session:
+        run_to_training(session, actions)
+    journal = session.journal
+    assert [(j.source, j.trigger, j.dest) for j in journal] == [
+        (State.UNINITIALIZED, Trigger.INIT_DISTRIBUTED, State.DIST_READY),
+        (State.DIST_READY, Trigger.INIT_GLOBALS, State.GLOBALS_READY),
+        (State.GLOBALS_READY, Trigger.START_TRAINING, State.TRAINING),
+        (State.TRAINING, Trigger.FINISH, State.FINALIZING),
+        (State.FINALIZING, Trigger.CLOSE, State.CLOSED),
+    ]
+    assert all(j.duration_s >= 0 for j in journal)
+    assert [j.at for j in journal] == sorted(j.at for j in journal)
+
+
+def test_sigterm_becomes_a_requested_exit_and_the_handler_is_restored() -> None:
+    """The installed SIGTERM handler records a requested exit; teardown puts the previous handler back."""
+    previous = signal.getsignal(signal.SIGTERM)
+    actions = RecordingActions()
+    with Session(actions) as session:
+        run_to_training(session, actions)
+        session.install_signal_handlers()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert session.exit_requested == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert session.state is State.CLOSED
+
+
+def test_a_second_session_runs_after_a_failed_one() -> None:
+    """A session is used once; a retry is a new session that can reach ``closed``."""
+    actions = RecordingActions()
+    with pytest.raises(RuntimeError), Session(actions) as first:
+        first.init_distributed()
+        raise RuntimeError("x")
+    with Session(actions) as second:
+        run_to_training(second, actions)
+    assert (first.state, second.state) == (State.FAILED, State.CLOSED)
+
+
+def test_an_interruption_during_teardown_is_raised_after_every_step_ran() -> None:
+    """A Ctrl-C inside a teardown step does not cut teardown short; it is raised afterwards, chained."""
+    interrupt = KeyboardInterrupt()
+    actions = RecordingActions(fail_on={"destroy_model_parallel": interrupt})
+    session = Session(actions)
+    run_to_training(session, actions)
+    original = RuntimeError("x")
+    with pytest.raises(KeyboardInterrupt) as info:
+        session.fail(original)
+    assert info.value is interrupt and interrupt.__cause__ is original
+    assert actions.calls[-1] == "abort_process_group" and session.state is State.FAILED
+
+
+def test_an_interruption_during_success_teardown_is_raised_after_the_failure_edge() -> None:
+    """A Ctrl-C in a success step: every step runs, the session fails, and the same interrupt propagates."""
+    interrupt = KeyboardInterrupt()
+    actions = RecordingActions(fail_on={"barrier": interrupt})
+    session = Session(actions)
+    run_to_training(session, actions)
+    session.finish()
+    with pytest.raises(KeyboardInterrupt) as info:
+        session.close()
+    assert info.value is interrupt
+    assert isinstance(interrupt.__cause__, TeardownError)
+    assert session.state is State.FAILED and session.ledger.held() == ()
+
+
+def test_the_library_errors_survive_copy_and_pickle() -> None:
+    """Errors rebuild from their fields with their notes (NVRx's Wrapper copies a failed iteration's exception)."""
+    import copy
+    import pickle
+
+    from lifecycle import ConfigError, InjectedFault, Phase
+    from lifecycle._core.executor import StepFailure
+
+    session = Session(RecordingActions())
+    session.init_distributed()
+    step = plan_teardown(session.ledger, RestartMode.ORDINARY, Outcome.SUCCESS)[0]
+    errors: list[BaseException] = [
+        InvalidTransition(State.DIST_READY, "close"),
+        ConfigError("world_size", "must be positive"),
+        TeardownError((StepFailure(step, RuntimeError("x")),)),
+        InjectedFault(Phase.STEP, 1, 3),
+    ]
+    for error in errors:
+        error.add_note("a note")
+        for clone in (copy.deepcopy(error), pickle.loads(pickle.dumps(error))):
+            assert type(clone) is type(error) and str(clone) == str(error)
+            assert clone.__notes__ == ["a note"] and clone.__dict__.keys() == error.__dict__.keys()
+    session.fail(RuntimeError("end"))

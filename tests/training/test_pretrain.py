@@ -1,0 +1,288 @@
+"""pretrain: failures leave nothing live and re-raise the original; exits are graceful; resume is exact."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from support.pretrain import REPO, config_of_one, free_port, run_bounded
+from support.probes import alive
+
+from lifecycle import ConfigError, State
+from lifecycle._core.journal import read
+from lifecycle._core.session import Session
+from lifecycle._tools.demo import torchrun_command
+from lifecycle._torch.config import ParallelConfig
+from lifecycle._training.callbacks import Callback, ExitReason, TrainContext
+from lifecycle._training.config import (
+    CheckpointConfig,
+    ExitConfig,
+    FaultInjection,
+    InjectedFault,
+    ModelConfig,
+    Phase,
+    TrainingConfig,
+)
+from lifecycle._training.model import default_forward_step, default_model_provider
+from lifecycle._training.pretrain import pretrain
+from lifecycle.checkpoint import CheckpointError, latest_checkpoint
+
+NOTHING_LIVE = dict.fromkeys(alive(), False)
+
+
+def ends(journal_dir: Path) -> list[dict[str, Any]]:
+    """The ``end`` records of a journal folder, in order."""
+    return [r for r in read([journal_dir]) if r["kind"] == "end"]
+
+
+def raising_callback(hook: str, error: BaseException) -> Callback:
+    """A callback whose hook ``hook`` raises ``error`` (per-step hooks: from step 2 on)."""
+
+    def raise_error(self: Callback, session: Session, *args: Any) -> None:
+        if not isinstance(args[0], int) or args[0] >= 2:
+            raise error
+
+    raising: Callback = type("Raising", (Callback,), {hook: raise_error})()
+    return raising
+
+
+class RequestExitAt(Callback):
+    """Calls ``session.request_exit`` at the end of ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, session: Session, step: int, loss: float) -> None:
+        if step == self.step:
+            session.request_exit("test")
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_a_failure_at_each_phase_leaves_nothing_live_and_a_retry_succeeds(tmp_path: Path, phase: Phase) -> None:
+    """An injected failure re-raises, releases every global and the SIGTERM handler, and a retry then works."""
+    handler_before = signal.getsignal(signal.SIGTERM)
+    config = config_of_one(tmp_path, fault=FaultInjection(phase, rank=0, step=2))
+    with pytest.raises(InjectedFault) as caught:
+        pretrain(config)
+    assert caught.value.phase is phase
+    assert alive() == NOTHING_LIVE
+    assert signal.getsignal(signal.SIGTERM) is handler_before
+    assert ends(tmp_path / "journal")[-1]["state"] == State.FAILED.value
+    result = pretrain(config_of_one(tmp_path))
+    assert (result.final_step, result.exit_reason) == (3, ExitReason.ITERATIONS)
+    assert result.journal[-1].dest is State.CLOSED
+    assert alive() == NOTHING_LIVE
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "model_provider",
+        "forward_step",
+        "on_setup_end",
+        "on_train_start",
+        "on_step_end",
+        "on_eval_end",
+        "on_checkpoint_saved",
+        "on_train_end",
+    ],
+)
+def test_the_caller_gets_the_original_exception_object(tmp_path: Path, where: str) -> None:
+    """Whatever user code raises (provider, forward step, any hook) reaches the caller as the same object."""
+    error = RuntimeError(f"boom in {where}")
+
+    def provider(config: Any) -> torch.nn.Module:
+        if where == "model_provider":
+            raise error
+        return default_model_provider(config)
+
+    def forward(batch: Any, model: torch.nn.Module) -> torch.Tensor:
+        if where == "forward_step":
+            raise error
+        return default_forward_step(batch, model)
+
+    with pytest.raises(RuntimeError) as caught:
+        pretrain(config_of_one(tmp_path), forward, [raising_callback(where, error)], model_provider=provider)
+    assert caught.value is error
+    assert alive() == NOTHING_LIVE
+
+
+def test_a_requested_exit_saves_a_final_checkpoint_and_closes(tmp_path: Path) -> None:
+    """request_exit in step 5's hook stops after step 6 (the next all-reduce), with a final checkpoint, closed."""
+    result = pretrain(config_of_one(tmp_path, iterations=10, interval=4), callbacks=[RequestExitAt(5)])
+    assert (result.final_step, result.exit_reason, result.exit_detail) == (6, ExitReason.REQUESTED, "test")
+    assert result.checkpoint_step == 6
+    found = latest_checkpoint(tmp_path / "ckpt")
+    assert found is not None and found[0] == 6
+    assert result.journal[-1].dest is State.CLOSED
+    assert alive() == NOTHING_LIVE
+
+
+def test_the_time_limit_is_a_graceful_exit(tmp_path: Path) -> None:
+    """exit.max_duration_s ends the loop after the step that ran out of time, with a final checkpoint."""
+    config = config_of_one(tmp_path, iterations=50, exit=ExitConfig(max_duration_s=1e-6))
+    result = pretrain(config)
+    assert (result.final_step, result.exit_reason, result.checkpoint_step) == (1, ExitReason.MAX_DURATION, 1)
+
+
+def test_resume_after_a_failure_follows_the_uninterrupted_trajectory(tmp_path: Path) -> None:
+    """A run that failed at step 10 resumes from its last committed checkpoint (8) with the same losses."""
+    whole = pretrain(config_of_one(tmp_path / "whole", iterations=12, interval=4))
+    broken = config_of_one(tmp_path / "broken", iterations=12, interval=4, fault=FaultInjection(Phase.STEP, step=10))
+    with pytest.raises(InjectedFault):
+        pretrain(broken)
+    resumed_config = config_of_one(
+        tmp_path / "broken",
+        iterations=12,
+        checkpoint=CheckpointConfig(dir=str(tmp_path / "broken" / "ckpt"), interval=4, resume=True),
+    )
+    resumed = pretrain(resumed_config)
+    assert resumed.start_step == 8
+    expected = dict(whole.losses)
+    assert [step for step, _ in resumed.losses] == [9, 10, 11, 12]
+    for step, loss in resumed.losses:
+        assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6)
+
+
+def test_a_corrupt_latest_checkpoint_is_an_error_naming_it(tmp_path: Path) -> None:
+    """A shard whose bytes changed fails the resume with CheckpointError naming the file; nothing stays live."""
+    pretrain(config_of_one(tmp_path, iterations=4))
+    step, folder = latest_checkpoint(tmp_path / "ckpt") or (None, None)
+    assert step == 4 and folder is not None
+    shard = next(folder.glob("rank*.pt"))
+    shard.write_bytes(b"\0" * shard.stat().st_size)
+    config = config_of_one(tmp_path, iterations=6, checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt"), resume=True))
+    with pytest.raises(CheckpointError, match=str(shard)):
+        pretrain(config)
+    assert alive() == NOTHING_LIVE
+
+
+def test_a_partial_newer_checkpoint_falls_back_to_the_last_complete_one(tmp_path: Path) -> None:
+    """A newer step folder without a manifest (a crash mid-save) is skipped: the run resumes from step 4."""
+    pretrain(config_of_one(tmp_path, iterations=4))
+    partial = tmp_path / "ckpt" / "step_0000000006"
+    partial.mkdir()
+    (partial / "rank00000-0000000000000000.pt").write_bytes(b"half a shard")
+    (tmp_path / "ckpt" / "latest").write_text(json.dumps({"step": 6}))
+    config = config_of_one(tmp_path, iterations=6, checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt"), resume=True))
+    with pytest.warns(RuntimeWarning, match="using step 4"):
+        result = pretrain(config)
+    assert (result.start_step, result.final_step) == (4, 6)
+
+
+def test_the_default_model_learns_its_synthetic_data(tmp_path: Path) -> None:
+    """With the default model and data (the demo's batch size), the loss falls by more than half in 60 steps."""
+    config = config_of_one(
+        tmp_path,
+        model=ModelConfig(),
+        parallel=ParallelConfig(micro_batch_size=8),
+        training=TrainingConfig(iterations=60, log_interval=0),
+        checkpoint=CheckpointConfig(),
+    )
+    losses = [loss for _, loss in pretrain(config).losses]
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < first / 2, (first, last)
+
+
+def test_callbacks_see_every_hook_in_order_and_can_register_a_resource(tmp_path: Path) -> None:
+    """Hooks run setup → start → steps/evals/saves → end, and a registered resource is released at close."""
+    seen: list[str] = []
+
+    class Recorder(Callback):
+        def on_setup_end(self, session: Session, ctx: TrainContext) -> None:
+            seen.append(f"setup:{session.state.value}")
+            session.register("recorder", lambda: seen.append("released"))
+
+        def on_train_start(self, session: Session, ctx: TrainContext) -> None:
+            seen.append(f"start:{session.state.value}")
+
+        def on_step_end(self, session: Session, step: int, loss: float) -> None:
+            seen.append(f"step{step}")
+
+        def on_eval_end(self, session: Session, step: int, loss: float) -> None:
+            seen.append(f"eval{step}")
+
+        def on_checkpoint_saved(self, session: Session, step: int, directory: Path) -> None:
+            seen.append(f"save{step}")
+
+        def on_train_end(self, session: Session, step: int, reason: ExitReason) -> None:
+            seen.append(f"end{step}:{reason.value}:{session.state.value}")
+
+    pretrain(config_of_one(tmp_path), callbacks=[Recorder()])
+    assert seen == [
+        "setup:globals_ready",
+        "start:training",
+        "step1",
+        "step2",
+        "eval2",
+        "save2",
+        "step3",
+        "eval3",
+        "save3",
+        "end3:iterations:finalizing",
+        "released",
+    ]
+
+
+def test_the_journal_records_transitions_teardown_and_outcome(tmp_path: Path) -> None:
+    """Each call appends run, transition, teardown and end records for its rank and attempt."""
+    with pytest.raises(InjectedFault):
+        pretrain(config_of_one(tmp_path, fault=FaultInjection(Phase.EVAL, step=2)))
+    pretrain(config_of_one(tmp_path), attempt=1)
+    records = read([tmp_path / "journal"])
+    kinds = {(r["attempt"], r["kind"]) for r in records}
+    assert {(a, k) for a in (0, 1) for k in ("run", "transition", "teardown", "end")} <= kinds
+    end0, end1 = ends(tmp_path / "journal")
+    assert (end0["state"], end0["final_step"], end0["error"]) == ("failed", 2, str_fault(Phase.EVAL, 2))
+    assert (end1["state"], end1["exit_reason"], end1["final_step"]) == ("closed", "iterations", 3)
+    teardown0 = [r["step"] for r in records if r["kind"] == "teardown" and r["attempt"] == 0]
+    assert "barrier" not in teardown0 and teardown0[-2:] == ["abort_process_group", "restore_signal_handlers"]
+
+
+def str_fault(phase: Phase, step: int) -> str:
+    """How the journal writes an injected fault at ``phase`` on rank 0."""
+    return f"InjectedFault: {InjectedFault(phase, 0, step)}"
+
+
+@pytest.mark.parametrize(
+    ("field", "make"),
+    [
+        ("training.iterations", lambda: TrainingConfig(iterations=-1)),
+        ("checkpoint.dir", lambda: CheckpointConfig(resume=True)),
+        ("exit.max_duration_s", lambda: ExitConfig(max_duration_s=0)),
+        ("fault.phase", lambda: FaultInjection("nowhere")),  # type: ignore[arg-type]
+        ("model.vocab_size", lambda: ModelConfig(vocab_size=30)),
+    ],
+)
+def test_a_bad_config_value_is_rejected_naming_its_field(field: str, make: Any) -> None:
+    """Config classes raise ConfigError naming the field, before anything is acquired."""
+    with pytest.raises(ConfigError) as caught:
+        make()
+    assert caught.value.field == field
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_on_one_of_two_ranks_stops_both_at_the_same_step(tmp_path: Path) -> None:
+    """A SIGTERM on rank 1 only: both ranks stop after the same step, commit a final checkpoint, close, exit 0."""
+    script = [str(REPO / "tests" / "workers" / "pretrain_sigterm_worker.py"), str(tmp_path), "1", "4"]
+    done = run_bounded(torchrun_command(2, "127.0.0.1", free_port(), script), timeout=100, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout
+    results = [json.loads((tmp_path / f"result-rank{r}.json").read_text()) for r in (0, 1)]
+    # The signal lands in rank 1's step-4 hook; step 5's all-reduce tells every rank.
+    step = 5
+    assert [r["final_step"] for r in results] == [step, step], results
+    assert all(r["exit_reason"] == "requested" and r["checkpoint_step"] == step for r in results)
+    assert results[1]["exit_detail"] == "SIGTERM"
+    assert all(r["sigterm_handler_restored"] for r in results)
+    found = latest_checkpoint(tmp_path / "ckpt")
+    assert found is not None and found[0] == step
+    assert [e["state"] for e in ends(tmp_path / "journal")] == ["closed", "closed"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

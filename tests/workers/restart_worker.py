@@ -1,0 +1,132 @@
+"""One rank of a real multi-process run under NVRx's in-process restart Wrapper (for test_restart.py).
+
+Usage: ``python -W ignore tests/restart_worker.py SCENARIO OUT_DIR`` with ``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT`` set. Writes ``OUT_DIR/rank<rank>.json``. The Wrapper's
+monitor process is forked from this one, so it shares this command line (and OUT_DIR):
+the test finds and reaps it by that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from support.restart import FAST, GROUP_TIMEOUT_S, TeardownCalls, megatron_globals_left
+
+from lifecycle import DistributedConfig, ParallelConfig, Session, restart
+from lifecycle._torch.actions import TorchActions
+
+RANK = int(os.environ["RANK"])
+
+
+def collective(out: Path) -> dict[str, Any]:
+    """Two Wrapper calls in a row (stores on MASTER_PORT + 1, then + 2), each as in ``_collective_run``."""
+    base = int(os.environ["MASTER_PORT"])
+    runs = [_collective_run(store_port) for store_port in (None, base + 2)]
+    return {"runs": runs, "group_left": dist.is_initialized(), "globals_left": megatron_globals_left()}
+
+
+def _collective_run(store_port: int | None) -> dict[str, Any]:
+    """Iteration 0: rank 1 raises while rank 0 waits in an all-reduce; iteration 1 runs to ``closed`` on both."""
+    probe = TeardownCalls().install()
+    sessions: list[Session] = []
+    times: dict[str, float] = {}
+
+    def job(call_wrapper: Any) -> str:
+        iteration = call_wrapper.iteration
+        probe.iteration = iteration
+        session = restart.session_for(
+            call_wrapper,
+            lambda prefix: TorchActions(
+                DistributedConfig(timeout_s=GROUP_TIMEOUT_S), ParallelConfig(), store_prefix=prefix
+            ),
+        )
+        sessions.append(session)
+        with session:
+            session.init_distributed()
+            times[f"ready{iteration}"] = time.monotonic()
+            session.init_globals()
+            session.start_training()
+            if iteration == 0 and RANK == 1:
+                time.sleep(0.5)  # let rank 0 block in its all-reduce first
+                times["raise"] = time.monotonic()
+                raise RuntimeError("rank 1 fails in iteration 0")
+            total = torch.ones(1)
+            try:
+                dist.all_reduce(total)
+            finally:
+                times[f"left{iteration}"] = time.monotonic()
+            session.finish()
+        return session.state.value
+
+    started = time.monotonic()
+    try:
+        result = restart.run(job, max_restarts=2, store_port=store_port, group_timeout_s=GROUP_TIMEOUT_S, **FAST)
+    finally:
+        probe.restore()
+    return {
+        "result": result,
+        "wall_s": time.monotonic() - started,
+        "times": times,
+        "states": [s.state.value for s in sessions],
+        "deferred": [bool(s.report and s.report.deferred_to_wrapper) for s in sessions],
+        "iterations": [s.iteration for s in sessions],
+        "session_teardown_calls_iteration0": [c.name for c in probe.by_session(0)],
+        "wrapper_calls_iteration0": [c.name for c in probe.by_wrapper(0)],
+    }
+
+
+def wrapped_pretrain(out: Path) -> dict[str, Any]:
+    """``wrapped_pretrain`` on 2 ranks; rank 1 fails once, at step 2 of iteration 0, with a checkpoint in flight."""
+    from lifecycle._training.callbacks import Callback
+    from lifecycle._training.config import CheckpointConfig, ModelConfig, PretrainConfig, TrainingConfig
+
+    started_iterations: list[int] = []
+
+    class FailOnce(Callback):
+        def on_train_start(self, session: Session, ctx: Any) -> None:
+            started_iterations.append(session.iteration)
+
+        def on_step_end(self, session: Session, step: int, loss: float) -> None:
+            if RANK == 1 and step == 2 and session.iteration == 0:
+                raise RuntimeError("rank 1 fails once, at step 2")
+
+    config = PretrainConfig(
+        distributed=DistributedConfig(timeout_s=GROUP_TIMEOUT_S),
+        model=ModelConfig(seq_length=8, hidden_size=16, num_layers=1, num_heads=2),
+        training=TrainingConfig(iterations=4, log_interval=0),
+        checkpoint=CheckpointConfig(dir=str(out / "ckpt"), interval=1, resume=True),
+    )
+    started = time.monotonic()
+    result = restart.wrapped_pretrain(config, None, [FailOnce()], max_restarts=2, **FAST)
+    return {
+        "wall_s": time.monotonic() - started,
+        "final_step": result.final_step,
+        "start_step": result.start_step,
+        "world_size": result.world_size,
+        "losses": result.losses,
+        "iterations_started": started_iterations,
+        "state": result.journal[-1].dest.value,
+        "group_left": dist.is_initialized(),
+        "globals_left": megatron_globals_left(),
+    }
+
+
+def main() -> None:
+    """Run the scenario named on the command line; write its result (or error) as JSON."""
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    try:
+        body = {"ok": True, **{"collective": collective, "pretrain": wrapped_pretrain}[scenario](out)}
+    except BaseException as exc:  # noqa: BLE001 - reported to the test, which fails on it
+        body = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "notes": getattr(exc, "__notes__", [])}
+    (out / f"rank{RANK}.json").write_text(json.dumps(body))
+
+
+if __name__ == "__main__":
+    main()
