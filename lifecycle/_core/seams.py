@@ -1,6 +1,6 @@
 """The seams: what the core asks of the world, as protocols with no torch behind them.
 
-``lifecycle._torch.TorchActions`` implements ``DistributedActions`` on torch.distributed
+``lifecycle._torch.actions.TorchActions`` implements ``DistributedActions`` on torch.distributed
 and megatron-core, ``lifecycle.checkpoint.AsyncCheckpointer`` implements
 ``CheckpointWriter``; ``lifecycle.testing`` ships recording doubles of both.
 """
