@@ -21,9 +21,32 @@ def test_every_public_callable_has_a_docstring() -> None:
             assert (obj.__doc__ or "").strip(), name
 
 
-def test_the_test_double_is_shipped() -> None:
-    """``lifecycle.testing`` offers the recording doubles."""
-    assert {"RecordingActions", "RecordingCheckpoints", "COLLECTIVES"} <= set(dir(lifecycle.testing))
+def test_the_test_toolkit_is_pinned_and_documented() -> None:
+    """``lifecycle.testing.__all__`` lists exactly the doubles, ports, launcher and probes; each callable has a doc."""
+    assert sorted(lifecycle.testing.__all__) == sorted(TESTING_EXPORTS)
+    for name in lifecycle.testing.__all__:
+        obj = getattr(lifecycle.testing, name)
+        assert not callable(obj) or (obj.__doc__ or "").strip(), name
+
+
+TESTING_EXPORTS = [
+    "COLLECTIVES",
+    "TORCH_COLLECTIVES",
+    "RankResult",
+    "RecordingActions",
+    "RecordingCheckpoints",
+    "Socket",
+    "alive",
+    "free_port",
+    "free_ports",
+    "launch_ranks",
+    "megatron_globals",
+    "release_everything",
+    "run_command",
+    "sockets",
+    "threads",
+    "torchrun_command",
+]
 
 
 EXPORTS = [

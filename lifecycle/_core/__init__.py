@@ -3,5 +3,5 @@
 Read bottom-up: ``states`` → ``table`` → ``errors`` → ``ownership`` → ``plans`` →
 ``seams`` (the protocols the world implements) → ``executor`` → ``signals`` →
 ``machine`` (the one ``transitions`` adapter) → ``session`` → ``wrapped`` (sessions
-under a restart wrapper) → ``journal`` (the records a run writes).
+under a restart wrapper) → ``records`` (the journal schema) → ``journal`` (writing and reading journals).
 """

@@ -87,12 +87,15 @@ def execute(
     outcome: Outcome,
     restart_mode: RestartMode,
     left: tuple[tuple[LedgerEntry, str], ...] = (),
+    on_step: Callable[[StepRecord], None] | None = None,
 ) -> tuple[TeardownReport, Ledger]:
     """Run every step of ``plan`` through ``perform``, even after one raised.
 
     Returns the report and the ledger with each successfully released resource
     marked released. ``Exception``s and ``KeyboardInterrupt``s raised by a step are
     recorded, not propagated; so is ``SystemExit``: teardown is never cut short.
+    ``on_step``, if given, is called with each step's record as soon as the step ran;
+    it must not raise.
     """
     records: list[StepRecord] = []
     for step in plan:
@@ -102,7 +105,10 @@ def execute(
             perform(step)
         except BaseException as exc:  # noqa: BLE001 - every later step must still run
             error = exc
-        records.append(StepRecord(step, time.monotonic() - start, error))
+        record = StepRecord(step, time.monotonic() - start, error)
+        records.append(record)
+        if on_step is not None:
+            on_step(record)
         if error is None and step.kind is not StepKind.BARRIER:
             ledger = ledger.release(step.entry)
     return TeardownReport(outcome, restart_mode, tuple(records), left), ledger

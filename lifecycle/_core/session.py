@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from lifecycle._core.errors import InvalidTransition, LifecycleError
-from lifecycle._core.executor import StepFailure, TeardownError, TeardownReport, execute
+from lifecycle._core.executor import StepFailure, StepRecord, TeardownError, TeardownReport, execute
 from lifecycle._core.machine import TriggerModel, build_machine
 from lifecycle._core.ownership import GLOBALS, Ledger, LedgerEntry, Owner, Resource
 from lifecycle._core.plans import Outcome, RestartMode, Step, StepKind, left_alone, plan_teardown
@@ -30,6 +31,31 @@ class JournalEntry:
     at: float
     duration_s: float
     detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionEvent:
+    """A transition just taken (``entry``); its work ran from ``start`` to ``end`` (wall-clock, ``time.time()``)."""
+
+    entry: JournalEntry
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class TeardownEvent:
+    """A step of a teardown plan of ``outcome`` just ran (``record``); from ``start`` to ``end``, wall-clock seconds."""
+
+    outcome: Outcome
+    record: StepRecord
+    start: float
+    end: float
+
+
+SessionEvent = TransitionEvent | TeardownEvent
+"""What a session observer is called with (see ``Session.add_observer``)."""
+
+logger = logging.getLogger("lifecycle.session")
 
 
 class Session:
@@ -64,6 +90,7 @@ class Session:
         self._user: dict[str, Callable[[], object]] = {}
         self._signals: InstalledHandlers | None = None
         self._exit_request: str | None = None
+        self._observers: list[Callable[[SessionEvent], object]] = []
 
     # -- what can be read -------------------------------------------------------------
 
@@ -176,6 +203,16 @@ class Session:
         if self._exit_request is None:
             self._exit_request = reason
 
+    def add_observer(self, observer: Callable[[SessionEvent], object]) -> None:
+        """Call ``observer`` right after each transition and each teardown step, with what happened.
+
+        Observers run on the thread that drives the session, in the order added; ``end``
+        times are taken when the event happens and ``start`` is ``end`` less its duration.
+        An ``Exception`` an observer raises is logged as a warning and otherwise ignored:
+        it never changes what the session does or how it ends.
+        """
+        self._observers.append(observer)
+
     # -- context manager --------------------------------------------------------------
 
     def __enter__(self) -> Session:
@@ -212,7 +249,18 @@ class Session:
         source = self.state
         getattr(self._model, trigger.value)()
         now = time.monotonic()
-        self._journal.append(JournalEntry(source, self.state, trigger, now, now - start, detail))
+        entry = JournalEntry(source, self.state, trigger, now, now - start, detail)
+        self._journal.append(entry)
+        if self._observers:
+            end = time.time()
+            self._notify(TransitionEvent(entry, end - entry.duration_s, end))
+
+    def _notify(self, event: SessionEvent) -> None:
+        for observer in self._observers:
+            try:
+                observer(event)
+            except Exception:  # an observer must never change the session's outcome
+                logger.warning("session observer %r failed on %s; ignored", observer, event, exc_info=True)
 
     def _acquire(self, resource: Resource, acquire: Callable[[], Owner]) -> None:
         owner = acquire()
@@ -229,8 +277,19 @@ class Session:
     def _teardown(self, outcome: Outcome) -> TeardownReport:
         plan = plan_teardown(self._ledger, self.restart_mode, outcome)
         left = left_alone(self._ledger, self.restart_mode, outcome)
+
+        def observed(record: StepRecord) -> None:
+            end = time.time()
+            self._notify(TeardownEvent(outcome, record, end - record.duration_s, end))
+
         report, self._ledger = execute(
-            plan, self._perform, self._ledger, outcome=outcome, restart_mode=self.restart_mode, left=left
+            plan,
+            self._perform,
+            self._ledger,
+            outcome=outcome,
+            restart_mode=self.restart_mode,
+            left=left,
+            on_step=observed if self._observers else None,
         )
         self._report = report
         return report

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import warnings
 from pathlib import Path
 
@@ -146,6 +147,8 @@ def _launch(args: argparse.Namespace) -> int:
         worker_args.append("--retry")
     command = torchrun_command(args.nproc, args.master_addr, port, ["-m", "lifecycle._tools.demo", *worker_args])
     env = child_env(args.master_addr)
+    # Every rank labels its journal with this run id (see ``lifecycle._core.journal.run_id``).
+    env["LIFECYCLE_RUN_ID"] = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     print(f"demo: {args.nproc} ranks, {args.steps} steps, rendezvous {args.master_addr}:{port}", flush=True)
     print(f"demo: journals in {journal_dir}, checkpoints in {checkpoint_dir}", flush=True)
     started = time.monotonic()
@@ -173,11 +176,15 @@ def _stop(process: subprocess.Popen[bytes]) -> int:
 
 
 def _report(journal_dir: Path, nproc: int, returncode: int, elapsed: float) -> int:
+    records: list[_journal.Record] = []
     try:
-        records = _journal.read([journal_dir])
+        loaded = _journal.load([journal_dir])
     except (OSError, ValueError) as exc:
         print(f"demo: cannot read the journals: {exc}", file=sys.stderr)
-        records = []
+    else:
+        records = list(loaded.records)
+        for where in loaded.torn:
+            print(f"demo: {where}: torn line skipped (its writer was killed mid-write?)", file=sys.stderr)
     print("\n=== timeline (seconds since the first rank started) ===")
     print("\n".join(_show.timeline_lines(records)))
     if records:

@@ -10,6 +10,7 @@ when Graphviz's ``dot`` is installed.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -17,20 +18,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from lifecycle._core import journal as _journal
-from lifecycle._core.journal import Record
+from lifecycle._core.journal import Eval, Left, Record, RunEnd, RunStart, Step, TeardownStep, Transition
 from lifecycle._core.states import State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge
 from lifecycle._tools import diagrams as _diagrams
 
-
-def _time(record: Record) -> float:
-    """When a record's event started (wall-clock seconds)."""
-    if record["kind"] == "run":
-        return float(record["start"])
-    if record["kind"] == "transition":
-        # ``at`` is when the state changed; the trigger's work (teardown included) came before.
-        return float(record["at"]) - float(record["duration_s"])
-    return float(record.get("at", 0.0))
+Attempt = tuple[str, int, str, int]
+"""An attempt's identity: run id, attempt number, restart mode, iteration."""
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -43,89 +37,106 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-def _event_line(record: Record, t0: float) -> str | None:
-    at = f"{_time(record) - t0:+9.3f}s"
-    kind = record["kind"]
-    if kind == "run":
-        return (
-            f"{at}  pretrain started (pid {record['pid']} on {record['host']}, "
-            f"restart mode {record['restart_mode']}, iteration {record['iteration']})"
-        )
-    if kind == "transition":
-        line = f"{at}  {record['source']} → {record['dest']}  [{record['trigger']}, {_ms(record['duration_s'])}]"
-        detail = record.get("detail") or ""
-        return line + (f"  {_short(detail)}" if detail and record["dest"] == State.FAILED.value else "")
-    if kind == "teardown":
-        failed = f"  FAILED: {_short(record['error'])}" if record.get("error") else ""
-        return f"{at}      teardown {record['step']:<32} {_ms(record['duration_s'])}{failed}"
-    if kind == "left":
-        return f"{'':11}      left alone: {record['resource']}: {record['reason']}"
-    return None
+def _events(call: list[Record]) -> list[tuple[float, str]]:
+    """The timed lines of one call: ``(start, text)`` for its start, transitions, teardown steps and last step."""
+    events: list[tuple[float, str]] = []
+    for r in call:
+        if isinstance(r, RunStart):
+            o = r.origin
+            text = f"pretrain started (pid {r.pid} on {r.host}, restart mode {o.restart_mode}, iteration {o.iteration})"
+            events.append((r.start, text))
+        elif isinstance(r, Transition):
+            text = f"{r.source} → {r.dest}  [{r.trigger}, {_ms(r.end - r.start)}]"
+            why = f"  {_short(r.detail)}" if r.detail and r.dest == State.FAILED.value else ""
+            events.append((r.start, text + why))
+        elif isinstance(r, TeardownStep):
+            failed = f"  FAILED: {_short(r.error)}" if r.error else ""
+            events.append((r.start, f"    teardown {r.step:<32} {_ms(r.end - r.start)}{failed}"))
+    steps = [r for r in call if isinstance(r, Step)]
+    last = steps[-1] if steps else None
+    if last is not None and last.end is not None:
+        events.append((last.end, f"step {last.step} ended (the last recorded; loss {last.loss:.3f})"))
+    return sorted(events, key=lambda event: event[0])
 
 
-def _summary(end: Record) -> str:
-    state = end.get("state", "?")
-    if end.get("error"):
-        head = f"ended {state} after step {end.get('final_step')}: {_short(end['error'])}"
+def _summary(call: list[Record]) -> str:
+    """One line on how a call ended, its losses and checkpoint; a call without an end record was cut short."""
+    ends = [r for r in call if isinstance(r, RunEnd)]
+    steps = [r for r in call if isinstance(r, Step)]
+    evals = [r for r in call if isinstance(r, Eval)]
+    if ends:
+        end = ends[-1]
+        how = f": {_short(end.error)}" if end.error else f" (exit: {end.exit_reason})"
+        head = f"ended {end.state} after step {end.final_step}{how}"
     else:
-        head = f"ended {state} after step {end.get('final_step')} (exit: {end.get('exit_reason')})"
-    losses = end.get("losses") or []
-    if losses:
-        (first_step, first), (last_step, last) = losses[0], losses[-1]
-        head += f"; loss {first:.3f} (step {first_step}) → {last:.3f} (step {last_step})"
-    evals = end.get("eval_losses") or []
+        states = [r.dest for r in call if isinstance(r, Transition)]
+        state = states[-1] if states else State.UNINITIALIZED.value
+        last = f"last step {steps[-1].step}" if steps else "no training step recorded"
+        head = f"no end record (killed?) in state {state} — {last}"
+    if steps:
+        first, last_step = steps[0], steps[-1]
+        head += f"; loss {first.loss:.3f} (step {first.step}) → {last_step.loss:.3f} (step {last_step.step})"
     if evals:
-        head += f"; eval loss {evals[-1][1]:.3f}"
-    if end.get("checkpoint_step") is not None:
-        head += f"; checkpoint step {end['checkpoint_step']}"
+        head += f"; eval loss {evals[-1].loss:.3f}"
+    if ends and ends[-1].checkpoint_step is not None:
+        head += f"; checkpoint step {ends[-1].checkpoint_step}"
     return head
 
 
-def _by_attempt(records: Iterable[Record]) -> dict[int, dict[int, list[Record]]]:
-    grouped: dict[int, dict[int, list[Record]]] = {}
-    for record in records:
-        grouped.setdefault(int(record["attempt"]), {}).setdefault(int(record["rank"]), []).append(record)
-    return {a: dict(sorted(ranks.items())) for a, ranks in sorted(grouped.items())}
+def _by_attempt(records: Iterable[Record]) -> dict[Attempt, dict[int, list[Record]]]:
+    """Records grouped by attempt (in order of first appearance), then by rank."""
+    grouped: dict[Attempt, dict[int, list[Record]]] = {}
+    for r in records:
+        o = r.origin
+        grouped.setdefault((o.run_id, o.attempt, o.restart_mode, o.iteration), {}).setdefault(o.rank, []).append(r)
+    return {attempt: dict(sorted(ranks.items())) for attempt, ranks in grouped.items()}
 
 
 def _split_calls(records: list[Record]) -> list[list[Record]]:
-    """One rank's records of one attempt, split into ``pretrain`` calls (each starts with a ``run`` record)."""
+    """One rank's records of one attempt, split into ``pretrain`` calls (each starts with a ``RunStart``)."""
     calls: list[list[Record]] = []
     for record in records:
-        if record["kind"] == "run" or not calls:
+        if isinstance(record, RunStart) or not calls:
             calls.append([])
         calls[-1].append(record)
     return calls
 
 
 def timeline_lines(records: list[Record]) -> list[str]:
-    """The timeline of a run: per attempt, per rank, every event with its time since the run's first event."""
+    """The timeline: per run id, per attempt, per rank, every event with its time since the run's first event.
+
+    Each rank's line says how its call ended, or, without an end record (a killed or
+    hung rank), the state it reached and the last training step it recorded.
+    """
     if not records:
         return ["(no journal records)"]
-    t0 = min(_time(r) for r in records if r["kind"] in ("run", "transition"))
     lines: list[str] = []
-    for attempt, ranks in _by_attempt(records).items():
-        lines.append(f"attempt {attempt}")
+    run_id = None
+    t0 = 0.0
+    for (rid, attempt, mode, iteration), ranks in _by_attempt(records).items():
+        if rid != run_id:
+            run_id = rid
+            starts = [t for r in records if r.origin.run_id == rid for t, _ in _events([r])]
+            t0 = min(starts, default=0.0)
+            lines.append(f"run {rid}")
+        plain = mode == "ordinary" and iteration == 0
+        lines.append(f"attempt {attempt}" + ("" if plain else f" (restart mode {mode}, iteration {iteration})"))
         for rank, rank_records in ranks.items():
             for call in _split_calls(rank_records):
-                ends = [r for r in call if r["kind"] == "end"]
-                lines.append(f"  rank {rank}: " + (_summary(ends[-1]) if ends else "no end record (the process died?)"))
-                timed = sorted((r for r in call if r["kind"] != "left"), key=_time)
-                lines += [f"  {line}" for r in timed if (line := _event_line(r, t0)) is not None]
-                lines += [f"  {line}" for r in call if r["kind"] == "left" and (line := _event_line(r, t0))]
+                lines.append(f"  rank {rank}: {_summary(call)}")
+                lines += [f"  {t - t0:+9.3f}s  {text}" for t, text in _events(call)]
+                lines += [f"  {'':11}      left alone: {r.resource}: {r.reason}" for r in call if isinstance(r, Left)]
     return lines
 
 
 def final_states(records: list[Record]) -> dict[int, str]:
-    """Each rank's state at the end of its last attempt (``closed``, ``failed``, or ``?`` without an end record)."""
-    last: dict[int, int] = {}
+    """Each rank's state at the end of its last ``pretrain`` call (``closed``, ``failed``, or ``?`` if cut short)."""
+    states: dict[int, str] = {}
     for record in records:
-        rank = int(record["rank"])
-        last[rank] = max(last.get(rank, -1), int(record["attempt"]))
-    states = dict.fromkeys(last, "?")
-    for record in records:
-        if record["kind"] == "end" and int(record["attempt"]) == last[int(record["rank"])]:
-            states[int(record["rank"])] = str(record["state"])
+        if isinstance(record, RunStart):
+            states[record.origin.rank] = "?"
+        elif isinstance(record, RunEnd):
+            states[record.origin.rank] = record.state
     return dict(sorted(states.items()))
 
 
@@ -133,10 +144,10 @@ def taken_edges(records: Iterable[Record]) -> frozenset[Edge]:
     """The declared edges the transition records took (a record naming no declared edge is ignored)."""
     taken = set()
     for record in records:
-        if record["kind"] != "transition":
+        if not isinstance(record, Transition):
             continue
         try:
-            edge = Edge(Trigger(record["trigger"]), State(record["source"]), State(record["dest"]))
+            edge = Edge(Trigger(record.trigger), State(record.source), State(record.dest))
         except ValueError:
             continue
         if edge in TRANSITIONS:
@@ -147,17 +158,21 @@ def taken_edges(records: Iterable[Record]) -> frozenset[Edge]:
 def write_diagrams(records: list[Record], out: Path) -> list[Path]:
     """Write, per attempt, ``attempt<N>.mmd`` and ``attempt<N>.dot`` (plus ``.svg``, ``.png`` if ``dot`` exists).
 
-    Each highlights the edges any rank took in that attempt. Returns the paths written.
+    Each highlights the edges any rank took in that attempt. With several run ids the
+    names start ``<run id>-``. Returns the paths written.
     A rendering failure is reported on stderr and skipped: the sources are still written.
     """
     out.mkdir(parents=True, exist_ok=True)
     dot_exe = shutil.which("dot")
     written: list[Path] = []
-    for attempt, ranks in _by_attempt(records).items():
+    grouped = _by_attempt(records)
+    several = len({run_id for run_id, *_ in grouped}) > 1
+    for (run_id, attempt, *_), ranks in grouped.items():
         taken = taken_edges(r for rank_records in ranks.values() for r in rank_records)
-        mmd = out / f"attempt{attempt}.mmd"
+        prefix = re.sub(r"[^A-Za-z0-9._-]", "_", run_id) + "-" if several else ""
+        mmd = out / f"{prefix}attempt{attempt}.mmd"
         mmd.write_text(_diagrams.mermaid(taken), encoding="utf-8")
-        source = out / f"attempt{attempt}.dot"
+        source = mmd.with_suffix(".dot")
         source.write_text(_diagrams.dot(taken), encoding="utf-8")
         written += [mmd, source]
         if dot_exe is None:
@@ -178,9 +193,10 @@ def write_diagrams(records: list[Record], out: Path) -> list[Path]:
 def show_main(argv: list[str]) -> int:
     """``show JOURNAL... [--out DIR]``: print the timeline, write the diagrams; return the exit code.
 
-    A JOURNAL may be a ``rank<R>.jsonl`` file or a folder of them. Diagrams go to
-    ``--out`` (default: the folder of the first journal). Exit code 0, or 2 when a
-    journal cannot be read.
+    A JOURNAL may be a ``rank<R>.jsonl`` file or a folder of them, version 2 or 1. A
+    torn line (its writer killed mid-write) is skipped and noted on stderr. Diagrams go
+    to ``--out`` (default: the folder of the first journal). Exit code 0, or 2 when a
+    journal cannot be read or holds no record.
     """
     parser = argparse.ArgumentParser(
         prog="python -m lifecycle show",
@@ -190,10 +206,13 @@ def show_main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="where to write the diagrams (default: next to the journal)")
     args = parser.parse_args(argv)
     try:
-        records = _journal.read(args.journals)
+        loaded = _journal.load(args.journals)
     except (OSError, ValueError) as exc:
         print(f"cannot read the journal: {exc}", file=sys.stderr)
         return 2
+    for where in loaded.torn:
+        print(f"{where}: torn line skipped (its writer was killed mid-write?)", file=sys.stderr)
+    records = list(loaded.records)
     if not records:
         print(f"no journal records in {', '.join(map(str, args.journals))}", file=sys.stderr)
         return 2

@@ -22,11 +22,13 @@ from megatron.core.num_microbatches_calculator import get_num_microbatches
 from lifecycle._core import journal as _journal
 from lifecycle._core.errors import ConfigError, InvalidTransition
 from lifecycle._core.executor import TeardownReport
+from lifecycle._core.journal import Eval, Origin, RunEnd, Step
 from lifecycle._core.session import JournalEntry, Session
 from lifecycle._core.states import State
 from lifecycle._torch.actions import TorchActions
 from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, TrainContext, call_hooks
 from lifecycle._training.config import STEPPED_PHASES, InjectedFault, Phase, PretrainConfig
+from lifecycle._training.journaling import RunJournal
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
 from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
 
@@ -93,6 +95,13 @@ def pretrain(
     ``TorchActions(config.distributed, config.parallel)``. Under in-process restart,
     ``lifecycle.restart.wrapped_pretrain`` passes the session of the wrapper's attempt.
 
+    With ``config.journal_dir`` set, this rank's journal records (``lifecycle._core.records``)
+    are appended as they happen: the run's start, each transition and teardown step,
+    each training step and evaluation, and in the end the outcome. Its ``run_id`` is
+    ``lifecycle._core.journal.run_id()`` (``LIFECYCLE_RUN_ID``, else torchrun's run id);
+    its attempt is ``attempt`` with the session's restart mode and iteration. A journal
+    error is logged as a warning, never raised.
+
     Returns a ``PretrainResult`` once the session is ``closed``. A requested exit
     (SIGTERM, ``exit.max_duration_s``, ``session.request_exit``) is not a failure: every
     rank stops after the same step, saves a final checkpoint and closes. Any exception
@@ -111,37 +120,35 @@ def pretrain(
         forward_step_func or default_forward_step,
         model_provider or default_model_provider,
         batch_provider,
+        attempt,
     )
-    if config.training.log_interval:
-        run.hooks.append(ProgressLog(config.training.log_interval))
-    run.hooks += list(callbacks or ())
-    if config.fault is not None and config.fault.phase is Phase.CALLBACK:
-        run.hooks.append(_FaultCallback(run))
-    started = time.monotonic()
-    end: dict[str, Any] = {}
+    exit_reason: str | None = None
+    error: str | None = None
     try:
+        if config.training.log_interval:
+            run.hooks.append(ProgressLog(config.training.log_interval))
+        run.hooks += list(callbacks or ())
+        if config.fault is not None and config.fault.phase is Phase.CALLBACK:
+            run.hooks.append(_FaultCallback(run))
         with session:
             result = run.execute()
-        end = {"exit_reason": result.exit_reason.value, "error": None}
+        exit_reason = result.exit_reason.value
         return result
     except BaseException as exc:
-        end = {"exit_reason": None, "error": f"{type(exc).__name__}: {exc}"}
+        error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        if config.journal_dir is not None:
-            end |= {
-                "final_step": run.step,
-                "losses": run.losses,
-                "eval_losses": run.eval_losses,
-                "checkpoint_step": run.committed,
-            }
-            records = _journal.session_records(
-                session, rank=run.rank, world_size=run.world_size, attempt=attempt, started=started, end=end
-            )
-            try:
-                _journal.append(_journal.journal_path(config.journal_dir, run.rank), records)
-            except OSError as exc:  # a journal must never replace the run's own outcome
-                logger.warning("could not write the journal in %s: %s", config.journal_dir, exc)
+        end = RunEnd(
+            origin=run.journal.origin,
+            state=session.state.value,
+            exit_reason=exit_reason,
+            final_step=run.step,
+            checkpoint_step=run.committed,
+            error=error,
+            end=time.time(),
+        )
+        run.journal.write(end)
+        run.journal.close()
 
 
 class _FaultCallback(Callback):
@@ -164,6 +171,7 @@ class _Run:
         forward: ForwardStepFunc,
         model_provider: ModelProvider,
         batch_provider: BatchProvider | None,
+        attempt: int = 0,
     ) -> None:
         self.config = config
         self.session = session
@@ -176,7 +184,19 @@ class _Run:
             world, rank = config.distributed.resolve_world()
         except ConfigError:
             world, rank = None, None
+        if rank is None and dist.is_available() and dist.is_initialized():
+            world, rank = dist.get_world_size(), dist.get_rank()  # the caller's group
         self.rank, self.world_size = rank or 0, world or 1
+        origin = Origin(
+            run_id=_journal.run_id(),
+            rank=self.rank,
+            attempt=attempt,
+            restart_mode=session.restart_mode.value,
+            iteration=session.iteration,
+        )
+        self.journal = RunJournal(config.journal_dir, origin, self.world_size, session)
+        if self.journal.enabled:
+            session.add_observer(self.journal.observe)
         self.step = 0
         self.losses: list[tuple[int, float]] = []
         self.eval_losses: list[tuple[int, float]] = []
@@ -306,6 +326,7 @@ class _Run:
         started = time.monotonic()
         while self.step < training.iterations:
             step = self.step + 1
+            began = time.time()
             local_loss = self.train_step(step)
             timed_out = limit is not None and time.monotonic() - started >= limit
             # One collective a step: the mean loss, and whether any rank wants to stop,
@@ -321,6 +342,8 @@ class _Run:
                 self.commit(checkpointer)
             loss = flags[0].item() / self.world_size
             self.losses.append((step, loss))
+            if self.journal.enabled:  # before the hooks: a rank killed in one still shows this step
+                self.journal.write(Step(origin=self.journal.origin, step=step, loss=loss, start=began, end=time.time()))
             call_hooks(self.hooks, "on_step_end", self.session, step, loss)
             last = step == training.iterations or bool(flags[1] or flags[2])
             if training.eval_interval and (step % training.eval_interval == 0 or last):
@@ -359,6 +382,7 @@ class _Run:
         """Mean loss over ``eval_iterations`` held-out micro-batches per rank, averaged over all ranks."""
         assert self.batch_provider is not None  # set in setup
         self.inject(Phase.EVAL, step)
+        began = time.time()
         count = self.config.training.eval_iterations
         self.model.eval()
         with torch.no_grad():
@@ -371,6 +395,7 @@ class _Run:
         dist.all_reduce(mean)
         loss = mean.item() / self.world_size
         self.eval_losses.append((step, loss))
+        self.journal.write(Eval(origin=self.journal.origin, step=step, loss=loss, start=began, end=time.time()))
         call_hooks(self.hooks, "on_eval_end", self.session, step, loss)
 
     def save(self, checkpointer: AsyncCheckpointer, step: int) -> None:

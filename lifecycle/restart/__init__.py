@@ -303,6 +303,7 @@ def wrapped_pretrain(
     store_port: int | None = None,
     model_provider: ModelProvider | None = None,
     batch_provider: BatchProvider | None = None,
+    actions: Callable[[str], DistributedActions] | None = None,
     **wrapper_kwargs: Any,
 ) -> PretrainResult:
     """Run ``pretrain`` under the Wrapper: a failure on any rank restarts it on every rank, in the same processes.
@@ -317,6 +318,8 @@ def wrapped_pretrain(
     Returns the ``PretrainResult`` of the successful iteration; after ``max_restarts``
     restarts the Wrapper's ``RestartAbort`` propagates. ``config.fault`` fires in every
     iteration, so it exhausts the restarts: inject a one-off fault with a callback.
+    ``actions`` builds the actions of each iteration from its store prefix; None:
+    ``TorchActions`` of the config (``config.distributed``, ``config.parallel``).
     """
     distributed = config.distributed
     if store_port is None and distributed.master_port is not None:
@@ -326,11 +329,14 @@ def wrapped_pretrain(
         config, distributed=dataclasses.replace(distributed, rank=None, world_size=None)
     )
 
+    def iteration_actions(prefix: str | None) -> DistributedActions:
+        if actions is None:
+            return TorchActions(per_iteration.distributed, per_iteration.parallel, store_prefix=prefix)
+        assert prefix is not None  # under the Wrapper, every iteration has one
+        return actions(prefix)
+
     def job(call_wrapper: CallWrapper) -> PretrainResult:
-        session = session_for(
-            call_wrapper,
-            lambda prefix: TorchActions(per_iteration.distributed, per_iteration.parallel, store_prefix=prefix),
-        )
+        session = session_for(call_wrapper, iteration_actions)
         return pretrain(
             per_iteration,
             forward_step_func,

@@ -1,7 +1,7 @@
 """lifecycle.checkpoint: async save, collective finalize, rank-local abort, safe load.
 
-Multi-rank tests run real gloo groups in subprocesses that import this file and call
-one of its ``_worker_*`` functions; each prints one JSON line with what it observed.
+Multi-rank tests run ``tests/workers/checkpoint_worker.py`` as real gloo ranks; each
+prints one JSON line with what it observed.
 """
 
 from __future__ import annotations
@@ -9,11 +9,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
-import random
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,11 +18,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from support.probes import TORCH_COLLECTIVES
+from support.launch import run_workers
+from support.probes import TORCH_COLLECTIVES, TorchCalls
 
 from lifecycle.checkpoint import AsyncCheckpointer, CheckpointError, latest_checkpoint, load_checkpoint
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _trained(seed: int) -> tuple[torch.nn.Linear, torch.optim.AdamW]:
@@ -83,20 +77,10 @@ def world_of_one(tmp_path: Path) -> Iterator[None]:
 
 
 @pytest.fixture
-def collective_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def collective_calls() -> Iterator[TorchCalls]:
     """Record every torch.distributed collective called from any thread (calls pass through)."""
-    calls: list[str] = []
-    for name in TORCH_COLLECTIVES:
-        real = getattr(dist, name, None)
-        if real is None:
-            continue
-
-        def recording(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
-            calls.append(_name)
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(dist, name, recording)
-    return calls
+    with TorchCalls(TORCH_COLLECTIVES) as calls:
+        yield calls
 
 
 def test_single_rank_roundtrip_restores_model_and_optimizer(tmp_path: Path) -> None:
@@ -150,13 +134,13 @@ def test_abort_of_an_in_flight_save_keeps_the_previous_latest(tmp_path: Path) ->
 
 
 @pytest.mark.usefixtures("world_of_one")
-def test_abort_calls_no_collective_while_finalize_does(tmp_path: Path, collective_calls: list[str]) -> None:
+def test_abort_calls_no_collective_while_finalize_does(tmp_path: Path, collective_calls: TorchCalls) -> None:
     """abort() and the writer thread call no collective; finalize() does (the recorder works)."""
     writer = AsyncCheckpointer(tmp_path)
     writer.save(1, {"w": torch.ones(2)})
     assert writer.finalize() == 1
-    assert collective_calls == ["all_gather", "broadcast"]
-    collective_calls.clear()
+    assert collective_calls.named() == ["all_gather", "broadcast"]
+    collective_calls.calls.clear()
 
     gate = threading.Event()
     writer = AsyncCheckpointer(tmp_path)
@@ -166,7 +150,7 @@ def test_abort_calls_no_collective_while_finalize_does(tmp_path: Path, collectiv
     writer.abort()
     gate.set()
     done()
-    assert collective_calls == []
+    assert collective_calls.named() == []
     assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
 
 
@@ -350,121 +334,23 @@ def test_an_abandoned_writers_late_completion_never_commits_for_a_retry(tmp_path
 # ---- two real ranks, in subprocesses --------------------------------------------------
 
 
-def _free_port() -> int:
-    """A free TCP port below the ephemeral range (32768+), so it cannot collide with one."""
-    for _ in range(100):
-        port = random.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port")
-
-
-def _init(rank: int, port: int, timeout_s: float) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-
-
-def _report(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
-
-
-def _worker_both_finalize(rank: int, port: int, directory: str) -> None:
-    _init(rank, port, 20)
-    writer = AsyncCheckpointer(directory)
-    writer.save(1, {"w": torch.full((3,), float(rank))})
-    committed = writer.finalize()
-    dist.destroy_process_group()
-    target = {"w": torch.zeros(3)}
-    loaded = load_checkpoint(directory, target, rank=rank)
-    _report(committed=committed, loaded=loaded, w=target["w"].tolist())
-
-
-def _worker_peer_aborts(rank: int, port: int, directory: str, timeout_s: float, peer_destroys: bool) -> None:
-    _init(rank, port, timeout_s)
-    writer = AsyncCheckpointer(directory)
-    writer.save(1, {"w": torch.full((3,), 1.0)})
-    writer.finalize()
-    if rank == 1:
-        hung = threading.Event()  # never set: this rank's write hangs forever
-        writer._before_write = hung.wait
-        writer.save(2, {"w": torch.full((3,), 2.0)})
-        writer.abort()
-        _report(aborted_at=time.time())
-        if peer_destroys:
-            dist.destroy_process_group()
-        else:  # stay alive without taking part, until rank 0 is done
-            flag = Path(directory) / "rank0-done"
-            deadline = time.monotonic() + 30
-            while not flag.exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-        return  # exits with the hung daemon writer thread still blocked
-    writer.save(2, {"w": torch.full((3,), 2.0)})
-    start = time.monotonic()
-    try:
-        writer.finalize()
-        error = None
-    except CheckpointError as exc:
-        error = str(exc)
-    elapsed = time.monotonic() - start
-    (Path(directory) / "rank0-done").touch()
-    _report(error=error, elapsed=elapsed, latest=latest_checkpoint(directory)[0])  # type: ignore[index]
-    os._exit(0)  # the group may be broken; do not let teardown wait on it
-
-
-def _run_two_ranks(worker: str, directory: Path, *args: Any, timeout_s: float = 45) -> list[dict[str, Any]]:
-    """Run ``worker(rank, port, directory, *args)`` on 2 ranks; return each rank's reports."""
-    code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('ckpt_test_worker', {str(Path(__file__))!r})\n"
-        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
-        f"mod.{worker}(int(sys.argv[1]), int(sys.argv[2]), *{[str(directory), *args]!r})\n"
-    )
-    env = {
-        **os.environ,
-        "TORCH_CPP_LOG_LEVEL": "error",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-    }
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(rank), str(port)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    reports: list[dict[str, Any]] = []
-    try:
-        for rank, proc in enumerate(procs):
-            out, err = proc.communicate(timeout=timeout_s)
-            assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{err[-3000:]}"
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            reports.append({"exited_at": time.time(), **json.loads(lines[-1])})
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+def _run_two_ranks(scenario: str, directory: Path, *args: str, timeout_s: float = 45) -> list[dict[str, Any]]:
+    """Run ``checkpoint_worker.py SCENARIO DIRECTORY ARGS`` on 2 ranks; return each rank's last JSON report."""
+    results = run_workers("checkpoint_worker", scenario, str(directory), *args, timeout_s=timeout_s)
+    reports = []
+    for result in results:
+        assert result.ok, str(result)
+        lines = [line for line in result.output.splitlines() if line.startswith("{")]
+        reports.append(json.loads(lines[-1]))
     return reports
 
 
 @pytest.mark.timeout(60)
 def test_two_ranks_finalize_and_each_loads_its_own_shard(tmp_path: Path) -> None:
     """Both ranks save and finalize; each rank's own shard (not a replicated copy) loads back."""
-    reports = _run_two_ranks("_worker_both_finalize", tmp_path)
+    reports = _run_two_ranks("both_finalize", tmp_path)
     for rank, report in enumerate(reports):
-        assert report == {"exited_at": report["exited_at"], "committed": 1, "loaded": 1, "w": [float(rank)] * 3}
+        assert report == {"committed": 1, "loaded": 1, "w": [float(rank)] * 3}
     manifest = json.loads((tmp_path / "step_0000000001" / "manifest.json").read_text())
     assert [s["rank"] for s in manifest["shards"]] == [0, 1]
 
@@ -472,19 +358,19 @@ def test_two_ranks_finalize_and_each_loads_its_own_shard(tmp_path: Path) -> None
 @pytest.mark.timeout(60)
 def test_rank_0_finalizing_is_released_when_aborting_rank_1_destroys_its_group(tmp_path: Path) -> None:
     """Rank 1 aborts (write hung) and destroys its group: rank 0's finalize errors fast, latest stays 1."""
-    rank_0, rank_1 = _run_two_ranks("_worker_peer_aborts", tmp_path, 20.0, True)
+    rank_0, rank_1 = _run_two_ranks("peer_aborts", tmp_path, "20", "destroy")
     assert rank_0["error"] is not None and "step 2" in rank_0["error"]
     assert rank_0["elapsed"] < 5.0, rank_0  # group timeout is 20 s; measured ~0.1 s
     assert rank_0["latest"] == 1
-    # The hung daemon writer did not hold up rank 1's interpreter exit.
-    assert rank_1["exited_at"] - rank_1["aborted_at"] < 10.0
+    # The hung daemon writer did not hold up rank 1's interpreter exit: it exited 0 in time.
+    assert rank_1 == {"aborted": True}
     assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
 
 
 @pytest.mark.timeout(60)
 def test_rank_0_finalizing_errors_within_the_group_timeout_when_rank_1_aborts_and_lingers(tmp_path: Path) -> None:
     """Rank 1 aborts but keeps its group: rank 0's finalize raises after about the 3 s group timeout."""
-    rank_0, _ = _run_two_ranks("_worker_peer_aborts", tmp_path, 3.0, False)
+    rank_0, _ = _run_two_ranks("peer_aborts", tmp_path, "3", "linger")
     assert rank_0["error"] is not None
     assert 2.0 < rank_0["elapsed"] < 10.0, rank_0
     assert rank_0["latest"] == 1

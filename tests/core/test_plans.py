@@ -1,18 +1,28 @@
-"""plan_teardown over its whole input space."""
+"""plan_teardown over its whole input space.
+
+Three tests also pin the private ``left_alone`` (what a plan leaves, and why) on
+purpose: the public ``TeardownReport.left`` is built from it, but only for ledgers a
+``Session`` can reach, and these tests need every ledger shape.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import os
+import pickle
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from lifecycle import Ledger, LedgerEntry, Outcome, Owner, Plan, Resource, RestartMode, Step, StepKind, plan_teardown
-from lifecycle._core.ownership import GLOBALS
 from lifecycle._core.plans import LEFT_TO_CALLER, LEFT_TO_WRAPPER, left_alone
 
 ABSENT = None
-GLOBAL_ORDER = (Resource.MODEL_PARALLEL, Resource.MICROBATCH_CALCULATOR, Resource.RERUN_STATE_MACHINE)
+GLOBALS = frozenset({Resource.MODEL_PARALLEL, Resource.MICROBATCH_CALCULATOR, Resource.RERUN_STATE_MACHINE})
+"""The Megatron-core globals."""
 
 
 def all_ledgers() -> Iterator[Ledger]:
@@ -72,7 +82,7 @@ def test_a_barrier_comes_right_before_the_group_is_destroyed_and_only_then() -> 
 
 
 def test_caller_owned_resources_get_no_step() -> None:
-    """A resource the caller owns is never released by the session, and the report says why."""
+    """A resource the caller owns is never released by the session, and ``left_alone`` (private) says why."""
     for ledger, mode, outcome in CASES:
         stepped = {s.entry for s in plan_teardown(ledger, mode, outcome)}
         for entry in ledger.held():
@@ -89,7 +99,7 @@ def test_inprocess_failure_leaves_group_and_globals_to_the_wrapper() -> None:
 
 
 def test_wrapper_owned_resources_are_released_by_the_session_on_success() -> None:
-    """The wrapper only owns the failure path: on success the session releases what it recorded for it."""
+    """On success the session releases what it recorded for the wrapper; private ``left_alone`` defers it on failure."""
     for ledger, mode, _ in CASES:
         stepped = {s.entry for s in plan_teardown(ledger, mode, Outcome.SUCCESS)}
         for entry in ledger.held():
@@ -103,7 +113,7 @@ def test_wrapper_owned_resources_are_released_by_the_session_on_success() -> Non
 
 
 def test_every_held_resource_is_either_stepped_once_or_left_with_a_reason() -> None:
-    """Each held entry gets exactly one release step, or appears once in the left-alone list."""
+    """Each held entry gets exactly one release step, or appears once in (private) ``left_alone``."""
     for ledger, mode, outcome in CASES:
         releases = [s.entry for s in plan_teardown(ledger, mode, outcome) if s.kind is not StepKind.BARRIER]
         left = [entry for entry, _ in left_alone(ledger, mode, outcome)]
@@ -134,13 +144,52 @@ def test_a_plan_in_another_order_cannot_be_built() -> None:
         Plan((Step(StepKind.DESTROY_PROCESS_GROUP, group), Step(StepKind.DESTROY_MODEL_PARALLEL, mp)))
     with pytest.raises(ValueError, match="canonical"):
         Plan((Step(StepKind.BARRIER, group), Step(StepKind.BARRIER, group)))
-    assert isinstance(plan_teardown(Ledger(), RestartMode.ORDINARY, Outcome.SUCCESS), tuple)
 
 
-def test_plans_are_pure() -> None:
-    """The same inputs always give the same plan."""
-    for ledger, mode, outcome in CASES[:200]:
-        assert plan_teardown(ledger, mode, outcome) == plan_teardown(ledger, mode, outcome)
+def test_every_plan_is_a_checked_plan() -> None:
+    """``plan_teardown`` returns a ``Plan`` (order checked at construction), never a bare tuple or list."""
+    for ledger, mode, outcome in CASES:
+        plan = plan_teardown(ledger, mode, outcome)
+        assert type(plan) is Plan
+        if len({step.kind for step in plan}) > 1:
+            with pytest.raises(ValueError, match="canonical"):
+                Plan(tuple(reversed(plan)))
+
+
+def plan_digest(cases: list[tuple[Ledger, RestartMode, Outcome]]) -> str:
+    """One hash of every plan for ``cases``, in order."""
+    text = "\n".join(",".join(map(str, plan_teardown(*case))) for case in cases)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_a_plan_depends_only_on_the_value_of_its_inputs() -> None:
+    """Equal inputs give equal plans (pickled, released or planned in another order); only held entries count."""
+    expected = [plan_teardown(*case) for case in CASES]
+    for (ledger, mode, outcome), plan in reversed(list(zip(CASES, expected, strict=True))):
+        assert plan_teardown(pickle.loads(pickle.dumps(ledger)), mode, outcome) == plan
+    entries = [LedgerEntry(Resource.USER, Owner.SESSION, f"user{i}") for i in range(6)]
+    acquired = Ledger(tuple(entries))
+    forward, backward = acquired, acquired
+    for entry in entries[::2]:
+        forward = forward.release(entry)
+    for entry in reversed(entries[::2]):
+        backward = backward.release(entry)
+    held_only = Ledger(tuple(forward.held()))
+    assert forward == backward != held_only
+    for mode, outcome in itertools.product(RestartMode, Outcome):
+        everything = plan_teardown(acquired, mode, outcome)
+        plans = {plan_teardown(ledger, mode, outcome) for ledger in (forward, backward, held_only)}
+        assert len(plans) == 1 and plans != {everything}  # only what is held counts
+
+
+@pytest.mark.parametrize("seed", ["1", "2"])
+def test_plans_are_the_same_in_a_fresh_interpreter_with_another_hash_seed(seed: str) -> None:
+    """Every plan, computed in a new process with ``PYTHONHASHSEED`` set, is the one computed here."""
+    code = f"import runpy, sys\nmodule = runpy.run_path({__file__!r})\nprint(module['plan_digest'](module['CASES']))\n"
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == plan_digest(CASES)
 
 
 def test_ledger_entries_cannot_be_rewritten() -> None:

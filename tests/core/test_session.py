@@ -266,8 +266,7 @@ def test_the_library_errors_survive_copy_and_pickle() -> None:
     import copy
     import pickle
 
-    from lifecycle import ConfigError, InjectedFault, Phase
-    from lifecycle._core.executor import StepFailure
+    from lifecycle import ConfigError, InjectedFault, Phase, StepFailure
 
     session = Session(RecordingActions())
     session.init_distributed()

@@ -8,9 +8,19 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from lifecycle import InvalidTransition, LifecycleError, Owner, Resource, RestartMode, Session, State, TeardownError
-from lifecycle._core.states import Trigger
-from lifecycle._core.table import find_edge
+from lifecycle import (
+    Edge,
+    InvalidTransition,
+    LifecycleError,
+    Owner,
+    Resource,
+    RestartMode,
+    Session,
+    State,
+    TeardownError,
+    Trigger,
+    edges_from,
+)
 from lifecycle.testing import COLLECTIVES, RecordingActions, RecordingCheckpoints
 
 RELEASES = {
@@ -33,6 +43,11 @@ RESOURCES_OF = {
     Trigger.INIT_GLOBALS: [Resource.MODEL_PARALLEL, Resource.MICROBATCH_CALCULATOR, Resource.RERUN_STATE_MACHINE],
 }
 HAPPY = [t for t in Trigger if t is not Trigger.FAIL]
+
+
+def find_edge(state: State, trigger: Trigger) -> Edge | None:
+    """The model: the table's edge for ``trigger`` from ``state``, or None."""
+    return next((edge for edge in edges_from(state) if edge.trigger is trigger), None)
 
 
 class SessionMachine(RuleBasedStateMachine):

@@ -8,11 +8,12 @@ from typing import Any
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """One row per world size × restart mode × owners: cells passed of cells run."""
-    module = sys.modules.get("test_fault_matrix")
-    if module is None or not module.RESULTS:
+    """One row per world size × restart mode × owners: cells passed of cells run (only those that ran)."""
+    # Under --import-mode=importlib the test module's name is derived from its path.
+    module = next((m for name, m in list(sys.modules.items()) if name.endswith("test_fault_matrix")), None)
+    if module is None or not getattr(module, "RESULTS", None):
         return
-    from matrix_cells import ALL_CELLS, CELLS, POINTS, RAISED, REFUSED
+    from reliability.matrix_cells import ALL_CELLS, CELLS, POINTS, RAISED, REFUSED
 
     rows: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0])
     for cell in CELLS + REFUSED:
@@ -24,8 +25,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     write = terminalreporter.write_line
     write("")
     write(
-        f"fault matrix: cells passed of {len(ALL_CELLS)} (each row: {len(POINTS)} failure points x "
-        f"{len(RAISED)} kinds of raise; a refused row is one run, refused before any point)"
+        f"fault matrix: cells passed of cells run, of {len(ALL_CELLS)} in all (a full row: {len(POINTS)} failure "
+        f"points x {len(RAISED)} kinds of raise; a refused row is one run, refused before any point)"
     )
     write(f"{'ranks':>5}  {'mode':<10} {'group':<8} {'globals':<8} {'refused':<10} passed")
     for (world, mode, group, globals_, refusal), (passed, total) in sorted(rows.items()):

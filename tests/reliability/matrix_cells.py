@@ -3,6 +3,13 @@
 A cell is: where the fault is raised × what is raised × who owns the process group ×
 who owns the Megatron globals × restart mode × world size. Pure data: the driver and
 the workers both read it.
+
+``make test`` runs a covering subset (``in_make_test``), the rest is marked slow
+(``make test-slow``). The rule: every refusal; every point × every raise for the
+ordinary two-rank session-owned cells; every point with a plain exception for every
+other owner combination, mode and world size; and every raise at train step 2 under
+the two-rank Wrapper. So each point, each raise, each owner combination, each mode and
+each world size runs in ``make test``; the slow part adds their remaining products.
 """
 
 from __future__ import annotations
@@ -75,25 +82,6 @@ class Cell:
             return "stale"
         return None
 
-    @property
-    def fault_ranks(self) -> tuple[int, ...]:
-        """The ranks the fault is injected on.
-
-        Rank 1 alone wherever a rank-local failure can be survived: that is the case
-        the lifecycle exists for. Every rank where one rank alone would leave its peers
-        waiting for the group timeout by design: a failure before the group or the
-        globals exist (peers wait in rendezvous), a failure with a caller-owned group
-        (the session never aborts it: the caller's peers stay in their collective), and
-        Ctrl-C / SystemExit under the Wrapper (they end the Wrapper, which then waits in
-        its own barrier for the other ranks).
-        """
-        everyone = tuple(range(self.world_size))
-        if self.world_size == 1 or self.point in INIT_POINTS or self.group_owner == "caller":
-            return everyone
-        if self.mode == "inprocess" and self.raised in INTERRUPTS:
-            return everyone
-        return (1,)
-
 
 ALL_CELLS = tuple(
     Cell(point, raised, group, globals_, mode, world)
@@ -111,3 +99,13 @@ REFUSED = tuple(
 )
 """The configurations that cannot exist. Each is refused before any failure point is
 reached, so its point × raise cells are one run: the refusal, with no fault armed."""
+
+
+def in_make_test(cell: Cell) -> bool:
+    """Whether ``cell`` is in the covering subset that ``make test`` runs (see the module docstring)."""
+    if cell.refusal is not None or cell.raised == "exception":
+        return True
+    owned = cell.group_owner == cell.globals_owner == "session"
+    if cell.world_size == 2 and owned and cell.mode == "ordinary":
+        return True
+    return cell.world_size == 2 and owned and cell.mode == "inprocess" and cell.point == "step"

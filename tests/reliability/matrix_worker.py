@@ -1,14 +1,19 @@
 """One rank of the fault matrix: a long-lived process that runs cells sent by the driver.
 
 Everything is real (gloo groups, megatron-core globals, async checkpoints, NVRx's
-Wrapper, ``pretrain``); faults are injected by wrapping one method at the failure point,
-and the path is observed by wrapping torch.distributed's collectives. Each cell reports
-a list of problems: empty means every assertion held on this rank.
+Wrapper, ``pretrain``). Faults go in through public seams only: ``FaultyActions`` wraps
+the ``DistributedActions`` a session is given (the init faults, and the teardown-step
+fault), the public ``model_provider`` / ``batch_provider`` / callback hooks (setup, step,
+eval, callback faults, and a user resource registered with ``Session.register`` for the
+success-teardown fault), and ``AsyncCheckpointer``'s public ``save`` / ``finalize``. The
+path is observed by wrapping torch.distributed's public collectives. Each cell reports
+a list of problems: empty means what this rank observed matches ``expected(cell)``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -31,24 +36,35 @@ import torch.distributed as dist
 from megatron.core import num_microbatches_calculator as microbatches
 from megatron.core import parallel_state
 from megatron.core import rerun_state_machine as rerun
-from reliability.matrix_cells import CALLBACK_HOOKS, INTERRUPTS, Cell
-from support.probes import TORCH_COLLECTIVES
+from reliability.expected import (
+    ERROR_OR_RESULT,
+    GLOBALS,
+    ORIGINAL,
+    REFUSAL,
+    RESTART,
+    SOME_ERROR,
+    TEARDOWN_ERROR,
+    WRAPPER_STOPS,
+    Expectation,
+    RankOutcome,
+    expected,
+)
+from reliability.matrix_cells import Cell
+from support.probes import TORCH_COLLECTIVES, alive
 from support.restart import FAST
 
-import lifecycle._core.session as session_module
-import lifecycle._training.pretrain as pretrain_module
 from lifecycle import (
     Callback,
     CheckpointConfig,
+    DistributedActions,
     DistributedConfig,
     ExitConfig,
     LifecycleError,
     ModelConfig,
-    Outcome,
     Owner,
     ParallelConfig,
     PretrainConfig,
-    Resource,
+    PretrainResult,
     Session,
     State,
     TeardownError,
@@ -56,21 +72,27 @@ from lifecycle import (
     TrainingConfig,
     pretrain,
 )
-from lifecycle._core.signals import InstalledHandlers
-from lifecycle._torch.actions import close_hosted_stores, live_resources
-from lifecycle._training.model import default_model_provider
+from lifecycle._training.model import SyntheticTokens  # the default batches: pretrain's own provider
 from lifecycle.checkpoint import AsyncCheckpointer
 from lifecycle.restart import wrapped_pretrain
+from lifecycle.testing import release_everything
 
 GROUP_TIMEOUT_S = 10.0
 CELL_LIMIT_S = 8.0
 """A cell must finish well inside the group timeout: nothing waited for a peer that is gone."""
 TEARDOWN_FAULT = "injected teardown fault"
+RELEASED_BY = {  # each release action of DistributedActions, and the init whose resource it releases
+    "destroy_rerun_state_machine": "init_rerun_state_machine",
+    "destroy_microbatch_calculator": "init_microbatch_calculator",
+    "destroy_model_parallel": "init_model_parallel",
+    "destroy_process_group": "init_process_group",
+    "abort_process_group": "init_process_group",
+}
 
 
 @contextlib.contextmanager
 def patched(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
-    """Replace ``owner.name`` by ``make(original)`` for the duration of the block."""
+    """Replace the public ``owner.name`` by ``make(original)`` for the duration of the block."""
     original = getattr(owner, name)
     setattr(owner, name, make(original))
     try:
@@ -79,61 +101,19 @@ def patched(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]
         setattr(owner, name, original)
 
 
-class Observer:
-    """Sessions created, errors each failure path started with, and collectives called during one."""
+class Probe:
+    """This rank's injection and observation for one cell.
 
-    def __init__(self) -> None:
-        self.sessions: list[Session] = []
-        self.failures: list[BaseException] = []
-        self.failing = 0
-        self.violations: list[str] = []
+    The failure path is open from the moment our fault fires, a watched session's
+    ``fail()`` starts, a collective raises (a peer's failure reached this rank) or the
+    group is aborted, until the next session's ``init_process_group`` or the end of the
+    run. A collective called from the main thread while it is open is a violation.
+    """
 
-    def install(self, stack: contextlib.ExitStack) -> None:
-        observer = self
-
-        def record_sessions(init: Any) -> Any:
-            def __init__(session: Session, *args: Any, **kwargs: Any) -> None:
-                init(session, *args, **kwargs)
-                observer.sessions.append(session)
-
-            return __init__
-
-        def watch_failure_path(fail_after: Any) -> Any:
-            def _fail_after(session: Session, start: float, error: BaseException) -> Any:
-                observer.failures.append(error)
-                observer.failing += 1
-                try:
-                    return fail_after(session, start, error)
-                finally:
-                    observer.failing -= 1
-
-            return _fail_after
-
-        stack.enter_context(patched(Session, "__init__", record_sessions))
-        stack.enter_context(patched(Session, "_fail_after", watch_failure_path))
-        for module in (dist, dist.distributed_c10d):
-            for name in TORCH_COLLECTIVES:
-                if hasattr(module, name):
-                    stack.enter_context(patched(module, name, self._watch(name)))
-
-    def _watch(self, name: str) -> Callable[[Any], Any]:
-        def make(collective: Any) -> Any:
-            def watched(*args: Any, **kwargs: Any) -> Any:
-                if self.failing and threading.current_thread() is threading.main_thread():
-                    self.violations.append(name)
-                return collective(*args, **kwargs)
-
-            return watched
-
-        return make
-
-
-class Injector:
-    """Raises the cell's error, once, at the cell's point (on the ranks it names)."""
-
-    def __init__(self, cell: Cell, rank: int, observer: Observer) -> None:
+    def __init__(self, cell: Cell, rank: int) -> None:
         self.cell = cell
-        self.armed = cell.refusal is None and rank in cell.fault_ranks
+        self.expect = expected(cell)
+        self.armed = rank in self.expect.fault_ranks
         self.error: BaseException = {
             "exception": RuntimeError(f"injected at {cell.point}"),
             "keyboard_interrupt": KeyboardInterrupt(f"injected at {cell.point}"),
@@ -142,84 +122,213 @@ class Injector:
         }.get(cell.raised, RuntimeError("never raised: the configuration is refused"))
         self.fired = False
         self.teardown_fired = False
-        self.teardown_steps = (0, 0)  # (steps planned, steps run) of the plan whose first step raised
-        self.observer = observer
+        self.failing = False
+        self.running = False
+        self.actions: list[FaultyActions] = []
+        self.registered: list[Session] = []
+        self.failures: list[BaseException] = []
+        self.violations: list[str] = []
 
-    def fire(self) -> None:
-        """Raise the error if armed and not fired yet."""
-        if self.armed and not self.fired:
+    def fire(self, point: str) -> None:
+        """Raise the cell's error if ``point`` is the cell's point, armed here, and not fired yet."""
+        if point == self.cell.point and self.armed and not self.fired:
             self.fired = True
+            self.failing = True
             raise self.error
 
+    def released(self) -> None:
+        """After each release the actions perform: raise the teardown fault from the first one on the failure path."""
+        if self.cell.raised == "teardown_step" and self.fired and self.failing and not self.teardown_fired:
+            self.teardown_fired = True
+            raise OSError(TEARDOWN_FAULT)
+
+    def make_actions(self, inner: DistributedActions) -> DistributedActions:
+        """The actions of a new session: ``inner``, with this cell's faults."""
+        actions = FaultyActions(inner, self)
+        self.actions.append(actions)
+        return actions
+
+    def watch(self, stack: contextlib.ExitStack) -> None:
+        """Watch torch.distributed's collectives for the duration of ``stack``."""
+        for module in (dist, dist.distributed_c10d):
+            for name in TORCH_COLLECTIVES:
+                if hasattr(module, name):
+                    stack.enter_context(patched(module, name, self._watched(name)))
+
+    def _watched(self, name: str) -> Callable[[Any], Any]:
+        def make(collective: Any) -> Any:
+            def watched(*args: Any, **kwargs: Any) -> Any:
+                main = threading.current_thread() is threading.main_thread()
+                if self.running and self.failing and main:
+                    self.violations.append(name)
+                try:
+                    return collective(*args, **kwargs)
+                except BaseException:
+                    if self.running and main:
+                        self.failing = True
+                    raise
+
+            return watched
+
+        return make
+
     def callback(self) -> Callback:
-        """A callback whose every hook fires when it is the cell's point."""
-        injector = self
+        """A callback that fires at its hook when that is the cell's point, and records each session it sees."""
+        probe = self
 
         class Faulty(Callback):
             def __getattribute__(self, name: str) -> Any:
-                if name in CALLBACK_HOOKS and name == injector.cell.point:
-                    return lambda *args: injector.fire()
-                return object.__getattribute__(self, name)
+                if not name.startswith("on_"):
+                    return object.__getattribute__(self, name)
+
+                def hook(session: Session, *args: Any) -> None:
+                    probe.seen(session)
+                    probe.fire(name)
+
+                return hook
 
         return Faulty()
 
+    def seen(self, session: Session) -> None:
+        """A hook ran in ``session``: it is the session of the latest actions (sessions run one after another)."""
+        latest = self.actions[-1]
+        if latest.session is None:
+            latest.session = session
+        if self.cell.point == "success_teardown" and session not in self.registered:
+            self.registered.append(session)
+            # Released by every plan; raises the cell's error only on the success plan.
+            session.register("matrix", lambda: session.state is State.FINALIZING and self.fire("success_teardown"))
+
     def model_provider(self, config: PretrainConfig) -> torch.nn.Module:
         """The default model, unless the fault is due in setup."""
-        if self.cell.point == "setup":
-            self.fire()
+        self.fire("setup")
+        from lifecycle._training.model import default_model_provider  # pretrain's own default
+
         return default_model_provider(config)
 
-    def install(self, stack: contextlib.ExitStack) -> None:
-        point, injector = self.cell.point, self
+    def batch_provider(self, config: PretrainConfig) -> Callable[[str, int], Any]:
+        """The default batches; raises at the first batch of train step 2, or of the first evaluation.
 
-        def before(method: Any, when: Callable[..., bool] = lambda *a: True) -> Any:
-            def wrapped(*args: Any, **kwargs: Any) -> Any:
-                if when(*args, **kwargs):
-                    injector.fire()
-                return method(*args, **kwargs)
+        One micro-batch per step per data-parallel rank (the defaults: ``micro_batch_size``
+        1, ``global_batch_size`` None): train step ``s`` reads indices
+        ``(s - 1) * world .. s * world - 1``.
+        """
+        data = SyntheticTokens(config.model, config.parallel.micro_batch_size, config.training.seed)
+        world = self.cell.world_size
 
-            return wrapped
+        def batch(split: str, index: int) -> Any:
+            if split == "train" and index >= world:
+                self.fire("step")
+            if split == "eval":
+                self.fire("eval")
+            return data.batch(split, index)
 
-        targets: dict[str, tuple[Any, str, Callable[..., bool]]] = {
-            "pg_init": (TorchActions, "init_process_group", lambda *a: True),
-            "globals_init": (TorchActions, "init_microbatch_calculator", lambda *a: True),
-            "step": (pretrain_module._Run, "train_step", lambda run, step: step == 2),
-            "eval": (pretrain_module._Run, "evaluate", lambda *a: True),
-            "checkpoint_save": (AsyncCheckpointer, "save", lambda *a: True),
-            "checkpoint_finalize": (AsyncCheckpointer, "finalize", lambda *a: True),
-            "success_teardown": (
-                InstalledHandlers,
-                "restore",
-                lambda *a: (
-                    bool(injector.observer.sessions)
-                    and injector.observer.sessions[-1].state is State.FINALIZING
-                    and not injector.observer.failing
-                ),
-            ),
-        }
-        if point in targets:
-            owner, name, when = targets[point]
-            stack.enter_context(patched(owner, name, lambda method: before(method, when)))
-        if self.cell.raised == "teardown_step" and self.armed:
-            stack.enter_context(patched(session_module, "execute", self._first_failure_step_raises))
+        return batch
 
-    def _first_failure_step_raises(self, execute: Any) -> Any:
-        def wrapped(plan: Any, perform: Any, ledger: Any, *, outcome: Outcome, **kwargs: Any) -> Any:
-            if outcome is Outcome.FAILURE and len(plan) and not self.teardown_fired:
-                self.teardown_fired = True
-                first = plan[0]
+    def checkpointer_faults(self, stack: contextlib.ExitStack) -> None:
+        """The first save / first finalize raises, when the cell's point is there (public methods only)."""
+        for point, name in (("checkpoint_save", "save"), ("checkpoint_finalize", "finalize")):
+            if self.cell.point == point:
 
-                def perform_then_raise(step: Any) -> None:
-                    perform(step)
-                    if step is first:
-                        raise OSError(TEARDOWN_FAULT)
+                def before(method: Any, point: str = point) -> Any:
+                    def wrapped(*args: Any, **kwargs: Any) -> Any:
+                        self.fire(point)
+                        return method(*args, **kwargs)
 
-                report, after = execute(plan, perform_then_raise, ledger, outcome=outcome, **kwargs)
-                self.teardown_steps = (len(plan), len(report.records))
-                return report, after
-            return execute(plan, perform, ledger, outcome=outcome, **kwargs)
+                    return wrapped
 
-        return wrapped
+                stack.enter_context(patched(AsyncCheckpointer, name, before))
+
+
+class FaultyActions:
+    """A ``DistributedActions`` that delegates to real ones, with the cell's faults.
+
+    Raises the cell's error inside ``init_process_group`` (before the group exists) or
+    ``init_microbatch_calculator`` (after the model-parallel state, before the
+    calculator); raises the teardown-step fault after the first release it performs
+    once the fault fired. Records what it created (``Owner.SESSION``) and released.
+    """
+
+    def __init__(self, inner: DistributedActions, probe: Probe) -> None:
+        self.inner, self.probe = inner, probe
+        self.created: list[str] = []
+        self.releases: list[str] = []
+        self.failed_releases: list[str] = []
+        self.session: Session | None = None
+
+    def _init(self, name: str) -> Owner:
+        owner: Owner = getattr(self.inner, name)()
+        if owner is Owner.SESSION:
+            self.created.append(name)
+        return owner
+
+    def _release(self, name: str) -> None:
+        getattr(self.inner, name)()
+        try:
+            self.probe.released()
+        except OSError:
+            self.failed_releases.append(RELEASED_BY[name])  # reported failed: a later pass may run it again
+            raise
+        self.releases.append(RELEASED_BY[name])
+
+    def init_process_group(self) -> Owner:
+        """The next session starts: the failure path of the previous one is over."""
+        self.probe.failing = False
+        self.probe.fire("pg_init")
+        return self._init("init_process_group")
+
+    def init_model_parallel(self) -> Owner:
+        """Delegated."""
+        return self._init("init_model_parallel")
+
+    def init_microbatch_calculator(self) -> Owner:
+        """Delegated, unless the fault is due in ``init_globals``."""
+        self.probe.fire("globals_init")
+        return self._init("init_microbatch_calculator")
+
+    def init_rerun_state_machine(self) -> Owner:
+        """Delegated."""
+        return self._init("init_rerun_state_machine")
+
+    def destroy_rerun_state_machine(self) -> None:
+        """Delegated."""
+        self._release("destroy_rerun_state_machine")
+
+    def destroy_microbatch_calculator(self) -> None:
+        """Delegated."""
+        self._release("destroy_microbatch_calculator")
+
+    def destroy_model_parallel(self) -> None:
+        """Delegated."""
+        self._release("destroy_model_parallel")
+
+    def barrier(self) -> None:
+        """Delegated."""
+        self.inner.barrier()
+
+    def destroy_process_group(self) -> None:
+        """Delegated."""
+        self._release("destroy_process_group")
+
+    def abort_process_group(self) -> None:
+        """Delegated; a failure path is running."""
+        self.probe.failing = True
+        self._release("abort_process_group")
+
+
+class WatchedSession(Session):
+    """A session whose ``fail()`` opens the failure path and records the error it got."""
+
+    def __init__(self, actions: FaultyActions, probe: Probe) -> None:
+        super().__init__(actions)
+        self.probe = probe
+        actions.session = self
+
+    def fail(self, error: BaseException) -> Any:
+        """As ``Session.fail``, watched."""
+        self.probe.failures.append(error)
+        self.probe.failing = True
+        return super().fail(error)
 
 
 class CallerState:
@@ -256,12 +365,9 @@ class CallerState:
             dist.all_reduce(tensor)
             if tensor.item() != self.cell.world_size:
                 problems.append(f"caller's group all_reduce gave {tensor.item()}")
-        if self.owns_globals and set(live_resources()) < {
-            Resource.MODEL_PARALLEL,
-            Resource.MICROBATCH_CALCULATOR,
-            Resource.RERUN_STATE_MACHINE,
-        }:
-            problems.append(f"caller's globals were released: only {live_resources()} left")
+        live = {name for name, up in alive().items() if up}
+        if self.owns_globals and not live >= GLOBALS:
+            problems.append(f"caller's globals were released: only {sorted(live)} left")
         return problems
 
     def release(self) -> None:
@@ -275,7 +381,11 @@ class CallerState:
 
 
 def config_for(cell: Cell, rank: int, port: int, workdir: Path, *, retry: bool = False) -> PretrainConfig:
-    """A small pretrain run that passes every failure point: 3 steps, eval, a checkpoint each step."""
+    """A small pretrain run that passes every failure point: 2 steps, one evaluation, a checkpoint each step.
+
+    Step 1 saves, step 2 commits that save (the first finalize) and saves again, the
+    evaluation after step 2 is the first; the retry is 1 step with nothing else.
+    """
     world = cell.world_size
     return PretrainConfig(
         distributed=DistributedConfig(
@@ -286,7 +396,9 @@ def config_for(cell: Cell, rank: int, port: int, workdir: Path, *, retry: bool =
             timeout_s=GROUP_TIMEOUT_S,
         ),
         model=ModelConfig(vocab_size=16, seq_length=8, hidden_size=16, num_layers=1, num_heads=2),
-        training=TrainingConfig(iterations=1 if retry else 3, eval_interval=0 if retry else 2, log_interval=0),
+        training=TrainingConfig(
+            iterations=1 if retry else 2, eval_interval=0 if retry else 2, eval_iterations=1, log_interval=0
+        ),
         checkpoint=CheckpointConfig(dir=None if retry else str(workdir), interval=0 if retry else 1),
         parallel=ParallelConfig(create_gloo_process_groups=False),
         exit=ExitConfig(handle_sigterm=not retry),
@@ -294,152 +406,157 @@ def config_for(cell: Cell, rank: int, port: int, workdir: Path, *, retry: bool =
 
 
 def run_cell(cell: Cell, rank: int, ports: tuple[int, int, int, int], base: Path) -> dict[str, Any]:
-    """Run one cell on this rank; return its problems (empty: it passed), elapsed time and a summary."""
+    """Run one cell on this rank; return its problems (empty: it passed), elapsed time and whether it fired."""
     problems: list[str] = []
     workdir = base / cell.id
     caller = CallerState(cell, rank, ports[0])
-    observer = Observer()
-    injector = Injector(cell, rank, observer)
+    probe = Probe(cell, rank)
     outcome: Any = None
     elapsed = 0.0
     try:
         caller.create()
         with contextlib.ExitStack() as stack:
-            observer.install(stack)
-            injector.install(stack)
+            probe.watch(stack)
+            probe.checkpointer_faults(stack)
             config = config_for(cell, rank, ports[1], workdir)
+            hooks = {"callbacks": [probe.callback()], "model_provider": probe.model_provider}
+            hooks["batch_provider"] = probe.batch_provider(config)
             start = time.monotonic()
+            probe.running = True
             try:
                 if cell.mode == "ordinary":
-                    outcome = pretrain(config, callbacks=[injector.callback()], model_provider=injector.model_provider)
+                    actions = probe.make_actions(TorchActions(config.distributed, config.parallel))
+                    outcome = pretrain(config, session=WatchedSession(actions, probe), **hooks)
                 else:
+                    # As wrapped_pretrain's own: rank and world size come from the Wrapper's environment.
+                    distributed = dataclasses.replace(config.distributed, rank=None, world_size=None)
+
+                    def actions_for(prefix: str) -> DistributedActions:
+                        return probe.make_actions(TorchActions(distributed, config.parallel, store_prefix=prefix))
+
                     outcome = wrapped_pretrain(
-                        config,
-                        callbacks=[injector.callback()],
-                        model_provider=injector.model_provider,
-                        max_restarts=1,
-                        store_port=ports[2],
-                        **FAST,
+                        config, max_restarts=1, store_port=ports[2], actions=actions_for, **hooks, **FAST
                     )
             except BaseException as exc:  # noqa: BLE001 - the cell's outcome, whatever it is
                 outcome = exc
+            finally:
+                probe.running = False
             elapsed = time.monotonic() - start
-        problems += check(cell, rank, outcome, observer, injector, caller)
+        problems += check(cell, rank, outcome, probe)
         if elapsed > CELL_LIMIT_S:
             problems.append(f"took {elapsed:.1f} s (limit {CELL_LIMIT_S} s, group timeout {GROUP_TIMEOUT_S} s)")
         problems += caller.usable()
         caller.release()
-        problems += retry(cell, rank, ports[3], base)
+        if probe.expect.retry:
+            problems += retry(cell, rank, ports[3], base)
     except BaseException as exc:  # noqa: BLE001 - a broken harness is a failed cell, not a dead worker
         problems.append("harness error: " + "".join(traceback.format_exception(exc)))
     finally:
         problems += force_clean()
         outcome = None  # drop the traceback: it references groups
+        probe.actions.clear()
+        probe.registered.clear()
         if rank == 0:
             shutil.rmtree(workdir, ignore_errors=True)
-    return {"rank": rank, "problems": problems, "elapsed": elapsed, "fired": injector.fired}
+    return {"rank": rank, "problems": problems, "elapsed": elapsed, "fired": probe.fired}
 
 
-def check(
-    cell: Cell, rank: int, outcome: Any, observer: Observer, injector: Injector, caller: CallerState
-) -> list[str]:
-    """Every assertion of the matrix on this rank; returns the ones that failed."""
+def role(probe: Probe) -> tuple[str, RankOutcome | None]:
+    """This rank's role in the cell, and what ``expected`` requires of it."""
+    expect = probe.expect
+    if expect.refusal is not None or not probe.armed:
+        return "peer", expect.peer
+    if probe.fired:
+        return "fired", expect.fired
+    return "preempted", expect.preempted
+
+
+def check(cell: Cell, rank: int, outcome: Any, probe: Probe) -> list[str]:
+    """Compare what this rank observed with ``expected(cell)``; return every difference."""
     problems: list[str] = []
-    expect = problems.append
-    sessions = observer.sessions
-    if observer.violations:
-        expect(f"collectives on the failure path: {observer.violations}")
+    add = problems.append
+    expect: Expectation = expected(cell)
+    if probe.violations:
+        add(f"collectives on the failure path: {probe.violations}")
 
-    # Exactly the owned resources released: what the caller owns is live, nothing else.
-    live = set(live_resources())
-    wanted = set()
-    if caller.owns_group:
-        wanted.add(Resource.PROCESS_GROUP)
-    if caller.owns_globals:
-        wanted |= {Resource.MODEL_PARALLEL, Resource.MICROBATCH_CALCULATOR, Resource.RERUN_STATE_MACHINE}
-    if live != wanted:
-        expect(f"live after the run: {sorted(live)}, expected {sorted(wanted)}")
+    # Exactly the owned resources released: what the caller owns is live, nothing else ...
+    live = {name for name, up in alive().items() if up}
+    if live != expect.live_after:
+        add(f"live after the run: {sorted(live)}, expected {sorted(expect.live_after)}")
+    # ... and each session's actions released what they created, each once (a release
+    # reported failed does not count: the ledger still holds it, a later pass may retry it).
+    for i, actions in enumerate(probe.actions):
+        done, failed = actions.releases, actions.failed_releases
+        once = sorted(set(done) | set(failed)) == sorted(actions.created) and len(done) == len(set(done))
+        if not once:
+            add(f"session {i} created {actions.created} but released {done} (and {failed}, reported failed)")
 
-    if cell.refusal is not None:
+    name, wanted = role(probe)
+    if wanted is None:
+        return [*problems, f"rank role {name} is not allowed in this cell (expected fault ranks {expect.fault_ranks})"]
+    error = probe.error
+    gets = wanted.gets
+    if gets == ORIGINAL and outcome is not error:
+        add(f"the caller got {outcome!r}, not the original exception object {error!r}")
+    elif gets == TEARDOWN_ERROR and not (
+        isinstance(outcome, TeardownError) and any(f.error is error for f in outcome.failures)
+    ):
+        add(f"expected a TeardownError carrying the injected error, got {outcome!r}")
+    elif gets == WRAPPER_STOPS and not (isinstance(outcome, TeardownError) and _caused_by(outcome, error)):
+        add(f"expected the Wrapper's TeardownError, raised from the injected error, got {outcome!r}")
+    elif gets == RESTART and not isinstance(outcome, PretrainResult):
+        add(f"expected a Wrapper restart that closes, got {outcome!r}")
+    elif gets == REFUSAL:
         if not isinstance(outcome, LifecycleError):
-            expect(f"expected a LifecycleError refusal, got {outcome!r}")
-        elif cell.refusal == "stale" and "stale" not in str(outcome):
-            expect(f"refusal does not say the state is stale: {outcome}")
-        if cell.refusal == "inprocess" and sessions:
-            expect(f"{len(sessions)} session(s) started under a refused Wrapper run")
-        if cell.refusal == "stale" and [s.state for s in sessions] != [State.FAILED]:
-            expect(f"stale refusal: sessions ended {[s.state for s in sessions]}")
-        return problems
+            add(f"expected a LifecycleError refusal, got {outcome!r}")
+        elif expect.refusal == "stale" and "stale" not in str(outcome):
+            add(f"refusal does not say the state is stale: {outcome}")
+    elif gets == SOME_ERROR and not isinstance(outcome, BaseException):
+        add(f"pre-empted by a peer's failure, yet the run returned {outcome!r}")
+    elif gets == ERROR_OR_RESULT and not isinstance(outcome, BaseException | PretrainResult):
+        add(f"a peer's run ended with {outcome!r}")
 
-    if not sessions:
-        return [*problems, f"no session was created; outcome {outcome!r}"]
-    first, last = sessions[0], sessions[-1]
-    error = injector.error
-    # With two ranks faulting at the same point, one rank's failure can reach the other
-    # (its group aborted under it) before that rank's own fault fires: it is then
-    # pre-empted, and fails with the error it got. The driver checks some rank fired.
-    preempted = injector.armed and not injector.fired
-    if preempted and cell.world_size == 1:
-        expect("the fault never fired")
+    # The sessions, in order, and the final state of each (a session that never reached
+    # a hook is unobserved: under the Wrapper, only its actions show it).
+    if len(probe.actions) != len(wanted.sessions):
+        add(f"{len(probe.actions)} session(s) ran as {name}, expected {len(wanted.sessions)}")
+    for i, (actions, states) in enumerate(zip(probe.actions, wanted.sessions, strict=False)):
+        if actions.session is not None and actions.session.state not in states:
+            add(f"session {i} ended {actions.session.state}, expected one of {sorted(states)}")
+    if cell.mode == "ordinary" and probe.actions and probe.actions[0].session is None:
+        add("the session given to pretrain was not the one that ran")
+    if isinstance(outcome, PretrainResult) and outcome.journal[-1].dest is not State.CLOSED:
+        add(f"the returned run's session ended {outcome.journal[-1].dest}")
 
-    if cell.mode == "inprocess" and cell.raised not in INTERRUPTS:
-        # The Wrapper restarts: iteration 1 is the next session, and it must close.
-        if not (hasattr(outcome, "exit_reason") and last.state is State.CLOSED and len(sessions) == 2):
-            expect(f"expected a restart that closes; got {outcome!r}, sessions {[s.state for s in sessions]}")
-        # A peer may have closed iteration 0 before the Wrapper restarted it.
-        if first.state is not State.FAILED and (injector.armed or first.state is not State.CLOSED):
-            expect(f"iteration 0 ended {first.state}")
-        if injector.fired and not any(f is error or _carries(f, error) for f in observer.failures):
-            expect("the session's failure path never saw the original exception")
-        if first.state is State.FAILED:
-            # What the session still held for the Wrapper is exactly what its report says it deferred.
-            held = [e for e in first.ledger.held() if e.owner is Owner.RESTART_WRAPPER]
-            deferred = first.report is not None and first.report.deferred_to_wrapper
-            if bool(held) != deferred:
-                expect(f"iteration 0 held {[str(e) for e in held]} for the Wrapper, but deferred={deferred}")
-    elif preempted:
-        if not isinstance(outcome, BaseException):
-            expect(f"pre-empted by a peer's failure, yet the run returned {outcome!r}")
-        if last.state is not State.FAILED:
-            expect(f"final state {last.state}, expected failed")
-    elif injector.armed:
-        if cell.point == "success_teardown" and cell.raised not in INTERRUPTS:
-            if not (isinstance(outcome, TeardownError) and any(f.error is error for f in outcome.failures)):
-                expect(f"expected a TeardownError carrying the injected error, got {outcome!r}")
-        elif outcome is not error:
-            expect(f"the caller got {outcome!r}, not the original exception object {error!r}")
-        if last.state is not State.FAILED:
-            expect(f"final state {last.state}, expected failed")
-    else:  # a peer of the failing rank: it fails (its own error) or, if it was done already, closes
-        if last.state not in (State.FAILED, State.CLOSED):
-            expect(f"peer ended {last.state}")
+    failed_with = probe.failures[0] if probe.failures else error
+    if name == "fired" and cell.mode == "ordinary" and gets == ORIGINAL and failed_with is not error:
+        add(f"the session failed with {failed_with!r}, not the injected error")
 
-    if cell.raised == "teardown_step" and injector.armed:
-        report = first.report
-        planned = report is not None and report.outcome is Outcome.FAILURE and len(report.ran) > 0
-        if injector.teardown_fired != planned:
-            expect(f"teardown fault fired={injector.teardown_fired} but the failure plan ran {report and report.ran}")
-        if injector.teardown_fired:
-            notes = [n for f in observer.failures for n in getattr(f, "__notes__", [])]
-            if not any(TEARDOWN_FAULT in n for n in notes):
-                expect(f"no note about the failed teardown step on the original exception: {notes}")
-            planned_steps, ran_steps = injector.teardown_steps
-            if ran_steps != planned_steps:
-                expect(f"only {ran_steps} of {planned_steps} failure steps ran after the first one raised")
+    # The teardown-step fault: it fired exactly where expected, every later step still
+    # ran (the releases above), and the caller's exception names it.
+    if name == "fired" and probe.teardown_fired != expect.teardown_fault:
+        add(f"teardown fault fired={probe.teardown_fired}, expected {expect.teardown_fault}")
+    if name == "fired" and probe.teardown_fired and isinstance(outcome, BaseException):
+        said = [*getattr(outcome, "__notes__", [])]
+        if isinstance(outcome, TeardownError):
+            said += [repr(f.error) for f in outcome.failures]
+        if not any(TEARDOWN_FAULT in n for n in said):
+            add(f"the caller's exception does not name the failed teardown step (notes and failures: {said})")
     return problems
 
 
-def _carries(failure: BaseException, error: BaseException) -> bool:
-    """True if ``failure`` is a TeardownError carrying ``error``, or ``error`` caused it."""
-    if isinstance(failure, TeardownError) and any(f.error is error for f in failure.failures):
-        return True
-    return failure.__cause__ is error or failure.__context__ is error
+def _caused_by(outcome: BaseException, error: BaseException) -> bool:
+    """True if ``error`` is in ``outcome``'s chain of causes and contexts."""
+    seen: BaseException | None = outcome
+    while seen is not None:
+        if seen is error:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def retry(cell: Cell, rank: int, port: int, base: Path) -> list[str]:
     """The next session in this process: an ordinary pretrain on a fresh group must close."""
-    if cell.mode == "inprocess" and cell.refusal is None and cell.raised not in INTERRUPTS:
-        return []  # the Wrapper's next iteration was the next session, and it closed
     try:
         result = pretrain(config_for(cell, rank, port, base, retry=True))
     except BaseException as exc:  # noqa: BLE001
@@ -451,16 +568,8 @@ def retry(cell: Cell, rank: int, port: int, base: Path) -> list[str]:
 
 def force_clean() -> list[str]:
     """Release anything a broken cell left, so the next cell starts clean; report what was left."""
-    left = live_resources()
-    if Resource.RERUN_STATE_MACHINE in left:
-        rerun.destroy_rerun_state_machine()
-    if Resource.MICROBATCH_CALCULATOR in left:
-        microbatches.destroy_num_microbatches_calculator()
-    if Resource.MODEL_PARALLEL in left:
-        parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    close_hosted_stores()
+    # A hosted store kept for later attempts is not a leak: rank 0 keeps it by design.
+    left = [name for name in release_everything() if name != "hosted_store"]
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return [f"left live after the cell: {sorted(left)}"] if left else []
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import psutil
 import pytest
-from reliability.matrix_cells import CELLS, REFUSED, Cell
+from reliability.expected import expected, known_bug
+from reliability.matrix_cells import CELLS, REFUSED, Cell, in_make_test
 from reliability.matrix_worker import serve
 
 CELL_TIMEOUT_S = 45.0
@@ -99,11 +100,23 @@ class Pool:
         return results
 
 
+class Pools(dict[int, Pool]):
+    """A worker pool per world size, started when a cell of that size first runs."""
+
+    def __init__(self, base: str) -> None:
+        super().__init__()
+        self.base = base
+
+    def __missing__(self, world: int) -> Pool:
+        pool = self[world] = Pool(world, self.base)
+        return pool
+
+
 @pytest.fixture(scope="module")
-def pools() -> Iterator[dict[int, Pool]]:
-    """Worker pools for world sizes 1 and 2, started once for the whole matrix."""
+def pools() -> Iterator[Pools]:
+    """Worker pools, each started once for the whole matrix (only for the world sizes selected)."""
     base = tempfile.mkdtemp(prefix="lifecycle-matrix-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    made = {world: Pool(world, base) for world in sorted({c.world_size for c in CELLS + REFUSED})}
+    made = Pools(base)
     try:
         yield made
     finally:
@@ -112,25 +125,40 @@ def pools() -> Iterator[dict[int, Pool]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def marks(cell: Cell) -> list[Any]:
+    """``slow`` outside ``make test``'s covering subset; an expected failure for a known library bug."""
+    found: list[Any] = [] if in_make_test(cell) else [pytest.mark.slow]
+    bug = known_bug(cell)
+    if bug is not None:
+        reason, every_time = bug
+        found.append(pytest.mark.xfail(reason=reason, strict=every_time))
+    return found
+
+
+def params(cells: tuple[Cell, ...]) -> list[Any]:
+    """``cells`` as parameters, with their marks."""
+    return [pytest.param(c, id=c.id, marks=marks(c)) for c in cells]
+
+
 @pytest.mark.timeout(CELL_TIMEOUT_S + 30)
-@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.id)
-def test_cell(cell: Cell, pools: dict[int, Pool]) -> None:
+@pytest.mark.parametrize("cell", params(CELLS))
+def test_cell(cell: Cell, pools: Pools) -> None:
     """Every rank reports that this cell's outcome, state, releases, path, retry and timing are right."""
     run_and_check(cell, pools)
 
 
 @pytest.mark.timeout(CELL_TIMEOUT_S + 30)
-@pytest.mark.parametrize("cell", REFUSED, ids=lambda c: c.id)
-def test_refused(cell: Cell, pools: dict[int, Pool]) -> None:
+@pytest.mark.parametrize("cell", params(REFUSED))
+def test_refused(cell: Cell, pools: Pools) -> None:
     """A configuration that cannot exist is refused up front, touching nothing the caller owns."""
     run_and_check(cell, pools)
 
 
-def run_and_check(cell: Cell, pools: dict[int, Pool]) -> None:
+def run_and_check(cell: Cell, pools: Pools) -> None:
     """Run ``cell`` on every rank of its pool and fail with every rank's problems."""
     results = pools[cell.world_size].run(cell)
     problems = [f"rank {r['rank']}: {p}" for r in results for p in r["problems"]]
     if cell.refusal is None and not any(r.get("fired") for r in results):
-        problems.append(f"the fault fired on none of ranks {cell.fault_ranks}")
+        problems.append(f"the fault fired on none of ranks {expected(cell).fault_ranks}")
     RESULTS[cell.id] = not problems
     assert not problems, "\n".join(problems)

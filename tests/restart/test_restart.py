@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +17,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -28,38 +24,32 @@ from nvidia_resiliency_ext.inprocess import CallWrapper, FrozenState
 from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 from nvidia_resiliency_ext.inprocess.finalize import Finalize
 from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
-from support.restart import (
-    FAST,
-    FAULT_STATES,
-    GROUP_TIMEOUT_S,
-    TeardownCalls,
-    free_ports,
-    megatron_globals_left,
-    monitor_pid,
-    reap,
-)
+from support.configs import FAST, GROUP_TIMEOUT_S
+from support.launch import run_workers
+from support.probes import GROUP_ENDS, TorchCalls, by_session, by_wrapper, megatron_left, monitor_pid, reap
+from support.session import LIVE_STATES
 
 from lifecycle import (
     ConfigError,
+    DistributedConfig,
     Ledger,
     LedgerEntry,
     LifecycleError,
     Outcome,
     Owner,
+    ParallelConfig,
     Resource,
     RestartMode,
     Session,
     State,
     StepKind,
+    TorchActions,
     plan_teardown,
     restart,
 )
-from lifecycle._torch.actions import TorchActions, close_hosted_stores
-from lifecycle._torch.config import DistributedConfig, ParallelConfig
-from lifecycle.testing import RecordingActions, RecordingCheckpoints
+from lifecycle.testing import RecordingActions, RecordingCheckpoints, free_ports, release_everything
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).resolve().parents[1] / "workers" / "restart_worker.py"
 
 
 class InjectedFault(RuntimeError):
@@ -78,7 +68,7 @@ class WorldOfOne:
 @pytest.fixture
 def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[WorldOfOne]:
     """Rank 0 of a world of one on fresh ports (group store P, Wrapper store P + 1); reaps what the Wrapper started."""
-    port = free_ports(2)
+    port = free_ports(2)[0]
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(key, value)  # restored afterwards: the Wrapper rewrites RANK / WORLD_SIZE
     world = WorldOfOne(port, threads_before=threading.active_count())
@@ -86,7 +76,7 @@ def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[WorldOfOne]:
         yield world
     finally:
         reap(world.monitors, grace_s=0.0)
-        close_hosted_stores()
+        release_everything()
 
 
 def _actions(prefix: str | None) -> TorchActions:
@@ -105,7 +95,7 @@ class StagedJob:
         world: WorldOfOne,
         fault_at: State | None = None,
         fault_in: Callable[[int], bool] = lambda iteration: iteration == 0,
-        probe: TeardownCalls | None = None,
+        probe: TorchCalls | None = None,
     ) -> None:
         self.world, self.fault_at, self.fault_in, self.probe = world, fault_at, fault_in, probe
         self.sessions: list[Session] = []
@@ -121,7 +111,7 @@ class StagedJob:
         if not self.world.monitors:
             self.world.monitors.append(monitor_pid(call_wrapper))
         if self.probe is not None:
-            self.probe.iteration = iteration
+            self.probe.tag = iteration
         session = restart.session_for(call_wrapper, _actions)
         self.sessions.append(session)
         try:
@@ -162,7 +152,7 @@ def assert_nothing_left(world: WorldOfOne, *, monitor_exit: bool = True) -> None
     skip the wait leave it to the fixture, which kills it.
     """
     assert not dist.is_initialized()
-    assert megatron_globals_left() == []
+    assert megatron_left() == []
     assert threading.active_count() <= world.threads_before + 1
     if monitor_exit:
         assert reap(world.monitors, grace_s=10.0) == []
@@ -172,7 +162,7 @@ def assert_nothing_left(world: WorldOfOne, *, monitor_exit: bool = True) -> None
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("fault_at", FAULT_STATES, ids=lambda s: s.value)
+@pytest.mark.parametrize("fault_at", LIVE_STATES, ids=lambda s: s.value)
 def test_a_fault_in_any_live_state_is_followed_by_an_iteration_that_closes(
     world_of_one: WorldOfOne, fault_at: State
 ) -> None:
@@ -196,18 +186,15 @@ def test_a_fault_in_any_live_state_is_followed_by_an_iteration_that_closes(
 @pytest.mark.timeout(60)
 def test_the_session_never_releases_the_group_on_the_failure_path(world_of_one: WorldOfOne) -> None:
     """Under the Wrapper a failing session calls no barrier, destroy or abort: the Wrapper's abort does."""
-    probe = TeardownCalls().install()
-    try:
+    with TorchCalls(GROUP_ENDS) as probe:
         job = StagedJob(world_of_one, State.TRAINING, probe=probe)
         restart.run(job, max_restarts=1, group_timeout_s=GROUP_TIMEOUT_S, **FAST)
-    finally:
-        probe.restore()
-    assert probe.by_session(0) == []
-    assert {c.name for c in probe.by_wrapper(0)} >= {"_abort_process_group"}
-    assert all(c.thread.startswith("MonitorThread") for c in probe.by_wrapper(0) if c.name == "_abort_process_group")
+    assert by_session(probe, 0) == []
+    assert {c.name for c in by_wrapper(probe, 0)} >= {"_abort_process_group"}
+    assert all(c.thread.startswith("MonitorThread") for c in by_wrapper(probe, 0) if c.name == "_abort_process_group")
     report = job.sessions[0].report
     assert report is not None and {step.kind for step in report.ran} == {StepKind.ABORT_CHECKPOINTS}
-    assert {"barrier", "destroy_process_group"} <= {c.name for c in probe.by_session(1)}  # the probe sees them
+    assert {"barrier", "destroy_process_group"} <= {c.name for c in by_session(probe, 1)}  # the probe sees them
     assert_nothing_left(world_of_one)
 
 
@@ -294,7 +281,7 @@ def test_a_caller_created_group_is_refused_up_front(world_of_one: WorldOfOne) ->
             session = restart.session_for(call_wrapper, _actions)
             with pytest.raises(LifecycleError, match="created by the caller"):
                 session.init_distributed()
-            outcome.update(state=session.state, entries=session.ledger.entries, globals=megatron_globals_left())
+            outcome.update(state=session.state, entries=session.ledger.entries, globals=megatron_left())
         finally:
             dist.destroy_process_group()
 
@@ -428,60 +415,21 @@ def test_make_wrapper_rejects_what_cannot_work(monkeypatch: pytest.MonkeyPatch) 
 def run_ranks(scenario: str, out: Path, *, world_size: int = 2, timeout_s: float) -> list[dict[str, Any]]:
     """Run ``restart_worker.py SCENARIO OUT`` as ranks 0..world_size-1; return each rank's result.
 
-    Kills what is still running at the deadline; afterwards reaps the Wrapper's monitor
-    processes (forked from the workers, so they share the command line naming ``out``)
-    and fails if one outlived its rank by more than 10 s.
+    Group stores on P, Wrapper stores on P + 1 (and P + 2 for a second call). Fails if
+    a rank did not exit 0 in time, or if a process it started (the Wrapper's monitor
+    process) outlived it by more than 10 s.
     """
-    port = free_ports(3)
-    env = {
-        **os.environ,
-        "WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "TORCH_CPP_LOG_LEVEL": "error",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
-    }
-    procs = []
-    for rank in range(world_size):
-        log = open(out / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-W", "ignore", str(WORKER), scenario, str(out)],
-                env={**env, "RANK": str(rank)},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-        log.close()
-    deadline = time.monotonic() + timeout_s
-    timed_out = False
-    try:
-        for proc in procs:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        leftovers = [
-            p.pid
-            for p in psutil.process_iter(["cmdline"])
-            if p.pid != os.getpid() and str(out) in " ".join(p.info["cmdline"] or ())
-        ]
-        killed = reap(leftovers, grace_s=10.0)
-    if timed_out:
-        logs = "\n".join((out / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in range(world_size))
-        pytest.fail(f"ranks did not finish in {timeout_s} s:\n{logs}")
-    assert killed == [], "a monitor process outlived its rank by more than 10 s"
-    results = []
-    for rank in range(world_size):
+    port = free_ports(3)[0]
+    results = run_workers(
+        "restart_worker", scenario, str(out), world_size=world_size, timeout_s=timeout_s, master_port=port
+    )
+    assert all(result.ok for result in results), "\n".join(map(str, results))
+    bodies = []
+    for rank, result in enumerate(results):
         body = json.loads((out / f"rank{rank}.json").read_text())
-        assert body["ok"], f"rank {rank}: {body}\n{(out / f'rank{rank}.log').read_text(errors='replace')[-3000:]}"
-        results.append(body)
-    return results
+        assert body["ok"], f"rank {rank}: {body}\n{result}"
+        bodies.append(body)
+    return bodies
 
 
 @pytest.mark.timeout(150)

@@ -1,27 +1,24 @@
-"""The demo (torchrun, 2 ranks, gloo) and the journal viewer."""
+"""The demo: torchrun, 2 ranks, gloo; its report read from the journals."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from support.pretrain import config_of_one, demo_command, run_bounded
+from support.pretrain import demo_command, run_bounded
 
-from lifecycle._core.journal import read
-from lifecycle._tools.show import final_states, show_main
-from lifecycle._training.config import FaultInjection, InjectedFault, Phase
-from lifecycle._training.pretrain import pretrain
+from lifecycle._core.journal import RunEnd, Step, read
+from lifecycle._tools.show import final_states
 
 
 def by_attempt(journal_dir: Path) -> dict[int, dict[int, str]]:
     """Each attempt's end state per rank."""
     states: dict[int, dict[int, str]] = {}
     for record in read([journal_dir]):
-        if record["kind"] == "end":
-            states.setdefault(record["attempt"], {})[record["rank"]] = record["state"]
+        if isinstance(record, RunEnd):
+            states.setdefault(record.origin.attempt, {})[record.origin.rank] = record.state
     return states
 
 
@@ -32,8 +29,11 @@ def test_the_demo_trains_two_ranks_and_the_loss_falls(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout
     assert "tokens/s" in done.stdout and "finalizing → closed" in done.stdout
     assert by_attempt(tmp_path) == {0: {0: "closed", 1: "closed"}}
-    losses = next(r["losses"] for r in read([tmp_path]) if r["kind"] == "end")
-    first, last = sum(loss for _, loss in losses[:5]) / 5, sum(loss for _, loss in losses[-5:]) / 5
+    records = read([tmp_path])
+    assert len({r.origin.run_id for r in records}) == 1 and records[0].origin.run_id.startswith("demo-")
+    losses = [r.loss for r in records if isinstance(r, Step) and r.origin.rank == 0]
+    assert len(losses) == 60
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < first / 2, (first, last)
     assert (tmp_path / "attempt0.mmd").is_file()
 
@@ -60,34 +60,6 @@ def test_a_failed_demo_exits_nonzero(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout
     assert final_states(read([tmp_path]))[0] == "failed"
     assert "demo: FAILED" in done.stdout
-
-
-def test_show_prints_the_timeline_and_highlights_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """show prints each attempt's transitions and teardown, and draws the taken edges per attempt."""
-    with pytest.raises(InjectedFault):
-        pretrain(config_of_one(tmp_path, fault=FaultInjection(Phase.SETUP)))
-    pretrain(config_of_one(tmp_path), attempt=1)
-    out = tmp_path / "diagrams"
-    assert show_main([str(tmp_path / "journal"), "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "attempt 0" in printed and "globals_ready → failed" in printed and "abort_process_group" in printed
-    assert "attempt 1" in printed and "finalizing → closed" in printed and "barrier" in printed
-    failed_path = (out / "attempt0.mmd").read_text()
-    assert "class uninitialized,dist_ready,globals_ready,failed taken" in failed_path
-    assert (
-        "class uninitialized,dist_ready,globals_ready,training,finalizing,closed taken"
-        in (out / "attempt1.mmd").read_text()
-    )
-    if shutil.which("dot"):
-        assert (out / "attempt1.svg").stat().st_size > 0
-
-
-def test_show_rejects_a_file_that_is_not_a_journal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A line that is not a JSON record makes show exit 2, naming the file and line."""
-    bad = tmp_path / "rank0.jsonl"
-    bad.write_text("not json\n")
-    assert show_main([str(bad)]) == 2
-    assert f"{bad}:1" in capsys.readouterr().err
 
 
 if __name__ == "__main__":

@@ -13,31 +13,34 @@ import torch
 from support.pretrain import REPO, config_of_one, free_port, run_bounded
 from support.probes import alive
 
-from lifecycle import ConfigError, State
-from lifecycle._core.journal import read
-from lifecycle._core.session import Session
-from lifecycle._tools.demo import torchrun_command
-from lifecycle._torch.config import ParallelConfig
-from lifecycle._training.callbacks import Callback, ExitReason, TrainContext
-from lifecycle._training.config import (
+from lifecycle import (
+    Callback,
     CheckpointConfig,
+    ConfigError,
     ExitConfig,
+    ExitReason,
     FaultInjection,
     InjectedFault,
     ModelConfig,
+    ParallelConfig,
     Phase,
+    Session,
+    State,
+    TrainContext,
     TrainingConfig,
+    pretrain,
 )
-from lifecycle._training.model import default_forward_step, default_model_provider
-from lifecycle._training.pretrain import pretrain
+from lifecycle._core.journal import read  # the journal reader, pinned with the journal it reads
+from lifecycle._training.model import default_forward_step, default_model_provider  # pretrain's own defaults
 from lifecycle.checkpoint import CheckpointError, latest_checkpoint
+from lifecycle.testing import torchrun_command
 
 NOTHING_LIVE = dict.fromkeys(alive(), False)
 
 
 def ends(journal_dir: Path) -> list[dict[str, Any]]:
-    """The ``end`` records of a journal folder, in order."""
-    return [r for r in read([journal_dir]) if r["kind"] == "end"]
+    """The ``end`` records of a journal folder, in order, as their JSON objects."""
+    return [r.to_json() for r in read([journal_dir]) if r.kind == "end"]
 
 
 def raising_callback(hook: str, error: BaseException) -> Callback:
@@ -230,13 +233,23 @@ def test_callbacks_see_every_hook_in_order_and_can_register_a_resource(tmp_path:
 
 
 def test_the_journal_records_transitions_teardown_and_outcome(tmp_path: Path) -> None:
-    """Each call appends run, transition, teardown and end records for its rank and attempt."""
+    """Each call appends, in the order they happened, its start, transitions, steps, teardown and end."""
     with pytest.raises(InjectedFault):
         pretrain(config_of_one(tmp_path, fault=FaultInjection(Phase.EVAL, step=2)))
     pretrain(config_of_one(tmp_path), attempt=1)
-    records = read([tmp_path / "journal"])
-    kinds = {(r["attempt"], r["kind"]) for r in records}
-    assert {(a, k) for a in (0, 1) for k in ("run", "transition", "teardown", "end")} <= kinds
+    records = [r.to_json() for r in read([tmp_path / "journal"])]
+    assert {r["version"] for r in records} == {2} and len({r["run_id"] for r in records}) == 1
+    assert {(r["rank"], r["restart_mode"], r["iteration"]) for r in records} == {(0, "ordinary", 0)}
+    order0 = [r["kind"] for r in records if r["attempt"] == 0]
+    assert order0[:4] == ["run", "transition", "transition", "transition"] and order0[-2:] == ["transition", "end"]
+    assert [(r["step"], r["kind"]) for r in records if r["attempt"] == 0 and r["kind"] in ("step", "eval")] == [
+        (1, "step"),
+        (2, "step"),
+    ]
+    assert [r["step"] for r in records if r["attempt"] == 1 and r["kind"] == "step"] == [1, 2, 3]
+    timed = [r for r in records if "start" in r and "end" in r and r["start"] is not None]
+    assert all(r["start"] <= r["end"] for r in timed)
+    assert [r["end"] for r in timed] == sorted(r["end"] for r in timed)  # appended as they happened
     end0, end1 = ends(tmp_path / "journal")
     assert (end0["state"], end0["final_step"], end0["error"]) == ("failed", 2, str_fault(Phase.EVAL, 2))
     assert (end1["state"], end1["exit_reason"], end1["final_step"]) == ("closed", "iterations", 3)

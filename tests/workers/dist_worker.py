@@ -1,4 +1,4 @@
-"""One rank of the two-rank tests in ``test_distributed.py``; run by torchrun or with RANK etc. set.
+"""One rank of the two-rank tests in ``tests/distributed/test_actions.py``; run by torchrun or with RANK etc. set.
 
 For each live state after ``uninitialized``, both ranks drive a fresh session to that
 state; rank 1 raises while rank 0 is blocked in an all-reduce that rank 1 never joins;
@@ -18,29 +18,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from support.configs import GROUP_TIMEOUT_S
 from support.probes import alive
+from support.session import drive
 
-from lifecycle import Session
-from lifecycle._torch.actions import TorchActions, close_hosted_stores
-from lifecycle._torch.config import DistributedConfig, ParallelConfig
+from lifecycle import DistributedConfig, ParallelConfig, Session, TorchActions
+from lifecycle.testing import release_everything
 
 FAIL_STATES = ("dist_ready", "globals_ready", "training", "finalizing")
-GROUP_TIMEOUT_S = 30.0
 DELAY_S = 0.3  # how long rank 0 is surely blocked before rank 1 raises
 
 
 class InjectedFault(RuntimeError):
     """The failure rank 1 raises."""
-
-
-def drive(session: Session, state: str) -> None:
-    """Pull triggers until ``session`` is in ``state``."""
-    steps = (session.init_distributed, session.init_globals, session.start_training, session.finish)
-    for step in steps:
-        if session.state.value == state:
-            return
-        step()
-    assert session.state.value == state
 
 
 def group_for(state: str) -> Any:
@@ -103,7 +93,7 @@ def main() -> int:
             sink.write(json.dumps(fail_in(state, rank)) + "\n")
             sink.flush()
         sink.write(json.dumps(succeed(rank)) + "\n")
-    close_hosted_stores()
+    release_everything()
     return 0
 
 

@@ -15,11 +15,18 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore")
 
-from lifecycle._core.session import Session  # noqa: E402
-from lifecycle._torch.config import DistributedConfig, ParallelConfig  # noqa: E402
-from lifecycle._training.callbacks import Callback  # noqa: E402 - after the warning filter
-from lifecycle._training.config import CheckpointConfig, ModelConfig, PretrainConfig, TrainingConfig  # noqa: E402
-from lifecycle._training.pretrain import pretrain  # noqa: E402
+from support.configs import TINY  # noqa: E402 - after the warning filter
+
+from lifecycle import (  # noqa: E402
+    Callback,
+    CheckpointConfig,
+    DistributedConfig,
+    ParallelConfig,
+    PretrainConfig,
+    Session,
+    TrainingConfig,
+    pretrain,
+)
 
 
 class SigtermAt(Callback):
@@ -37,7 +44,7 @@ def main(out: Path, sigterm_rank: int, sigterm_step: int) -> int:
     config = PretrainConfig(
         distributed=DistributedConfig(timeout_s=20),
         parallel=ParallelConfig(micro_batch_size=4),
-        model=ModelConfig(vocab_size=32, seq_length=16, hidden_size=32, num_layers=1, num_heads=2),
+        model=TINY,
         training=TrainingConfig(iterations=1000, log_interval=0),
         checkpoint=CheckpointConfig(dir=str(out / "ckpt"), interval=3),
         journal_dir=str(out / "journal"),

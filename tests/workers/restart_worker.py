@@ -1,6 +1,6 @@
 """One rank of a real multi-process run under NVRx's in-process restart Wrapper (for test_restart.py).
 
-Usage: ``python -W ignore tests/restart_worker.py SCENARIO OUT_DIR`` with ``RANK``, ``WORLD_SIZE``,
+Usage: ``python -W ignore tests/workers/restart_worker.py SCENARIO OUT_DIR`` with ``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT`` set. Writes ``OUT_DIR/rank<rank>.json``. The Wrapper's
 monitor process is forked from this one, so it shares this command line (and OUT_DIR):
 the test finds and reaps it by that.
@@ -17,10 +17,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from support.restart import FAST, GROUP_TIMEOUT_S, TeardownCalls, megatron_globals_left
+from support.configs import FAST, GROUP_TIMEOUT_S
+from support.probes import GROUP_ENDS, TorchCalls, by_session, by_wrapper, megatron_left
 
-from lifecycle import DistributedConfig, ParallelConfig, Session, restart
-from lifecycle._torch.actions import TorchActions
+from lifecycle import (
+    Callback,
+    CheckpointConfig,
+    DistributedConfig,
+    ModelConfig,
+    ParallelConfig,
+    PretrainConfig,
+    Session,
+    TorchActions,
+    TrainingConfig,
+    restart,
+)
 
 RANK = int(os.environ["RANK"])
 
@@ -29,18 +40,18 @@ def collective(out: Path) -> dict[str, Any]:
     """Two Wrapper calls in a row (stores on MASTER_PORT + 1, then + 2), each as in ``_collective_run``."""
     base = int(os.environ["MASTER_PORT"])
     runs = [_collective_run(store_port) for store_port in (None, base + 2)]
-    return {"runs": runs, "group_left": dist.is_initialized(), "globals_left": megatron_globals_left()}
+    return {"runs": runs, "group_left": dist.is_initialized(), "globals_left": megatron_left()}
 
 
 def _collective_run(store_port: int | None) -> dict[str, Any]:
     """Iteration 0: rank 1 raises while rank 0 waits in an all-reduce; iteration 1 runs to ``closed`` on both."""
-    probe = TeardownCalls().install()
+    probe = TorchCalls(GROUP_ENDS).install()
     sessions: list[Session] = []
     times: dict[str, float] = {}
 
     def job(call_wrapper: Any) -> str:
         iteration = call_wrapper.iteration
-        probe.iteration = iteration
+        probe.tag = iteration
         session = restart.session_for(
             call_wrapper,
             lambda prefix: TorchActions(
@@ -77,16 +88,13 @@ def _collective_run(store_port: int | None) -> dict[str, Any]:
         "states": [s.state.value for s in sessions],
         "deferred": [bool(s.report and s.report.deferred_to_wrapper) for s in sessions],
         "iterations": [s.iteration for s in sessions],
-        "session_teardown_calls_iteration0": [c.name for c in probe.by_session(0)],
-        "wrapper_calls_iteration0": [c.name for c in probe.by_wrapper(0)],
+        "session_teardown_calls_iteration0": [c.name for c in by_session(probe, 0)],
+        "wrapper_calls_iteration0": [c.name for c in by_wrapper(probe, 0)],
     }
 
 
 def wrapped_pretrain(out: Path) -> dict[str, Any]:
     """``wrapped_pretrain`` on 2 ranks; rank 1 fails once, at step 2 of iteration 0, with a checkpoint in flight."""
-    from lifecycle._training.callbacks import Callback
-    from lifecycle._training.config import CheckpointConfig, ModelConfig, PretrainConfig, TrainingConfig
-
     started_iterations: list[int] = []
 
     class FailOnce(Callback):
@@ -114,7 +122,7 @@ def wrapped_pretrain(out: Path) -> dict[str, Any]:
         "iterations_started": started_iterations,
         "state": result.journal[-1].dest.value,
         "group_left": dist.is_initialized(),
-        "globals_left": megatron_globals_left(),
+        "globals_left": megatron_left(),
     }
 
 

@@ -1,0 +1,239 @@
+"""Journal records, schema version 2: typed, frozen, one JSON object per line. Writer and reader share them.
+
+Every record's JSON object holds ``version`` (2), ``kind``, the fields of its
+``Origin`` (``run_id``, ``rank``, ``attempt``, ``restart_mode``, ``iteration``) and its
+own fields:
+
+- ``run`` (``RunStart``): ``world_size``, ``pid``, ``host``, ``start``.
+- ``transition`` (``Transition``): ``source``, ``dest``, ``trigger``, ``start``, ``end``, ``detail``.
+- ``teardown`` (``TeardownStep``): ``outcome``, ``step``, ``resource``, ``owner``, ``start``, ``end``, ``error``.
+- ``left`` (``Left``): ``resource``, ``owner``, ``reason`` (held, and not released by this session).
+- ``step`` (``Step``): ``step``, ``loss``, ``start``, ``end``: one per training step.
+- ``eval`` (``Eval``): ``step``, ``loss``, ``start``, ``end``.
+- ``end`` (``RunEnd``): ``state``, ``exit_reason``, ``final_step``, ``checkpoint_step``, ``error``, ``end``.
+
+Times, one meaning each: wall-clock seconds since the epoch (``time.time()``), so the
+journals of different ranks line up. ``start`` is when the event's work began, ``end``
+when it finished; both are taken when the event happens (a transition's or teardown
+step's ``start`` is its ``end`` less its duration on the monotonic clock). The only
+``None`` times are those of records converted from version 1 journals, which kept none.
+Version 1 records (no ``version`` field) are converted by ``from_v1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self, TypeAlias, cast
+
+VERSION = 2
+
+V1_RUN_ID = "v1"
+"""The ``run_id`` of records read from a version 1 journal, which had none."""
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "str | None": (str, types.NoneType),
+    "int | None": (int, types.NoneType),
+    "float | None": (int, float, types.NoneType),
+}
+
+
+def _value(data: Mapping[str, Any], field: dataclasses.Field[Any]) -> Any:
+    """``data[field.name]`` checked against the field's type (its default when absent); ``ValueError`` if wrong."""
+    if field.name not in data:
+        if field.default is not dataclasses.MISSING:
+            return field.default
+        raise ValueError(f"missing field {field.name!r}")
+    value = data[field.name]
+    allowed = _TYPES[str(field.type)]
+    if not isinstance(value, allowed) or isinstance(value, bool):
+        raise ValueError(f"field {field.name!r} must be {field.type}, got {value!r}")
+    return float(value) if float in allowed and isinstance(value, int) else value
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Who wrote a record, in which attempt.
+
+    ``run_id``: the job's id, the same on every rank and across launcher restarts (see
+    ``lifecycle._core.journal.run_id``). ``rank``: the writer's global rank. ``attempt``:
+    the ``pretrain`` call's attempt number; ``restart_mode`` and ``iteration``: its
+    session's (``iteration`` counts in-process restarts).
+    """
+
+    run_id: str
+    rank: int
+    attempt: int
+    restart_mode: str
+    iteration: int
+
+
+class _Record:
+    """What every record kind shares: its ``kind``, its ``origin``, and the JSON round trip."""
+
+    __slots__ = ()
+    kind: ClassVar[str]
+    origin: Origin
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as one flat JSON object: ``version``, ``kind``, the origin's fields, then its own."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(cast(Any, self)) if f.name != "origin"}
+        return {"version": VERSION, "kind": self.kind, **dataclasses.asdict(self.origin), **own}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        """The record in ``data`` (``version``, ``kind`` checked by the caller); ``ValueError`` on a bad field."""
+        origin = Origin(**{f.name: _value(data, f) for f in dataclasses.fields(Origin)})
+        own = {f.name: _value(data, f) for f in dataclasses.fields(cast(Any, cls)) if f.name != "origin"}
+        record: Self = cast(Any, cls)(origin=origin, **own)
+        return record
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStart(_Record):
+    """A ``pretrain`` call started (``start``); a writer's first record in a file."""
+
+    kind: ClassVar[str] = "run"
+    origin: Origin
+    world_size: int
+    pid: int
+    host: str
+    start: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition(_Record):
+    """The session moved ``source`` → ``dest`` by ``trigger``; its work (a teardown too) ran ``start``..``end``."""
+
+    kind: ClassVar[str] = "transition"
+    origin: Origin
+    source: str
+    dest: str
+    trigger: str
+    start: float
+    end: float
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TeardownStep(_Record):
+    """One step of a teardown plan of ``outcome`` ran ``start``..``end``; ``error`` is what it raised (repr)."""
+
+    kind: ClassVar[str] = "teardown"
+    origin: Origin
+    outcome: str
+    step: str
+    resource: str
+    owner: str
+    start: float
+    end: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Left(_Record):
+    """A resource held at teardown that the session did not release, and why."""
+
+    kind: ClassVar[str] = "left"
+    origin: Origin
+    resource: str
+    owner: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step(_Record):
+    """Training step ``step`` ran ``start``..``end``; ``loss`` is averaged over all ranks."""
+
+    kind: ClassVar[str] = "step"
+    origin: Origin
+    step: int
+    loss: float
+    start: float | None
+    end: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Eval(_Record):
+    """An evaluation after step ``step`` ran ``start``..``end``; ``loss`` is averaged over all ranks."""
+
+    kind: ClassVar[str] = "eval"
+    origin: Origin
+    step: int
+    loss: float
+    start: float | None
+    end: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunEnd(_Record):
+    """The ``pretrain`` call ended (``end``) in ``state``: ``exit_reason`` on success, ``error`` on failure."""
+
+    kind: ClassVar[str] = "end"
+    origin: Origin
+    state: str
+    exit_reason: str | None
+    final_step: int
+    checkpoint_step: int | None
+    error: str | None
+    end: float | None
+
+
+Record: TypeAlias = RunStart | Transition | TeardownStep | Left | Step | Eval | RunEnd
+"""Any journal record."""
+
+KINDS: dict[str, type[Record]] = {c.kind: c for c in (RunStart, Transition, TeardownStep, Left, Step, Eval, RunEnd)}
+
+
+def parse(data: object) -> Record:
+    """The version 2 record in the decoded JSON ``data``; ``ValueError`` saying what is wrong with it."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if data.get("version") != VERSION:
+        raise ValueError(f"journal version {data.get('version')!r} is not supported (known: 1, {VERSION})")
+    cls = KINDS.get(str(data.get("kind")))
+    if cls is None:
+        raise ValueError(f"unknown record kind {data.get('kind')!r}")
+    return cls.from_json(data)
+
+
+def from_v1(data: object, run: Mapping[str, Any] | None) -> list[Record]:
+    """The version 2 records for version 1 record ``data``; ``run`` is the file's last v1 ``run`` record before it.
+
+    A v1 ``end`` record becomes its ``Step`` and ``Eval`` records (no times) and a
+    ``RunEnd``. ``ValueError`` if ``data`` is not a v1 record.
+    """
+    if not isinstance(data, dict) or "kind" not in data:
+        raise ValueError("not a journal record")
+    run = data if data["kind"] == "run" else (run or {})
+    origin = {
+        "run_id": V1_RUN_ID,
+        "rank": data.get("rank"),
+        "attempt": data.get("attempt"),
+        "restart_mode": run.get("restart_mode", "ordinary"),
+        "iteration": run.get("iteration", 0),
+    }
+    kind = data["kind"]
+    both = {**data, **origin}
+    try:
+        if kind == "transition":  # v1: ``at`` when the state changed
+            return [Transition.from_json({**both, "start": data["at"] - data["duration_s"], "end": data["at"]})]
+        if kind == "teardown":  # v1: ``at`` when the step started
+            return [TeardownStep.from_json({**both, "start": data["at"], "end": data["at"] + data["duration_s"]})]
+        if kind == "end":
+            out: list[Record] = []
+            for cls, key in ((Step, "losses"), (Eval, "eval_losses")):
+                out += [
+                    cls.from_json({**origin, "step": s, "loss": v, "start": None, "end": None}) for s, v in data[key]
+                ]
+            return [*out, RunEnd.from_json({**both, "end": None})]
+        if kind in ("run", "left"):
+            return [KINDS[kind].from_json(both)]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"bad version 1 {kind!r} record: {exc!r}") from None
+    raise ValueError(f"unknown version 1 record kind {kind!r}")

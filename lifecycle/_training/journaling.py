@@ -1,0 +1,104 @@
+"""The journal of one ``pretrain`` call: opened when the call starts, each record written as its event happens.
+
+A journal must never change a run's outcome: the first write error is logged as a
+warning and the rest of the call's journal is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+from lifecycle._core import journal as _journal
+from lifecycle._core.journal import JournalWriter, Left, Origin, Record, RunStart, TeardownStep, Transition
+from lifecycle._core.session import Session, SessionEvent, TransitionEvent
+
+logger = logging.getLogger("lifecycle.pretrain")
+
+
+class RunJournal:
+    """One call's records, appended to ``<directory>/rank<R>.jsonl``; does nothing when ``directory`` is None.
+
+    ``origin`` labels every record. Opening writes the ``RunStart`` (``start`` = now);
+    ``observe`` is the session observer that writes transitions, teardown steps and, once
+    the session is final, what its teardown left alone. No method raises ``Exception``.
+    """
+
+    def __init__(self, directory: str | None, origin: Origin, world_size: int, session: Session) -> None:
+        """Open the journal (if ``directory`` is set) and write the run's start."""
+        self.origin = origin
+        self._session = session
+        self._writer: JournalWriter | None = None
+        if directory is None:
+            return
+        first = RunStart(
+            origin=origin, world_size=world_size, pid=os.getpid(), host=socket.gethostname(), start=time.time()
+        )
+        try:
+            self._writer = JournalWriter(_journal.journal_path(directory, origin.rank), first)
+        except Exception as exc:  # noqa: BLE001 - a journal must never replace the run's own outcome
+            logger.warning("could not open the journal in %s: %s; not journaling this run", directory, exc)
+
+    @property
+    def enabled(self) -> bool:
+        """True while records are being written."""
+        return self._writer is not None
+
+    def write(self, record: Record) -> None:
+        """Append ``record``; on an error, warn once and stop journaling."""
+        writer = self._writer
+        if writer is None:
+            return
+        try:
+            writer.write(record)
+        except Exception as exc:  # noqa: BLE001 - a journal must never replace the run's own outcome
+            logger.warning("could not write the journal %s: %s; not journaling the rest of this run", writer.path, exc)
+            self.close()
+
+    def observe(self, event: SessionEvent) -> None:
+        """Session observer: write the transition or teardown step ``event`` describes."""
+        if self._writer is None:
+            return
+        origin = self.origin
+        if isinstance(event, TransitionEvent):
+            entry = event.entry
+            self.write(
+                Transition(
+                    origin=origin,
+                    source=entry.source.value,
+                    dest=entry.dest.value,
+                    trigger=entry.trigger.value,
+                    start=event.start,
+                    end=event.end,
+                    detail=entry.detail,
+                )
+            )
+            report = self._session.report
+            if entry.dest.is_final and report is not None:
+                for held, reason in report.left:
+                    self.write(Left(origin=origin, resource=str(held), owner=held.owner.value, reason=reason))
+            return
+        record = event.record
+        self.write(
+            TeardownStep(
+                origin=origin,
+                outcome=event.outcome.value,
+                step=str(record.step),
+                resource=record.step.entry.resource.value,
+                owner=record.step.entry.owner.value,
+                start=event.start,
+                end=event.end,
+                error=None if record.error is None else repr(record.error),
+            )
+        )
+
+    def close(self) -> None:
+        """Close the file; later writes do nothing."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception as exc:  # noqa: BLE001 - a journal must never replace the run's own outcome
+                logger.warning("could not close the journal %s: %s", writer.path, exc)

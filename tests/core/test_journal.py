@@ -1,0 +1,206 @@
+"""Journals, schema v2: typed records round-trip, torn lines, v1 files, the run id, session observers. Torch-free.
+
+The journal modules are private; this file pins them on purpose (the schema is what ``show`` and users read).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.journals import v1_failed_call
+
+from lifecycle._core.journal import (
+    VERSION,
+    Eval,
+    JournalWriter,
+    Left,
+    Origin,
+    Record,
+    RunEnd,
+    RunStart,
+    Step,
+    TeardownStep,
+    Transition,
+    load,
+    read,
+    run_id,
+)
+from lifecycle._core.records import V1_RUN_ID, parse
+from lifecycle._core.session import Session, SessionEvent, TransitionEvent
+from lifecycle._core.states import State
+from lifecycle.testing import RecordingActions
+
+ORIGIN = Origin(run_id="job-7", rank=1, attempt=2, restart_mode="inprocess", iteration=3)
+
+
+def start(at: float = 100.0, origin: Origin = ORIGIN) -> RunStart:
+    """A run start record."""
+    return RunStart(origin=origin, world_size=2, pid=42, host="node", start=at)
+
+
+def one_of_each() -> list[Record]:
+    """One record of every kind, in the order a run writes them."""
+    return [
+        start(),
+        Transition(origin=ORIGIN, source="uninitialized", dest="dist_ready", trigger="init_distributed",
+                   start=100.1, end=100.2, detail="restart_mode=inprocess iteration=3"),
+        Step(origin=ORIGIN, step=1, loss=3.25, start=100.3, end=100.4),
+        Eval(origin=ORIGIN, step=1, loss=3.5, start=100.4, end=100.5),
+        TeardownStep(origin=ORIGIN, outcome="failure", step="abort_process_group", resource="process_group",
+                     owner="session", start=100.6, end=100.7, error="RuntimeError('x')"),
+        Left(origin=ORIGIN, resource="model_parallel (owner: restart_wrapper)", owner="restart_wrapper",
+             reason="deferred to the restart wrapper"),
+        Transition(origin=ORIGIN, source="training", dest="failed", trigger="fail", start=100.5, end=100.8),
+        RunEnd(origin=ORIGIN, state="failed", exit_reason=None, final_step=1, checkpoint_step=None,
+               error="InjectedFault: boom", end=100.9),
+    ]  # fmt: skip
+
+
+def test_every_record_kind_round_trips_through_the_writer_and_reader(tmp_path: Path) -> None:
+    """Each record type is written as one versioned JSON line and read back equal, in order."""
+    records = one_of_each()
+    path = tmp_path / "rank1.jsonl"
+    with JournalWriter(path, records[0]) as writer:
+        for record in records[1:]:
+            writer.write(record)
+    lines = path.read_text().splitlines()
+    assert len(lines) == len(records)
+    assert all(json.loads(line)["version"] == VERSION for line in lines)
+    assert json.loads(lines[2]) | {} == {
+        "version": 2, "kind": "step", "run_id": "job-7", "rank": 1, "attempt": 2, "restart_mode": "inprocess",
+        "iteration": 3, "step": 1, "loss": 3.25, "start": 100.3, "end": 100.4,
+    }  # fmt: skip
+    assert read([tmp_path]) == records
+    assert {type(r) for r in records} == {RunStart, Transition, Step, Eval, TeardownStep, Left, RunEnd}
+
+
+def test_each_record_is_on_disk_as_soon_as_it_is_written(tmp_path: Path) -> None:
+    """A record can be read from the file while its writer is still open (flushed, not buffered)."""
+    path = tmp_path / "rank1.jsonl"
+    writer = JournalWriter(path, start())
+    writer.write(Step(origin=ORIGIN, step=5, loss=1.0, start=1.0, end=2.0))
+    assert [type(r) for r in read([path])] == [RunStart, Step]
+    writer.close()
+
+
+def test_reopening_a_file_with_a_torn_last_line_starts_on_a_fresh_line(tmp_path: Path) -> None:
+    """A writer opening a file whose last byte is not a newline writes one first; the torn line is reported."""
+    path = tmp_path / "rank1.jsonl"
+    with JournalWriter(path, start()) as writer:
+        writer.write(Step(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0))
+    with open(path, "ab") as f:
+        f.write(b'{"version": 2, "kind": "st')  # killed mid-write
+    with JournalWriter(path, start(200.0)):
+        pass
+    lines = path.read_bytes().split(b"\n")
+    assert lines[2] == b'{"version": 2, "kind": "st' and json.loads(lines[3])["start"] == 200.0
+    loaded = load([path])
+    assert [type(r) for r in loaded.records] == [RunStart, Step, RunStart]
+    assert loaded.torn == (f"{path}:3",)
+
+
+def test_a_torn_last_line_is_read_up_to_the_last_whole_record(tmp_path: Path) -> None:
+    """A file whose last line stops mid-record yields every whole record before it and names the torn line."""
+    path = tmp_path / "rank1.jsonl"
+    records = one_of_each()[:3]
+    with JournalWriter(path, records[0]) as writer:
+        for record in records[1:]:
+            writer.write(record)
+    whole = json.dumps(one_of_each()[3].to_json())
+    with open(path, "a") as f:
+        f.write(whole[: len(whole) // 2])
+    loaded = load([tmp_path])
+    assert list(loaded.records) == records
+    assert loaded.torn == (f"{path}:4",)
+
+
+def test_a_broken_line_in_the_middle_names_its_file_and_line(tmp_path: Path) -> None:
+    """A line that is not a record, followed by a record that is no writer's start, raises naming file:line."""
+    path = tmp_path / "rank0.jsonl"
+    good = json.dumps(start().to_json())
+    step = json.dumps(Step(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0).to_json())
+    path.write_text(f"{good}\ngarbage\n{step}\n")
+    with pytest.raises(ValueError, match=rf"{path}:2: not a JSON record"):
+        read([path])
+    path.write_text(f"{good}\ngarbage\n")  # the last line, but whole: not torn
+    with pytest.raises(ValueError, match=rf"{path}:2"):
+        read([path])
+
+
+def test_a_record_with_a_bad_field_or_version_is_rejected(tmp_path: Path) -> None:
+    """A missing field, a field of the wrong type, an unknown kind or version each raise ValueError."""
+    data = Step(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0).to_json()
+    assert parse(data) == Step(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0)
+    for bad, message in [
+        ({k: v for k, v in data.items() if k != "loss"}, "missing field 'loss'"),
+        (data | {"step": "one"}, "field 'step' must be int"),
+        (data | {"kind": "nope"}, "unknown record kind"),
+        (data | {"version": 3}, "version 3 is not supported"),
+        (data | {"rank": None}, "field 'rank' must be int"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse(bad)
+
+
+def test_a_version_1_file_is_still_read(tmp_path: Path) -> None:
+    """v1 records become v2 records: times start/end, losses as Step/Eval records, the v1 run id."""
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in v1_failed_call()))
+    records = read([path])
+    kinds = [r.kind for r in records]
+    assert kinds == ["run", "transition", "teardown", "left", "transition", "step", "step", "eval", "end"]
+    assert {r.origin for r in records} == {Origin(V1_RUN_ID, 0, 0, "ordinary", 0)}
+    first = records[1]
+    assert isinstance(first, Transition) and (first.start, first.end) == (10.25, 10.5)
+    teardown = records[2]
+    assert isinstance(teardown, TeardownStep) and (teardown.start, teardown.end) == (11.0, 11.5)
+    assert [(r.step, r.loss) for r in records if isinstance(r, Step)] == [(1, 3.0), (2, 2.5)]
+    end = records[-1]
+    assert isinstance(end, RunEnd) and (end.state, end.final_step, end.end) == ("failed", 2, None)
+
+
+def test_the_run_id_comes_from_the_launcher_else_torchrun_else_this_process() -> None:
+    """LIFECYCLE_RUN_ID wins, then TORCHELASTIC_RUN_ID unless "none", then the torchrun store, else per process."""
+    assert run_id({"LIFECYCLE_RUN_ID": "a", "TORCHELASTIC_RUN_ID": "b"}) == "a"
+    assert run_id({"TORCHELASTIC_RUN_ID": "b"}) == "b"
+    local = run_id({"TORCHELASTIC_RUN_ID": "none"})
+    assert local.startswith("local-") and run_id({}) == local
+    torchrun = {"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert run_id(torchrun) == "torchrun-10.0.0.1:29500"  # every rank and node of the job agrees
+
+
+def test_a_session_observer_sees_each_transition_and_teardown_step_as_it_happens() -> None:
+    """The observer is called after each transition and teardown step, in order, with wall-clock start <= end."""
+    actions = RecordingActions()
+    seen: list[str] = []
+
+    def observe(event: SessionEvent) -> None:
+        assert event.start <= event.end
+        if isinstance(event, TransitionEvent):
+            seen.append(f"{event.entry.source.value}->{event.entry.dest.value}")
+        else:
+            seen.append(f"{event.outcome.value}:{event.record.step} ({len(actions.calls)} calls so far)")
+
+    session = Session(actions)
+    session.add_observer(observe)
+    session.init_distributed()
+    session.fail(RuntimeError("boom"))
+    assert seen == ["uninitialized->dist_ready", "failure:abort_process_group (2 calls so far)", "dist_ready->failed"]
+
+
+def test_a_failing_observer_never_changes_the_outcome(caplog: pytest.LogCaptureFixture) -> None:
+    """An observer that raises is logged and ignored: every step still runs and the session closes."""
+    actions = RecordingActions()
+
+    def broken(event: SessionEvent) -> None:
+        raise OSError("disk full")
+
+    with Session(actions) as session:
+        session.add_observer(broken)
+        session.init_distributed()
+        session.init_globals()
+        session.start_training()
+    assert session.state is State.CLOSED and actions.calls[-2:] == ["barrier", "destroy_process_group"]
+    assert "disk full" in caplog.text
