@@ -30,6 +30,7 @@ MARK = "LIFECYCLE_LAUNCH"
 
 _TORCH_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _POLL_S = 0.05
+_KILL_WAIT_S = 10.0  # a SIGKILLed process is gone within milliseconds; this only bounds the wait
 _Command = tuple[int | None, list[str], dict[str, str]]  # (rank, argv, the rank's own variables)
 
 
@@ -221,7 +222,10 @@ def _marked(launch: str) -> dict[int, str]:
 
 
 def _reap_descendants(launch: str, ranks: list[int | None], grace_s: float) -> dict[int | None, tuple[int, ...]]:
-    """Give this launch's remaining processes ``grace_s`` to exit, then SIGKILL them; return them by rank."""
+    """Give this launch's remaining processes ``grace_s`` to exit, then SIGKILL them; return them by rank.
+
+    Returns once the killed ones are gone (a zombie counts as gone), or after ``_KILL_WAIT_S``.
+    """
     deadline = time.monotonic() + grace_s
     while _marked(launch) and time.monotonic() < deadline:
         time.sleep(_POLL_S)
@@ -231,4 +235,7 @@ def _reap_descendants(launch: str, ranks: list[int | None], grace_s: float) -> d
         left.setdefault(rank if rank in ranks else None, []).append(pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while left and _marked(launch) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
     return {rank: tuple(sorted(pids)) for rank, pids in left.items()}

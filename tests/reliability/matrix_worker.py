@@ -50,8 +50,8 @@ from reliability.expected import (
     expected,
 )
 from reliability.matrix_cells import Cell
+from support.configs import FAST
 from support.probes import TORCH_COLLECTIVES, alive
-from support.restart import FAST
 
 from lifecycle import (
     Callback,

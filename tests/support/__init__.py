@@ -4,6 +4,5 @@
 - ``launch``: the repository's paths, the worker launcher, bounded subprocesses.
 - ``probes``: what is alive, and a recorder of torch.distributed / megatron-core calls.
 - ``session``: driving a session to a state.
-
-``pretrain`` and ``restart`` re-export names for imports that predate this layout.
+- ``journals``: journal fixtures (a v1 file).
 """

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.pretrain import demo_command, run_bounded
+from support.launch import demo_command, run_bounded
 
 from lifecycle._core.journal import RunEnd, Step, read
 from lifecycle._tools.show import final_states

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.pretrain import REPO, demo_command, free_port, run_bounded
+from support.launch import REPO, demo_command, free_port, run_bounded
 
 pytestmark = pytest.mark.slow
 

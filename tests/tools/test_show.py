@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.configs import config_of_one
 from support.journals import v1_failed_call
-from support.pretrain import config_of_one
 
 from lifecycle import FaultInjection, InjectedFault, Phase, pretrain
 from lifecycle._core.journal import read

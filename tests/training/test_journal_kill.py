@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.pretrain import config_of_one, run_bounded
+from support.configs import config_of_one
+from support.launch import run_bounded
 
 from lifecycle import pretrain
 from lifecycle._core.journal import JournalWriter, Record, RunEnd, RunStart, Step, Transition, read  # pinned here
@@ -18,7 +19,7 @@ WORKER = f"""
 import os, signal, sys
 from pathlib import Path
 
-from support.pretrain import config_of_one
+from support.configs import config_of_one
 from lifecycle import Callback, pretrain
 
 

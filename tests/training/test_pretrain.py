@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from support.pretrain import REPO, config_of_one, free_port, run_bounded
+from support.configs import config_of_one
+from support.launch import REPO, free_port, run_bounded
 from support.probes import alive
 
 from lifecycle import (
