@@ -390,13 +390,6 @@ def test_the_documented_table_is_the_generated_one() -> None:
     assert restart.teardown_table() in (ROOT / "docs" / "inprocess.md").read_text()
 
 
-def test_every_public_name_of_the_module_states_its_contract() -> None:
-    """Every name in ``lifecycle.restart.__all__`` exists, and each callable has a docstring."""
-    for name in restart.__all__:
-        obj = getattr(restart, name)
-        assert not callable(obj) or (obj.__doc__ or "").strip(), name
-
-
 def test_make_wrapper_rejects_what_cannot_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """No maximum below 0, no soft timeout under the group timeout, no store port to guess: ``ConfigError``."""
     monkeypatch.setenv("MASTER_PORT", "29500")
