@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,13 +11,6 @@ from typing import Any
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "error")
 # megatron-core logs "RerunStateMachine initialized ..." as a warning on every session.
 logging.getLogger("megatron.core.rerun_state_machine").setLevel(logging.ERROR)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
@@ -30,6 +22,8 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    from lifecycle.testing import free_port
+
     port = free_port()
     procs = [ctx.Process(target=fn, args=(rank, world_size, port, queue, *args)) for rank in range(world_size)]
     for p in procs:

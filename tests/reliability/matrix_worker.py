@@ -50,7 +50,7 @@ from reliability.expected import (
     expected,
 )
 from reliability.matrix_cells import Cell
-from support.configs import FAST
+from support.configs import FAST, GROUP_TIMEOUT_S
 from support.probes import TORCH_COLLECTIVES, alive
 
 from lifecycle import (
@@ -77,7 +77,6 @@ from lifecycle.checkpoint import AsyncCheckpointer
 from lifecycle.restart import wrapped_pretrain
 from lifecycle.testing import release_everything
 
-GROUP_TIMEOUT_S = 10.0
 CELL_LIMIT_S = 8.0
 """A cell must finish well inside the group timeout: nothing waited for a peer that is gone."""
 TEARDOWN_FAULT = "injected teardown fault"

@@ -13,9 +13,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import random
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -26,20 +24,11 @@ from reliability.expected import expected, known_bug
 from reliability.matrix_cells import CELLS, REFUSED, Cell, in_make_test
 from reliability.matrix_worker import serve
 
+from lifecycle.testing import free_ports
+
 CELL_TIMEOUT_S = 45.0
 RESULTS: dict[str, bool] = {}
 """Cell id → passed, for the summary table (see conftest.py)."""
-
-
-def free_ports(count: int) -> tuple[int, ...]:
-    """``count`` distinct ports below the ephemeral range that were free a moment ago."""
-    ports: set[int] = set()
-    while len(ports) < count:
-        port = random.randrange(20000, 32000)
-        with contextlib.suppress(OSError), socket.socket() as s:
-            s.bind(("127.0.0.1", port))
-            ports.add(port)
-    return tuple(ports)
 
 
 class Pool:
