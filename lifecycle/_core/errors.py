@@ -1,29 +1,104 @@
-"""The library's errors. Every one derives from ``LifecycleError``."""
+"""The library's errors. Every one derives from ``LifecycleError``.
+
+A refusal carries its facts as fields (which resource, what was found, what was
+wanted), and has its own type wherever a caller would handle it differently: a
+finished session (start a new one), a stale or half-made resource (destroy it first),
+a resource that disagrees with the configuration (fix one or the other), one the
+caller created where the session must (release it, or run without the wrapper), one
+that is missing. Every error pickles and copies with its fields (NVRx's Wrapper copies
+the exception of a failed iteration).
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lifecycle._core.states import State
+    from lifecycle._core.states import State, Trigger
 
 
 class LifecycleError(Exception):
     """Base class of every error this library raises."""
 
-
-class InvalidTransition(LifecycleError):
-    """A trigger was pulled in a state that declares no edge for it; nothing was done."""
-
-    def __init__(self, state: State, trigger: str) -> None:
-        self.state = state
-        self.trigger = trigger
-        super().__init__(f"trigger {trigger!r} is not valid in state {state.value!r}")
+    _fields: tuple[object, ...]  # a subclass's constructor arguments, for pickling
 
     def __reduce__(self) -> tuple[object, ...]:
-        # Rebuild from the constructor's arguments (copy, pickle: NVRx's Wrapper copies
-        # the exception of a failed iteration); the instance dict carries any notes.
-        return (type(self), (self.state, self.trigger), self.__dict__)
+        # Rebuild from the constructor's arguments; the instance dict carries any notes.
+        fields = self.__dict__.get("_fields")
+        if fields is None:
+            return (type(self), self.args, self.__dict__)
+        return (type(self), fields, self.__dict__)
+
+
+class InvalidTransition(LifecycleError):
+    """``trigger`` was pulled in ``state``, which declares no edge for it; nothing was done."""
+
+    def __init__(self, state: State, trigger: Trigger) -> None:
+        self.state = state
+        self.trigger = trigger
+        self._fields = (state, trigger)
+        super().__init__(f"trigger {trigger.value!r} is not valid in state {state.value!r}")
+
+
+class SessionFinished(LifecycleError):
+    """``action`` was asked of a session that is already ``closed`` or ``failed``; nothing was done.
+
+    A session is used once: start a new one.
+    """
+
+    def __init__(self, state: State, action: str) -> None:
+        self.state = state
+        self.action = action
+        self._fields = (state, action)
+        super().__init__(f"{action}: the session is already {state.value!r}; start a new session")
+
+
+class UnfinishedSession(LifecycleError):
+    """A session block ended normally in ``state``, before training started; the session took the failure edge."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self._fields = (state,)
+        super().__init__(f"the session block ended in state {state.value!r} without finishing")
+
+
+class ResourceRefused(LifecycleError):
+    """Base of the refusals about one existing (or missing) resource: ``resource`` names it, ``detail`` says why."""
+
+    def __init__(self, resource: str, detail: str) -> None:
+        self.resource = resource
+        self.detail = detail
+        self._fields = (resource, detail)
+        super().__init__(f"{resource}: {detail}")
+
+
+class StaleResource(ResourceRefused):
+    """``resource`` exists but belongs to an earlier world, or is half-made: destroy it before starting a session."""
+
+
+class ResourceMismatch(ResourceRefused):
+    """``resource`` exists, created by the caller, but disagrees with the configuration (``found`` vs ``wanted``).
+
+    ``remedy``, if given, ends the message: how to make them agree for this resource.
+    """
+
+    def __init__(self, resource: str, found: object, wanted: object, what: str = "", remedy: str = "") -> None:
+        self.found = found
+        self.wanted = wanted
+        self.what = what
+        self.remedy = remedy
+        label = f"{what} " if what else ""
+        detail = f"already exists with {label}{found!r}, but the configuration says {wanted!r}"
+        super().__init__(resource, f"{detail}; {remedy}" if remedy else detail)
+        self._fields = (resource, found, wanted, what, remedy)
+
+
+class ForeignResource(ResourceRefused):
+    """``resource`` was created by the caller where the session must create it (under in-process restart)."""
+
+
+class MissingResource(ResourceRefused):
+    """``resource`` is needed (by ``detail``'s action) and does not exist."""
 
 
 class ConfigError(LifecycleError, ValueError):
@@ -32,7 +107,5 @@ class ConfigError(LifecycleError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         self.message = message
+        self._fields = (field, message)
         super().__init__(f"{field}: {message}")
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.field, self.message), self.__dict__)

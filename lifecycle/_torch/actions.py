@@ -24,8 +24,8 @@ from torch.distributed import (  # type: ignore[attr-defined]  # re-exported at 
     Store,
 )
 
-from lifecycle._core.errors import ConfigError, LifecycleError
-from lifecycle._core.ownership import Owner
+from lifecycle._core.errors import ConfigError, LifecycleError, MissingResource, ResourceMismatch, StaleResource
+from lifecycle._core.ownership import Owner, Resource
 from lifecycle._torch.config import DistributedConfig, ParallelConfig, Rendezvous, validate
 from lifecycle._torch.groups import abort_group, is_registered
 from lifecycle._torch.megatron import MP_GLOBALS, drop_leftover_groups, live_resources
@@ -47,10 +47,11 @@ class TorchActions:
 
     Each ``init_*`` returns ``Owner.SESSION`` if it created its resource and
     ``Owner.CALLER`` if it found it already there (after checking that it agrees with
-    the configuration, else ``LifecycleError``); if it raises, it has acquired
-    nothing. Each release method releases exactly its one resource, tolerates it being
-    partly or wholly gone, and never runs a collective, except ``barrier`` (and, on
-    the success path only, the group destroy that follows it).
+    the configuration, else ``ResourceMismatch``; ``StaleResource`` if it is left from
+    an earlier world or half-made); if it raises, it has acquired nothing. Each
+    release method releases exactly its one resource, tolerates it being partly or
+    wholly gone, and never runs a collective, except ``barrier`` (and, on the success
+    path only, the group destroy that follows it).
 
     One object can serve several sessions in turn, one at a time.
     """
@@ -76,13 +77,13 @@ class TorchActions:
 
     @property
     def rank(self) -> int:
-        """This process's rank in the default group; ``LifecycleError`` if there is none."""
+        """This process's rank in the default group; ``MissingResource`` if there is none."""
         self._require_group("rank")
         return dist.get_rank()
 
     @property
     def world_size(self) -> int:
-        """The default group's size; ``LifecycleError`` if there is none."""
+        """The default group's size; ``MissingResource`` if there is none."""
         self._require_group("world_size")
         return dist.get_world_size()
 
@@ -102,8 +103,9 @@ class TorchActions:
         """Create the default group (``Owner.SESSION``), or find one (``Owner.CALLER``).
 
         Found: its world size and rank must agree with the configuration (or the
-        environment), else ``LifecycleError``. Otherwise the whole configuration is
-        validated first (``ConfigError`` naming the field), then a ``TCPStore`` is opened
+        environment), else ``ResourceMismatch``. Otherwise the whole configuration is
+        validated first (``ConfigError`` naming the field; ``store_prefix`` if the fixed
+        prefix was already used for a group), then a ``TCPStore`` is opened
         at ``master_addr:master_port`` (rank 0 hosts it, except under torchrun, whose
         agent already serves it: then every rank is a client), wrapped in a
         ``PrefixStore`` unique to this attempt, and the group is created on it with
@@ -123,8 +125,11 @@ class TorchActions:
             prefix = next_store_prefix()
         elif self._fixed_prefix_used:
             # A second creation under one prefix could read the first one's keys.
-            raise LifecycleError(
-                f"store_prefix {self._fixed_prefix!r} was already used for a group; pass a new one per attempt"
+            raise ConfigError(
+                "store_prefix",
+                f"{self._fixed_prefix!r} was already used for a group (one prefix serves one attempt, else the new "
+                "group could read the old one's keys); pass a new one per attempt, or None to take "
+                "next_store_prefix() at each creation",
             )
         else:
             prefix = self._fixed_prefix
@@ -172,7 +177,9 @@ class TorchActions:
         finally:
             self._forget_group()
         if dist.is_initialized():
-            raise LifecycleError("the default process group is still initialized after abort")
+            raise LifecycleError(
+                f"{Resource.PROCESS_GROUP.value}: the default process group is still initialized after abort"
+            )
 
     # -- Megatron model-parallel state -----------------------------------------------
 
@@ -182,27 +189,31 @@ class TorchActions:
         Needs the default group. Found while the group is the caller's: the groups must
         be alive in the current world and their sizes must match the configuration,
         then ``Owner.CALLER``. Found while this object created the group: that state
-        belongs to an earlier world (stale) and ``LifecycleError`` is raised instead of
-        reusing it; so is it for a half-made state. Otherwise ``initialize_model_parallel``
-        with the configured sizes, ``timeout_s`` for every subgroup and
-        ``create_gloo_process_groups``; if it raises, whatever it had set is cleared.
+        belongs to an earlier world and ``StaleResource`` is raised instead of reusing
+        it; so is it for a half-made state, and for found groups that are not in the
+        current world. Found sizes that disagree: ``ResourceMismatch``. Otherwise
+        ``initialize_model_parallel`` with the configured sizes, ``timeout_s`` for every
+        subgroup and ``create_gloo_process_groups``; if it raises, whatever it had set
+        is cleared.
         """
         self._require_group("init_model_parallel")
         self.parallel.check_world(dist.get_world_size())
         if _ps.model_parallel_is_initialized():
             if self._created_group:
-                raise LifecycleError(
+                raise StaleResource(
+                    Resource.MODEL_PARALLEL.value,
                     "megatron-core model-parallel state already exists, but this session has just created the "
                     "default process group: that state is stale (left by an earlier run that did not release "
-                    "it); call megatron.core.parallel_state.destroy_model_parallel() before starting a session"
+                    "it); call megatron.core.parallel_state.destroy_model_parallel() before starting a session",
                 )
             self._check_found_model_parallel()
             return Owner.CALLER
         half_made = [name for name in MP_GLOBALS if getattr(_ps, name, None) is not None]
         if half_made:
-            raise LifecycleError(
+            raise StaleResource(
+                Resource.MODEL_PARALLEL.value,
                 f"megatron-core model-parallel state is half-made ({', '.join(half_made)} set); call "
-                "megatron.core.parallel_state.destroy_model_parallel() before starting a session"
+                "megatron.core.parallel_state.destroy_model_parallel() before starting a session",
             )
         try:
             _ps.initialize_model_parallel(
@@ -241,7 +252,10 @@ class TorchActions:
         _ps.destroy_global_memory_buffer()
         drop_leftover_groups()
         if errors:
-            raise LifecycleError(f"{len(errors)} model-parallel subgroup(s) failed to abort: {errors!r}") from errors[0]
+            raise LifecycleError(
+                f"{Resource.MODEL_PARALLEL.value}: {len(errors)} model-parallel subgroup(s) failed to abort "
+                f"(megatron-core's references to them were dropped anyway): {errors!r}"
+            ) from errors[0]
 
     # -- microbatch calculator and rerun state machine -------------------------------
 
@@ -249,7 +263,7 @@ class TorchActions:
         """Create megatron-core's microbatch calculator (constant global batch), or find one.
 
         Needs the default group. Found: its micro and global batch sizes must match
-        the configuration (else ``LifecycleError``), then ``Owner.CALLER``. Created with
+        the configuration (else ``ResourceMismatch``), then ``Owner.CALLER``. Created with
         the data-parallel size of Megatron's state if it exists, else of the world.
         """
         self._require_group("init_microbatch_calculator")
@@ -271,9 +285,13 @@ class TorchActions:
             have = (found.get_micro_batch_size(), found.get_current_global_batch_size())
             want = (self.parallel.micro_batch_size, global_batch)
             if have != want:
-                raise LifecycleError(
-                    f"a microbatch calculator already exists with (micro, global) batch size {have}, "
-                    f"but the configuration says {want}"
+                raise ResourceMismatch(
+                    Resource.MICROBATCH_CALCULATOR.value,
+                    have,
+                    want,
+                    "(micro, global) batch size",
+                    "destroy it (megatron.core.num_microbatches_calculator.destroy_num_microbatches_calculator()) "
+                    "or set ParallelConfig.micro_batch_size and global_batch_size to the sizes it has",
                 )
             return Owner.CALLER
         try:
@@ -292,7 +310,7 @@ class TorchActions:
     def init_rerun_state_machine(self) -> Owner:
         """Create megatron-core's rerun state machine in ``rerun_mode``, or find one.
 
-        Found: its mode must match the configuration (else ``LifecycleError``), then
+        Found: its mode must match the configuration (else ``ResourceMismatch``), then
         ``Owner.CALLER``. Reads the module global directly: megatron's getter would
         silently create one.
         """
@@ -300,9 +318,13 @@ class TorchActions:
         found = _rerun._GLOBAL_RERUN_STATE_MACHINE
         if found is not None:
             if found.mode != mode:
-                raise LifecycleError(
-                    f"a rerun state machine already exists in mode {found.mode.value!r}, "
-                    f"but the configuration says {mode.value!r}"
+                raise ResourceMismatch(
+                    Resource.RERUN_STATE_MACHINE.value,
+                    found.mode.value,
+                    mode.value,
+                    "mode",
+                    "destroy it (megatron.core.rerun_state_machine.destroy_rerun_state_machine()) "
+                    "or set ParallelConfig.rerun_mode to the mode it has",
                 )
             return Owner.CALLER
         try:
@@ -320,20 +342,32 @@ class TorchActions:
 
     def _require_group(self, what: str) -> None:
         if not dist.is_initialized():
-            raise LifecycleError(f"{what} needs the default process group, and there is none")
+            raise MissingResource(
+                Resource.PROCESS_GROUP.value,
+                f"{what} needs the default process group, and there is none; create it first "
+                "(init_process_group, or Session.init_distributed)",
+            )
 
     def _check_found_group(self) -> None:
         world, rank = self.distributed.resolve_world()
         have_world, have_rank = dist.get_world_size(), dist.get_rank()
         if world is not None and world != have_world:
-            raise LifecycleError(
-                f"the default process group already exists with world size {have_world}, "
-                f"but the configuration says {world}"
+            raise ResourceMismatch(
+                Resource.PROCESS_GROUP.value,
+                have_world,
+                world,
+                "world size",
+                "the default process group is the caller's: create it with the configured world size, "
+                "or configure the one it has (DistributedConfig.world_size, or WORLD_SIZE)",
             )
         if rank is not None and rank != have_rank:
-            raise LifecycleError(
-                f"the default process group already exists with this process as rank {have_rank}, "
-                f"but the configuration says {rank}"
+            raise ResourceMismatch(
+                Resource.PROCESS_GROUP.value,
+                have_rank,
+                rank,
+                "rank",
+                "this process has that rank in the caller's default process group: create the group with "
+                "the configured rank, or configure the one it has (DistributedConfig.rank, or RANK)",
             )
         self.parallel.check_world(have_world)
 
@@ -344,9 +378,11 @@ class TorchActions:
             _ps.get_data_parallel_group(),
         )
         if not all(is_registered(group) for group in groups):
-            raise LifecycleError(
+            raise StaleResource(
+                Resource.MODEL_PARALLEL.value,
                 "megatron-core model-parallel state exists, but its groups are not in the current world: "
-                "it is stale (the default group was re-created without destroy_model_parallel())"
+                "it is stale (the default group was re-created without destroy_model_parallel()); call "
+                "megatron.core.parallel_state.destroy_model_parallel() before starting a session",
             )
         have = (
             _ps.get_tensor_model_parallel_world_size(),
@@ -359,9 +395,15 @@ class TorchActions:
             self.parallel.context_parallel_size,
         )
         if have != want:
-            raise LifecycleError(
-                f"megatron-core model-parallel state already exists with (tensor, pipeline, context) sizes "
-                f"{have}, but the configuration says {want}"
+            raise ResourceMismatch(
+                Resource.MODEL_PARALLEL.value,
+                have,
+                want,
+                "(tensor, pipeline, context) sizes",
+                "megatron-core's model-parallel state is the caller's: destroy it "
+                "(megatron.core.parallel_state.destroy_model_parallel()) or set ParallelConfig's "
+                "tensor_model_parallel_size, pipeline_model_parallel_size and context_parallel_size "
+                "to the sizes it has",
             )
 
     def _select_device(self, rendezvous: Rendezvous) -> torch.device | None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import torch.distributed as dist
-from megatron.core import num_microbatches_calculator as _microbatches
 from megatron.core import parallel_state as _ps
-from megatron.core import rerun_state_machine as _rerun
 from torch.distributed import ProcessGroup
 
-from lifecycle._core.ownership import Resource
+from lifecycle._core.resources import live_resources
+
+__all__ = ["MP_GLOBALS", "drop_leftover_groups", "live_resources"]
 
 # Megatron's module globals that ``initialize_model_parallel`` asserts are unset; any of
 # them set without ``model_parallel_is_initialized()`` means a half-made state.
@@ -21,17 +20,6 @@ MP_GLOBALS = (
     "_EMBEDDING_GROUP",
     "_GLOBAL_MEMORY_BUFFER",
 )
-
-
-def live_resources() -> tuple[Resource, ...]:
-    """The process group and Megatron-core globals that exist in this process now, whoever made them."""
-    live = {
-        Resource.PROCESS_GROUP: dist.is_initialized(),
-        Resource.MODEL_PARALLEL: _ps.model_parallel_is_initialized(),
-        Resource.MICROBATCH_CALCULATOR: _microbatches._GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None,
-        Resource.RERUN_STATE_MACHINE: _rerun._GLOBAL_RERUN_STATE_MACHINE is not None,
-    }
-    return tuple(resource for resource, exists in live.items() if exists)
 
 
 def _holds_group(value: object) -> bool:

@@ -4,6 +4,20 @@ See ``lifecycle.checkpoint.writer`` for the on-disk layout and why the stock wri
 do not fit.
 """
 
-from lifecycle.checkpoint.writer import AsyncCheckpointer, CheckpointError, latest_checkpoint, load_checkpoint
+from lifecycle.checkpoint.writer import (
+    AsyncCheckpointer,
+    CheckpointError,
+    CheckpointMismatch,
+    StaleCheckpointer,
+    latest_checkpoint,
+    load_checkpoint,
+)
 
-__all__ = ["AsyncCheckpointer", "CheckpointError", "latest_checkpoint", "load_checkpoint"]
+__all__ = [
+    "AsyncCheckpointer",
+    "CheckpointError",
+    "CheckpointMismatch",
+    "StaleCheckpointer",
+    "latest_checkpoint",
+    "load_checkpoint",
+]

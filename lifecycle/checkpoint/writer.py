@@ -36,9 +36,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lifecycle._core.errors import LifecycleError
+from lifecycle._core.errors import LifecycleError, ResourceMismatch, ResourceRefused, StaleResource
+from lifecycle._core.ownership import Resource
 
-__all__ = ["AsyncCheckpointer", "CheckpointError", "latest_checkpoint", "load_checkpoint"]
+__all__ = [
+    "AsyncCheckpointer",
+    "CheckpointError",
+    "CheckpointMismatch",
+    "StaleCheckpointer",
+    "latest_checkpoint",
+    "load_checkpoint",
+]
 
 _MARKER = "latest"
 _MANIFEST = "manifest.json"
@@ -48,6 +56,49 @@ _FORMAT = 1
 
 class CheckpointError(LifecycleError):
     """A checkpoint could not be saved, committed or loaded; the message names the path."""
+
+
+class StaleCheckpointer(CheckpointError, StaleResource):
+    """This checkpointer was aborted and refuses to save again; nothing was done: create a new one.
+
+    A ``StaleResource`` for ``async_checkpoint`` (``detail`` names the directory), and a
+    ``CheckpointError``.
+    """
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(Resource.ASYNC_CHECKPOINT.value, detail)
+        self._fields = (detail,)
+
+
+_RESUME_REMEDY = (
+    "resume with the model, optimizer and world size the checkpoint was saved with, or load from another directory"
+)
+
+
+class CheckpointMismatch(CheckpointError, ResourceMismatch):
+    """The checkpoint at ``path`` does not fit this run; nothing was loaded.
+
+    ``what`` is ``found`` in the checkpoint but ``wanted`` in this run: an entry of
+    ``state_dict`` (its dtype and shape, its type, or keys the checkpoint lacks), or
+    the world size. A ``ResourceMismatch`` for ``async_checkpoint``, and a
+    ``CheckpointError``; unlike a corrupt or unreadable checkpoint, another attempt
+    with the same configuration refuses it again.
+    """
+
+    def __init__(self, path: str, what: str, found: object, wanted: object) -> None:
+        self.path = path
+        self.found = found
+        self.wanted = wanted
+        self.what = what
+        self.remedy = _RESUME_REMEDY
+        # Not ResourceMismatch's wording: what disagrees is a checkpoint, not the configuration.
+        ResourceRefused.__init__(
+            self,
+            Resource.ASYNC_CHECKPOINT.value,
+            f"{path} does not fit this run: {what}: {found} in the checkpoint, {wanted} in this run; "
+            f"nothing was loaded; {_RESUME_REMEDY}",
+        )
+        self._fields = (path, what, found, wanted)
 
 
 class _Shard:
@@ -163,11 +214,14 @@ class AsyncCheckpointer:
 
         Staging deep-copies every tensor to CPU before returning, so the caller may keep
         training. If a previous save is still in flight it is finalized first, which is
-        COLLECTIVE: all ranks must then call save() together. Raises CheckpointError after
-        abort(), TypeError for values the safe loader could not read back.
+        COLLECTIVE: all ranks must then call save() together. Raises StaleCheckpointer (a
+        CheckpointError) after abort(), TypeError for values the safe loader could not
+        read back.
         """
         if self._aborted:
-            raise CheckpointError(f"checkpointer for {self.directory} was aborted; create a new one")
+            raise StaleCheckpointer(
+                f"the checkpointer for {self.directory} was aborted and never saves again; create a new one"
+            )
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if self._pending is not None:
@@ -407,6 +461,7 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> tuple[int, Path] | N
 
 
 def _plan(
+    shard: Path,
     target: Any,
     source: Any,
     where: str,
@@ -416,21 +471,20 @@ def _plan(
     """Validate the whole restore before touching `target` (so it is never half-restored)."""
     missing = [k for k in target if k not in source]
     if missing:
-        raise CheckpointError(f"{where}: keys {missing} are not in the checkpoint")
+        raise CheckpointMismatch(str(shard), f"keys {missing} of {where}", "absent", "present")
     for k, new in source.items():
         old = target.get(k)
         if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
             if old.shape != new.shape or old.dtype != new.dtype:
-                raise CheckpointError(
-                    f"{where}[{k!r}]: checkpoint has {new.dtype}{list(new.shape)}, "
-                    f"state_dict has {old.dtype}{list(old.shape)}"
+                raise CheckpointMismatch(
+                    str(shard), f"{where}[{k!r}]", f"{new.dtype}{list(new.shape)}", f"{old.dtype}{list(old.shape)}"
                 )
             copies.append((old, new))
         elif isinstance(old, dict) and isinstance(new, dict):
-            _plan(old, new, f"{where}[{k!r}]", copies, sets)
+            _plan(shard, old, new, f"{where}[{k!r}]", copies, sets)
         elif isinstance(old, (torch.Tensor, dict)):
             # Replacing it would leave the object it belongs to (a module) unrestored.
-            raise CheckpointError(f"{where}[{k!r}]: checkpoint has {type(new).__name__}")
+            raise CheckpointMismatch(str(shard), f"{where}[{k!r}]", type(new).__name__, type(old).__name__)
         else:
             sets.append((target, k, new))
 
@@ -445,19 +499,29 @@ def load_checkpoint(
     entries update the model); other values are replaced or added, so call
     ``optimizer.load_state_dict(state_dict[...])`` afterwards. `rank` defaults to this
     process's default-group rank (0 without one). Uses ``torch.load(weights_only=True)``:
-    never unpickles arbitrary objects. A shard whose checksum, format or structure does
-    not match raises CheckpointError naming the path, before state_dict is modified. It
-    does not fall back rank-locally, because ranks could then resume from different steps.
+    never unpickles arbitrary objects. A shard whose checksum or format is wrong raises
+    CheckpointError naming the path; a checkpoint that does not fit this run (a tensor's
+    dtype or shape, a value's type, keys it lacks, no shard for this rank) raises
+    CheckpointMismatch (a CheckpointError) with what differs; both before state_dict is
+    modified. It does not fall back rank-locally, because ranks could then resume from
+    different steps.
     """
     found = latest_checkpoint(directory)
     if found is None:
         return None
     step, folder = found
+    world: int | None = None
     if rank is None:
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        in_group = dist.is_available() and dist.is_initialized()
+        rank = dist.get_rank() if in_group else 0
+        world = dist.get_world_size() if in_group else None
     manifest = _read_manifest(folder, step)
-    if not 0 <= rank < len(manifest["shards"]):
-        raise CheckpointError(f"checkpoint {folder} has no shard for rank {rank}")
+    if rank < 0:
+        raise CheckpointError(f"checkpoint {folder} has no shard for rank {rank}: a rank cannot be negative")
+    if rank >= len(manifest["shards"]):
+        wanted = world if world is not None else f"at least {rank + 1}"
+        what = f"world size (no shard for rank {rank})"
+        raise CheckpointMismatch(str(folder), what, len(manifest["shards"]), wanted)
     entry = manifest["shards"][rank]
     path = folder / entry["file"]
     try:
@@ -474,10 +538,7 @@ def load_checkpoint(
         raise CheckpointError(f"shard {path} does not hold a dict")
     copies: list[tuple[torch.Tensor, torch.Tensor]] = []
     sets: list[tuple[dict[Any, Any], Any, Any]] = []
-    try:
-        _plan(state_dict, loaded, "state_dict", copies, sets)
-    except CheckpointError as exc:
-        raise CheckpointError(f"shard {path} does not fit state_dict: {exc}") from None
+    _plan(path, state_dict, loaded, "state_dict", copies, sets)
     with torch.no_grad():
         for old, new in copies:
             old.copy_(new)

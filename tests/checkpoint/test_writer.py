@@ -6,9 +6,11 @@ prints one JSON line with what it observed.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import json
+import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +23,9 @@ import torch.distributed as dist
 from support.launch import run_workers
 from support.probes import TORCH_COLLECTIVES, TorchCalls
 
+from lifecycle import ResourceMismatch, StaleResource
 from lifecycle.checkpoint import AsyncCheckpointer, CheckpointError, latest_checkpoint, load_checkpoint
+from lifecycle.checkpoint.writer import CheckpointMismatch, StaleCheckpointer
 
 
 def _trained(seed: int) -> tuple[torch.nn.Linear, torch.optim.AdamW]:
@@ -54,6 +58,15 @@ def _commit(directory: Path, step: int, seed: int) -> torch.nn.Linear:
 def _only_shard(folder: Path) -> Path:
     (shard,) = folder.glob("rank00000-*.pt")
     return shard
+
+
+def _same(a: Any, b: Any) -> bool:
+    """True if two state dicts hold equal keys, tensors (dtype, shape, values) and values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    return bool(a == b)
 
 
 def _wait_done(writer: AsyncCheckpointer) -> Callable[[], BaseException | None]:
@@ -126,8 +139,12 @@ def test_abort_of_an_in_flight_save_keeps_the_previous_latest(tmp_path: Path) ->
     assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
     assert list((tmp_path / "step_0000000002").iterdir()) == []
     assert writer.finalize() is None
-    with pytest.raises(CheckpointError, match="aborted"):
+    with pytest.raises(StaleCheckpointer) as refused:
         writer.save(3, {})
+    assert isinstance(refused.value, CheckpointError) and isinstance(refused.value, StaleResource)
+    assert refused.value.resource == "async_checkpoint"
+    assert str(tmp_path) in refused.value.detail
+    assert list((tmp_path / "step_0000000003").glob("*")) == []  # the refused save wrote nothing
     new_model, _, target = _fresh()
     assert load_checkpoint(tmp_path, target) == 1
     assert torch.equal(new_model.weight, model_1.weight)
@@ -276,16 +293,68 @@ def test_load_never_unpickles_arbitrary_objects(tmp_path: Path) -> None:
 
 
 def test_a_mismatched_state_dict_is_not_half_restored(tmp_path: Path) -> None:
-    """If any tensor does not fit, load raises before copying any tensor."""
+    """If any tensor does not fit, load raises CheckpointMismatch naming the entry before copying any tensor."""
     writer = AsyncCheckpointer(tmp_path)
-    writer.save(1, {"a": torch.ones(2), "b": torch.ones(3)})
+    writer.save(1, {"a": torch.ones(2), "b": torch.ones(3), "nested": {"n": torch.ones(1)}})
     writer.finalize()
+    shard = str(_only_shard(tmp_path / "step_0000000001"))
     target = {"a": torch.zeros(2), "b": torch.zeros(4)}
-    with pytest.raises(CheckpointError, match=r"\['b'\]"):
+    with pytest.raises(CheckpointMismatch) as caught:
         load_checkpoint(tmp_path, target)
+    error = caught.value
+    assert isinstance(error, CheckpointError) and isinstance(error, ResourceMismatch)
+    assert (error.resource, error.path, error.what) == ("async_checkpoint", shard, "state_dict['b']")
+    assert (error.found, error.wanted) == ("torch.float32[3]", "torch.float32[4]")
     assert torch.equal(target["a"], torch.zeros(2))
-    with pytest.raises(CheckpointError, match=r"keys \['c'\] are not in the checkpoint"):
-        load_checkpoint(tmp_path, {"a": torch.zeros(2), "b": torch.zeros(3), "c": torch.zeros(1)})
+
+
+@pytest.mark.parametrize(
+    ("target", "what", "found", "wanted"),
+    [
+        ({"a": torch.zeros(2), "c": torch.zeros(1)}, "keys ['c'] of state_dict", "absent", "present"),
+        ({"a": torch.zeros(2, dtype=torch.int64)}, "state_dict['a']", "torch.float32[2]", "torch.int64[2]"),
+        ({"nested": torch.zeros(1)}, "state_dict['nested']", "dict", "Tensor"),
+        ({"nested": {"n": torch.zeros(3)}}, "state_dict['nested']['n']", "torch.float32[1]", "torch.float32[3]"),
+    ],
+    ids=["missing-key", "dtype", "type", "nested-shape"],
+)
+def test_each_way_a_state_dict_can_disagree_is_a_checkpoint_mismatch(
+    tmp_path: Path, target: dict[str, Any], what: str, found: str, wanted: str
+) -> None:
+    """Missing keys, dtype, type and nested shape each raise CheckpointMismatch with what, found and wanted."""
+    writer = AsyncCheckpointer(tmp_path)
+    writer.save(1, {"a": torch.ones(2), "b": torch.ones(3), "nested": {"n": torch.ones(1)}})
+    writer.finalize()
+    before = copy.deepcopy(target)
+    with pytest.raises(CheckpointMismatch) as caught:
+        load_checkpoint(tmp_path, target)
+    assert (caught.value.what, caught.value.found, caught.value.wanted) == (what, found, wanted)
+    assert caught.value.path == str(_only_shard(tmp_path / "step_0000000001"))
+    assert _same(target, before)  # nothing was loaded
+
+
+def test_a_rank_without_a_shard_is_a_world_size_mismatch(tmp_path: Path) -> None:
+    """Loading as a rank the checkpoint has no shard for raises CheckpointMismatch on the saved world size."""
+    _commit(tmp_path, 1, seed=1)
+    with pytest.raises(CheckpointMismatch) as caught:
+        load_checkpoint(tmp_path, {}, rank=3)
+    error = caught.value
+    assert error.path == str(tmp_path / "step_0000000001")
+    assert (error.what, error.found, error.wanted) == ("world size (no shard for rank 3)", 1, "at least 4")
+
+
+@pytest.mark.parametrize("how", [pickle.loads, copy.copy, copy.deepcopy], ids=["pickle", "copy", "deepcopy"])
+def test_checkpoint_refusals_pickle_and_copy_with_their_fields(how: Callable[[Any], Any]) -> None:
+    """CheckpointMismatch and StaleCheckpointer survive pickling and copying with their type, fields and notes."""
+    for error in (
+        CheckpointMismatch("/ckpt/step_0000000001/rank00000-1.pt", "state_dict['b']", "torch.float32[3]", "x"),
+        StaleCheckpointer("the checkpointer for /ckpt was aborted; create a new one"),
+    ):
+        error.add_note("a note")
+        clone = how(pickle.dumps(error)) if how is pickle.loads else how(error)
+        assert type(clone) is type(error)
+        assert str(clone) == str(error)
+        assert vars(clone) == vars(error)
 
 
 def test_nothing_committed_means_none(tmp_path: Path) -> None:

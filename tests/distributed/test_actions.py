@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
+from megatron.core import num_microbatches_calculator, parallel_state, rerun_state_machine
 from support.configs import GROUP_TIMEOUT_S, ONE
 from support.launch import run_workers
 from support.probes import MEGATRON_RELEASES, NOTHING_ALIVE, TORCH_COLLECTIVES, TORCH_RELEASES, TorchCalls, alive
@@ -24,11 +24,13 @@ from support.session import LIVE_STATES, drive
 from lifecycle import (
     ConfigError,
     DistributedConfig,
-    LifecycleError,
+    MissingResource,
     Owner,
     ParallelConfig,
     Resource,
+    ResourceMismatch,
     Session,
+    StaleResource,
     State,
     TorchActions,
 )
@@ -57,6 +59,16 @@ def run_to_closed() -> None:
 def caller_group() -> None:
     """Create the default group as a caller would, without the library."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+
+
+def fake_caller_group(rank: int, world_size: int) -> None:
+    """A caller's default group of ``world_size`` ranks in this one process, on torch's ``fake`` backend.
+
+    Its collectives do nothing; it is for checks that only read the group's rank and size.
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
 def group_sequence_numbers() -> dict[Any, int]:
@@ -310,10 +322,12 @@ def test_reinit_on_a_fixed_port_reuses_the_hosted_store_with_a_new_prefix() -> N
     assert given.init_process_group() is Owner.SESSION and given.store_prefix == "wrapper/iteration-7"
     assert (given.rank, given.world_size) == (0, 1)
     given.destroy_process_group()
-    with pytest.raises(LifecycleError):
+    with pytest.raises(MissingResource) as missing:
         _ = given.rank
-    with pytest.raises(LifecycleError, match="already used"):
+    assert missing.value.resource == "process_group"
+    with pytest.raises(ConfigError) as reused:
         given.init_process_group()  # one prefix serves one attempt
+    assert reused.value.field == "store_prefix"
     assert not dist.is_initialized()
     assert port in listening()  # kept for a later attempt
     assert release_everything() == ["hosted_store"]
@@ -362,31 +376,111 @@ def test_caller_owned_group_keeps_working_after_session_model_parallel_is_releas
 
 
 def test_found_group_that_disagrees_with_the_config_is_refused() -> None:
-    """A caller's group whose world size differs from the configuration raises LifecycleError and is left alone."""
+    """A caller's group whose world size differs from the configuration raises ResourceMismatch and is left alone."""
     caller_group()
     config = DistributedConfig(world_size=2, rank=0)
-    with pytest.raises(LifecycleError, match="world size 1"):
+    with pytest.raises(ResourceMismatch) as caught:
         TorchActions(config, ParallelConfig()).init_process_group()
+    error = caught.value
+    assert (error.resource, error.what, error.found, error.wanted) == ("process_group", "world size", 1, 2)
+    assert error.remedy
     assert dist.is_initialized()
     dist.destroy_process_group()
 
 
+def test_found_group_in_which_this_process_has_another_rank_is_refused() -> None:
+    """A caller's group where this process's rank differs from the configuration raises ResourceMismatch on rank."""
+    fake_caller_group(rank=1, world_size=2)
+    with pytest.raises(ResourceMismatch) as caught:
+        TorchActions(DistributedConfig(world_size=2, rank=0), ParallelConfig()).init_process_group()
+    error = caught.value
+    assert (error.resource, error.what, error.found, error.wanted) == ("process_group", "rank", 1, 0)
+    assert dist.is_initialized() and dist.get_rank() == 1
+
+
+def test_found_model_parallel_state_with_other_sizes_is_refused() -> None:
+    """A caller's model-parallel state whose sizes differ from the configuration raises ResourceMismatch; it stays."""
+    fake_caller_group(rank=0, world_size=2)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=2, distributed_timeout_minutes=0.5, create_gloo_process_groups=False
+    )
+    actions = TorchActions(DistributedConfig(world_size=2, rank=0), ParallelConfig())
+    assert actions.init_process_group() is Owner.CALLER
+    with pytest.raises(ResourceMismatch) as caught:
+        actions.init_model_parallel()
+    error = caught.value
+    assert (error.resource, error.what) == ("model_parallel", "(tensor, pipeline, context) sizes")
+    assert (error.found, error.wanted) == ((2, 1, 1), (1, 1, 1))
+    assert parallel_state.model_parallel_is_initialized()
+
+
+def test_found_microbatch_calculator_with_other_batch_sizes_is_refused() -> None:
+    """A caller's microbatch calculator with other (micro, global) batch sizes raises ResourceMismatch; it stays."""
+    caller_group()
+    num_microbatches_calculator.init_num_microbatches_calculator(0, None, 8, 2, 1)
+    with pytest.raises(ResourceMismatch) as caught:
+        TorchActions(ONE, ParallelConfig(micro_batch_size=1)).init_microbatch_calculator()
+    error = caught.value
+    assert (error.resource, error.what) == ("microbatch_calculator", "(micro, global) batch size")
+    assert (error.found, error.wanted) == ((2, 8), (1, 1))
+    assert num_microbatches_calculator.get_micro_batch_size() == 2
+
+
+def test_found_rerun_state_machine_in_another_mode_is_refused() -> None:
+    """A caller's rerun state machine in another mode raises ResourceMismatch naming both modes; it stays."""
+    rerun_state_machine.initialize_rerun_state_machine(mode=rerun_state_machine.RerunMode.VALIDATE_RESULTS)
+    with pytest.raises(ResourceMismatch) as caught:
+        TorchActions(ONE, ParallelConfig(rerun_mode="disabled")).init_rerun_state_machine()
+    error = caught.value
+    assert (error.resource, error.what, error.found, error.wanted) == (
+        "rerun_state_machine",
+        "mode",
+        "validate_results",
+        "disabled",
+    )
+    assert rerun_state_machine._GLOBAL_RERUN_STATE_MACHINE is not None
+
+
+def test_megatron_globals_without_a_default_group_are_refused_as_missing() -> None:
+    """init_model_parallel and init_microbatch_calculator without a default group raise MissingResource naming it."""
+    actions = TorchActions(ONE, ParallelConfig())
+    for init in (actions.init_model_parallel, actions.init_microbatch_calculator):
+        with pytest.raises(MissingResource) as caught:
+            init()
+        assert caught.value.resource == "process_group"
+        assert init.__name__ in caught.value.detail
+    assert alive() == NOTHING_ALIVE
+
+
 @pytest.mark.parametrize("caller_keeps_group", [False, True])
 def test_stale_model_parallel_state_is_refused(caller_keeps_group: bool) -> None:
-    """Model-parallel state left from an earlier group is refused with LifecycleError, never reused."""
+    """Model-parallel state left from an earlier group is refused with StaleResource, never reused."""
     caller_group()
     parallel_state.initialize_model_parallel(distributed_timeout_minutes=0.5)
     dist.destroy_process_group()  # the group goes, megatron's state stays: stale
     if caller_keeps_group:
         caller_group()
     session = Session(TorchActions(ONE, ParallelConfig()))
-    with pytest.raises(LifecycleError, match="stale"), session:
+    with pytest.raises(StaleResource) as caught, session:
         drive(session, State.GLOBALS_READY)
+    assert caught.value.resource == "model_parallel"
+    assert "destroy_model_parallel()" in caught.value.detail  # the remedy
     assert session.state is State.FAILED
     assert dist.is_initialized() is caller_keeps_group
     parallel_state.destroy_model_parallel()
     if caller_keeps_group:
         dist.destroy_process_group()
+
+
+def test_half_made_model_parallel_state_is_refused() -> None:
+    """A megatron-core global set without model-parallel state is refused with StaleResource naming it; it stays."""
+    caller_group()
+    parallel_state._set_global_memory_buffer()
+    with pytest.raises(StaleResource) as caught:
+        TorchActions(ONE, ParallelConfig()).init_model_parallel()
+    assert caught.value.resource == "model_parallel"
+    assert "_GLOBAL_MEMORY_BUFFER" in caught.value.detail
+    assert parallel_state._GLOBAL_MEMORY_BUFFER is not None
 
 
 # -- two ranks -------------------------------------------------------------------------
