@@ -20,13 +20,13 @@ from megatron.core import parallel_state
 from megatron.core.num_microbatches_calculator import get_num_microbatches
 
 from lifecycle._core import journal as _journal
-from lifecycle._core.errors import ConfigError, InvalidTransition
+from lifecycle._core.errors import ConfigError, InvalidTransition, SessionFinished
 from lifecycle._core.executor import TeardownReport
 from lifecycle._core.journal import Eval, Origin, RunEnd, Step
 from lifecycle._core.session import JournalEntry, Session
-from lifecycle._core.states import State
+from lifecycle._core.states import State, Trigger
 from lifecycle._torch.actions import TorchActions
-from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, TrainContext, call_hooks
+from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, SessionHandle, TrainContext, call_hooks
 from lifecycle._training.config import STEPPED_PHASES, InjectedFault, Phase, PretrainConfig
 from lifecycle._training.journaling import RunJournal
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
@@ -91,7 +91,8 @@ def pretrain(
     ranks of one model-parallel group hold identical replicas). Checkpoints, evaluation,
     exits and faults follow ``config``; ``callbacks`` are called as ``Callback`` documents.
     ``attempt`` only labels this call in the journal. ``session`` is the fresh session
-    to drive (in ``uninitialized``); None builds an ordinary one on
+    to drive (in ``uninitialized``: a finished one raises ``SessionFinished``, another
+    live one ``InvalidTransition``, before anything is done); None builds an ordinary one on
     ``TorchActions(config.distributed, config.parallel)``. Under in-process restart,
     ``lifecycle.restart.wrapped_pretrain`` passes the session of the wrapper's attempt.
 
@@ -112,8 +113,10 @@ def pretrain(
     if session is None:
         # No store prefix given: TorchActions takes a new one per group it creates.
         session = Session(TorchActions(config.distributed, config.parallel))
+    elif session.state.is_final:
+        raise SessionFinished(session.state, "pretrain")
     elif session.state is not State.UNINITIALIZED:
-        raise InvalidTransition(session.state, "pretrain")
+        raise InvalidTransition(session.state, Trigger.INIT_DISTRIBUTED)  # pretrain's first trigger
     run = _Run(
         config,
         session,
@@ -157,7 +160,7 @@ class _FaultCallback(Callback):
     def __init__(self, run: _Run) -> None:
         self.run = run
 
-    def on_step_end(self, session: Session, step: int, loss: float) -> None:
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
         self.run.inject(Phase.CALLBACK, step)
 
 
@@ -177,6 +180,7 @@ class _Run:
         self.session = session
         self.forward = forward
         self.hooks: list[Callback] = []
+        self.handle = SessionHandle(session)  # what every hook gets: never the session itself
         self.model_provider = model_provider
         self.batch_provider = batch_provider
         # Until the group exists, the configured (or torchrun's) rank names the journal.
@@ -222,9 +226,9 @@ class _Run:
         self.inject(Phase.GLOBALS)
         ctx = self.setup()
         self.inject(Phase.SETUP)
-        call_hooks(self.hooks, "on_setup_end", session, ctx)
+        call_hooks(self.hooks, "on_setup_end", self.handle, ctx)
         session.start_training()
-        call_hooks(self.hooks, "on_train_start", session, ctx)
+        call_hooks(self.hooks, "on_train_start", self.handle, ctx)
         reason = self.loop(ctx)
         if ctx.checkpointer is not None and self.step != self.saved and self.step > ctx.start_step:
             self.save(ctx.checkpointer, self.step)
@@ -232,7 +236,7 @@ class _Run:
         self.inject(Phase.FINALIZE)
         if ctx.checkpointer is not None:
             self.commit(ctx.checkpointer)
-        call_hooks(self.hooks, "on_train_end", session, self.step, reason)
+        call_hooks(self.hooks, "on_train_end", self.handle, self.step, reason)
         report = session.close()
         return PretrainResult(
             rank=ctx.rank,
@@ -344,7 +348,7 @@ class _Run:
             self.losses.append((step, loss))
             if self.journal.enabled:  # before the hooks: a rank killed in one still shows this step
                 self.journal.write(Step(origin=self.journal.origin, step=step, loss=loss, start=began, end=time.time()))
-            call_hooks(self.hooks, "on_step_end", self.session, step, loss)
+            call_hooks(self.hooks, "on_step_end", self.handle, step, loss)
             last = step == training.iterations or bool(flags[1] or flags[2])
             if training.eval_interval and (step % training.eval_interval == 0 or last):
                 self.evaluate(step)
@@ -396,7 +400,7 @@ class _Run:
         loss = mean.item() / self.world_size
         self.eval_losses.append((step, loss))
         self.journal.write(Eval(origin=self.journal.origin, step=step, loss=loss, start=began, end=time.time()))
-        call_hooks(self.hooks, "on_eval_end", self.session, step, loss)
+        call_hooks(self.hooks, "on_eval_end", self.handle, step, loss)
 
     def save(self, checkpointer: AsyncCheckpointer, step: int) -> None:
         """Start an async save of ``step`` (committing the previous one); wait for it unless ``async_save``."""
@@ -408,7 +412,7 @@ class _Run:
         self.saved = step
         if not self.config.checkpoint.async_save:
             self.commit(checkpointer)
-        call_hooks(self.hooks, "on_checkpoint_saved", self.session, step, checkpointer.directory)
+        call_hooks(self.hooks, "on_checkpoint_saved", self.handle, step, checkpointer.directory)
 
     def commit(self, checkpointer: AsyncCheckpointer) -> None:
         """Collectively finalize the save in flight, if any."""

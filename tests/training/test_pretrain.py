@@ -25,7 +25,7 @@ from lifecycle import (
     ModelConfig,
     ParallelConfig,
     Phase,
-    Session,
+    SessionHandle,
     State,
     TrainContext,
     TrainingConfig,
@@ -47,7 +47,7 @@ def ends(journal_dir: Path) -> list[dict[str, Any]]:
 def raising_callback(hook: str, error: BaseException) -> Callback:
     """A callback whose hook ``hook`` raises ``error`` (per-step hooks: from step 2 on)."""
 
-    def raise_error(self: Callback, session: Session, *args: Any) -> None:
+    def raise_error(self: Callback, session: SessionHandle, *args: Any) -> None:
         if not isinstance(args[0], int) or args[0] >= 2:
             raise error
 
@@ -56,12 +56,12 @@ def raising_callback(hook: str, error: BaseException) -> Callback:
 
 
 class RequestExitAt(Callback):
-    """Calls ``session.request_exit`` at the end of ``step``."""
+    """Calls ``request_exit`` on the hook's ``SessionHandle`` at the end of ``step``."""
 
     def __init__(self, step: int) -> None:
         self.step = step
 
-    def on_step_end(self, session: Session, step: int, loss: float) -> None:
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
         if step == self.step:
             session.request_exit("test")
 
@@ -198,23 +198,23 @@ def test_callbacks_see_every_hook_in_order_and_can_register_a_resource(tmp_path:
     seen: list[str] = []
 
     class Recorder(Callback):
-        def on_setup_end(self, session: Session, ctx: TrainContext) -> None:
+        def on_setup_end(self, session: SessionHandle, ctx: TrainContext) -> None:
             seen.append(f"setup:{session.state.value}")
             session.register("recorder", lambda: seen.append("released"))
 
-        def on_train_start(self, session: Session, ctx: TrainContext) -> None:
+        def on_train_start(self, session: SessionHandle, ctx: TrainContext) -> None:
             seen.append(f"start:{session.state.value}")
 
-        def on_step_end(self, session: Session, step: int, loss: float) -> None:
+        def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
             seen.append(f"step{step}")
 
-        def on_eval_end(self, session: Session, step: int, loss: float) -> None:
+        def on_eval_end(self, session: SessionHandle, step: int, loss: float) -> None:
             seen.append(f"eval{step}")
 
-        def on_checkpoint_saved(self, session: Session, step: int, directory: Path) -> None:
+        def on_checkpoint_saved(self, session: SessionHandle, step: int, directory: Path) -> None:
             seen.append(f"save{step}")
 
-        def on_train_end(self, session: Session, step: int, reason: ExitReason) -> None:
+        def on_train_end(self, session: SessionHandle, step: int, reason: ExitReason) -> None:
             seen.append(f"end{step}:{reason.value}:{session.state.value}")
 
     pretrain(config_of_one(tmp_path), callbacks=[Recorder()])

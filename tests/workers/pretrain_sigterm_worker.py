@@ -23,7 +23,7 @@ from lifecycle import (  # noqa: E402
     DistributedConfig,
     ParallelConfig,
     PretrainConfig,
-    Session,
+    SessionHandle,
     TrainingConfig,
     pretrain,
 )
@@ -35,7 +35,7 @@ class SigtermAt(Callback):
     def __init__(self, rank: int, step: int) -> None:
         self.rank, self.step = rank, step
 
-    def on_step_end(self, session: Session, step: int, loss: float) -> None:
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
         if step == self.step and int(os.environ["RANK"]) == self.rank:
             os.kill(os.getpid(), signal.SIGTERM)
 
