@@ -7,15 +7,36 @@ them. The names that need torch (``TorchActions``, ``pretrain``) load it on firs
 
 from typing import TYPE_CHECKING, Any
 
-from lifecycle._core.errors import ConfigError, InvalidTransition, LifecycleError
+from lifecycle._core.errors import (
+    ConfigError,
+    ForeignResource,
+    InvalidTransition,
+    LifecycleError,
+    MissingResource,
+    ResourceMismatch,
+    ResourceRefused,
+    SessionFinished,
+    StaleResource,
+    UnfinishedSession,
+)
 from lifecycle._core.executor import StepFailure, StepRecord, TeardownError, TeardownReport
-from lifecycle._core.ownership import Ledger, LedgerEntry, Owner, Resource
-from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, StepKind, plan_teardown
+from lifecycle._core.ownership import Ledger, LedgerEntry
+from lifecycle._core.plans import LeftReason, Outcome, Plan, RestartMode, Step, Teardown, plan_teardown, teardown
+from lifecycle._core.resources import (
+    Releases,
+    Resource,
+    StepKind,
+    WrapperRole,
+    declare_resource,
+    declared_resources,
+    live_resources,
+    undeclare_resource,
+)
 from lifecycle._core.seams import CheckpointWriter, DistributedActions
 from lifecycle._core.session import JournalEntry, Session
-from lifecycle._core.states import State, Trigger
+from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
-from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, TrainContext
+from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, SessionHandle, TrainContext
 from lifecycle._training.config import (
     CheckpointConfig,
     ExitConfig,
@@ -65,12 +86,15 @@ __all__ = [
     "ExitConfig",
     "ExitReason",
     "FaultInjection",
+    "ForeignResource",
     "InjectedFault",
     "InvalidTransition",
     "JournalEntry",
     "Ledger",
     "LedgerEntry",
+    "LeftReason",
     "LifecycleError",
+    "MissingResource",
     "ModelConfig",
     "Outcome",
     "Owner",
@@ -80,22 +104,36 @@ __all__ = [
     "PretrainConfig",
     "PretrainResult",
     "ProgressLog",
+    "Releases",
     "Resource",
+    "ResourceMismatch",
+    "ResourceRefused",
     "RestartMode",
     "Session",
+    "SessionFinished",
+    "SessionHandle",
+    "StaleResource",
     "State",
     "Step",
     "StepFailure",
     "StepKind",
     "StepRecord",
+    "Teardown",
     "TeardownError",
     "TeardownReport",
     "TorchActions",
     "TrainContext",
     "TrainingConfig",
     "Trigger",
+    "UnfinishedSession",
+    "WrapperRole",
+    "declare_resource",
+    "declared_resources",
     "edges_from",
+    "live_resources",
     "plan_teardown",
     "pretrain",
     "reachable_states",
+    "teardown",
+    "undeclare_resource",
 ]

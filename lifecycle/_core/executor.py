@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lifecycle._core.errors import LifecycleError
 from lifecycle._core.ownership import Ledger, LedgerEntry
-from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, StepKind
+from lifecycle._core.plans import LeftReason, Outcome, RestartMode, Step, Teardown
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,21 +21,27 @@ class StepFailure:
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """A step that ran: how long it took and what it raised, if anything."""
+    """A step that ran: when it started (wall clock, ``time.time()``), how long it took, what it raised if anything."""
 
     step: Step
+    start: float
     duration_s: float
     error: BaseException | None = None
+
+    @property
+    def end(self) -> float:
+        """When it finished (wall clock): ``start`` plus its duration on the monotonic clock."""
+        return self.start + self.duration_s
 
 
 @dataclass(frozen=True, slots=True)
 class TeardownReport:
-    """What a teardown did: steps run (with durations and errors) and what it left alone, and why."""
+    """What a teardown did: steps run (with start, duration and error) and what it left alone, and why."""
 
     outcome: Outcome
     restart_mode: RestartMode
     records: tuple[StepRecord, ...]
-    left: tuple[tuple[LedgerEntry, str], ...]
+    left: tuple[tuple[LedgerEntry, LeftReason], ...]
 
     @property
     def ran(self) -> tuple[Step, ...]:
@@ -48,14 +54,9 @@ class TeardownReport:
         return tuple(StepFailure(r.step, r.error) for r in self.records if r.error is not None)
 
     @property
-    def skipped(self) -> tuple[tuple[LedgerEntry, str], ...]:
-        """Held resources the session did not release, each with the reason."""
-        return self.left
-
-    @property
-    def deferred_to_wrapper(self) -> bool:
-        """True if the release of any resource was left to the restart wrapper."""
-        return any(reason.startswith("deferred") for _, reason in self.left)
+    def deferred_to_wrapper(self) -> tuple[LedgerEntry, ...]:
+        """The held entries whose release was left to the restart wrapper (empty: none)."""
+        return tuple(entry for entry, why in self.left if why is LeftReason.RESTART_WRAPPER)
 
     def lines(self) -> list[str]:
         """Human-readable lines, one a step, then one a resource left alone."""
@@ -67,48 +68,84 @@ class TeardownReport:
         return out
 
 
-class TeardownError(LifecycleError):
-    """Success teardown had failing steps; ``failures`` lists every one, in order."""
+class TeardownError(ExceptionGroup[Exception], LifecycleError):
+    """Teardown steps raised these ``Exception``s; ``failures`` pairs each with its step, in order.
 
-    def __init__(self, failures: tuple[StepFailure, ...]) -> None:
-        self.failures = failures
-        listed = "; ".join(f"{f.step}: {f.error!r}" for f in failures)
-        super().__init__(f"{len(failures)} teardown step(s) failed: {listed}")
+    An ``ExceptionGroup``: every failure's traceback prints, and ``except*`` /
+    ``split`` / ``subgroup`` keep this type and the matching ``failures``. A step's
+    ``BaseException`` that is not an ``Exception`` (Ctrl-C, ``SystemExit``, a restart
+    request) is never in the group: it is raised after teardown, from the group (see
+    ``raise_failures``).
+    """
+
+    failures: tuple[StepFailure, ...]
+
+    def __new__(cls, failures: Sequence[StepFailure]) -> TeardownError:
+        """Group the ``Exception`` failures of ``failures``; ``ValueError`` if there is none."""
+        kept = tuple(f for f in failures if isinstance(f.error, Exception))
+        if not kept:
+            raise ValueError("a TeardownError needs at least one step that raised an Exception")
+        listed = "; ".join(f"{f.step}: {f.error!r}" for f in kept)
+        errors = [f.error for f in kept if isinstance(f.error, Exception)]
+        self = super().__new__(cls, f"{len(kept)} teardown step(s) failed: {listed}", errors)
+        self.failures = kept
+        return self
+
+    def __init__(self, failures: Sequence[StepFailure]) -> None:
+        super().__init__(self.message, self.exceptions)
+
+    def derive(self, excs: Sequence[Exception]) -> TeardownError:  # type: ignore[override]
+        """The group of the failures whose errors are ``excs`` (``split`` and ``except*`` call this)."""
+        by_error = {id(f.error): f for f in self.failures}
+        return TeardownError(tuple(by_error[id(error)] for error in excs))
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.failures,), self.__dict__)
 
 
+def raise_failures(failures: Sequence[StepFailure], cause: BaseException | None = None) -> None:
+    """Raise what the teardown failures ``failures`` call for, or return if there are none.
+
+    The first interruption (a ``BaseException`` that is not an ``Exception``) is raised
+    from the ``TeardownError`` of the ``Exception`` failures if there are any, else from
+    ``cause``; without an interruption, that ``TeardownError`` is raised from ``cause``.
+    """
+    interruption = next((f.error for f in failures if not isinstance(f.error, Exception)), None)
+    group = TeardownError(failures) if any(isinstance(f.error, Exception) for f in failures) else None
+    if interruption is not None:
+        raise interruption from (group if group is not None else cause)
+    if group is not None:
+        raise group from cause
+
+
 def execute(
-    plan: Plan,
+    teardown: Teardown,
     perform: Callable[[Step], None],
     ledger: Ledger,
     *,
-    outcome: Outcome,
-    restart_mode: RestartMode,
-    left: tuple[tuple[LedgerEntry, str], ...] = (),
     on_step: Callable[[StepRecord], None] | None = None,
 ) -> tuple[TeardownReport, Ledger]:
-    """Run every step of ``plan`` through ``perform``, even after one raised.
+    """Run every step of ``teardown.plan`` through ``perform``, even after one raised.
 
-    Returns the report and the ledger with each successfully released resource
-    marked released. ``Exception``s and ``KeyboardInterrupt``s raised by a step are
-    recorded, not propagated; so is ``SystemExit``: teardown is never cut short.
-    ``on_step``, if given, is called with each step's record as soon as the step ran;
-    it must not raise.
+    Returns the report and the ledger with the resource of each successful step of a
+    releasing kind marked released. Every ``BaseException`` a step raises (Ctrl-C and
+    ``SystemExit`` too) is recorded, with a note naming the step and where its resource
+    was acquired, not propagated: teardown is never cut short. ``on_step``, if given,
+    is called with each step's record as soon as the step ran; it must not raise.
     """
     records: list[StepRecord] = []
-    for step in plan:
-        start = time.monotonic()
+    for step in teardown.plan:
+        start, started = time.time(), time.monotonic()
         error: BaseException | None = None
         try:
             perform(step)
         except BaseException as exc:  # noqa: BLE001 - every later step must still run
             error = exc
-        record = StepRecord(step, time.monotonic() - start, error)
+            exc.add_note(f"lifecycle: raised by teardown step {step} of {step.entry.described()}")
+        record = StepRecord(step, start, time.monotonic() - started, error)
         records.append(record)
         if on_step is not None:
             on_step(record)
-        if error is None and step.kind is not StepKind.BARRIER:
+        if error is None and step.kind.releases:
             ledger = ledger.release(step.entry)
-    return TeardownReport(outcome, restart_mode, tuple(records), left), ledger
+    return TeardownReport(teardown.outcome, teardown.mode, tuple(records), teardown.left), ledger

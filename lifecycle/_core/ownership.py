@@ -7,45 +7,33 @@ resource is released at most once.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
-from enum import StrEnum
+from pathlib import Path
 
 from lifecycle._core.errors import LifecycleError
+from lifecycle._core.resources import GLOBALS, Resource
+from lifecycle._core.states import Owner
 
+__all__ = ["GLOBALS", "Ledger", "LedgerEntry", "Owner", "Resource", "caller_site"]
 
-class Owner(StrEnum):
-    """Who releases a resource."""
-
-    SESSION = "session"
-    CALLER = "caller"
-    RESTART_WRAPPER = "restart_wrapper"
-
-
-class Resource(StrEnum):
-    """A kind of resource a session can hold."""
-
-    PROCESS_GROUP = "process_group"
-    MODEL_PARALLEL = "model_parallel"
-    MICROBATCH_CALCULATOR = "microbatch_calculator"
-    RERUN_STATE_MACHINE = "rerun_state_machine"
-    ASYNC_CHECKPOINT = "async_checkpoint"
-    SIGNAL_HANDLERS = "signal_handlers"
-    USER = "user"
-
-
-GLOBALS: frozenset[Resource] = frozenset(
-    {Resource.MODEL_PARALLEL, Resource.MICROBATCH_CALCULATOR, Resource.RERUN_STATE_MACHINE}
-)
-"""The Megatron-core globals."""
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
-    """The fact that ``resource`` (``name`` tells user resources apart) was acquired, and who owns it."""
+    """The fact that ``resource`` (``name`` tells named resources apart) was acquired, and who owns it.
+
+    ``site`` is where it was acquired: ``file:line`` of the first caller outside this
+    package (see ``caller_site``), for error messages and leak reports; it takes no
+    part in comparisons.
+    """
 
     resource: Resource
     owner: Owner
     name: str = ""
+    site: str = field(default="", compare=False)
 
     @property
     def key(self) -> tuple[Resource, str]:
@@ -55,6 +43,10 @@ class LedgerEntry:
     def __str__(self) -> str:
         label = f"{self.resource.value}:{self.name}" if self.name else self.resource.value
         return f"{label} (owner: {self.owner.value})"
+
+    def described(self) -> str:
+        """``str(self)`` followed by where it was acquired, when that is known."""
+        return f"{self} acquired at {self.site}" if self.site else str(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +85,17 @@ class Ledger:
             if entry.key == (resource, name):
                 return entry
         return None
+
+
+def caller_site() -> str:
+    """``file:line`` of the innermost frame outside the ``lifecycle`` package (its test suite counts as outside).
+
+    Empty when every frame is inside the package.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_PACKAGE):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return ""

@@ -1,17 +1,18 @@
-"""Teardown plans: a pure function of (ledger, restart mode, outcome).
+"""Teardown plans: one pure function of (ledger, restart mode, outcome) returns one ``Teardown`` value.
 
-Every plan is a subsequence of one canonical order (``StepKind`` is declared in
-that order). ``Plan`` refuses any other order, so a wrong order cannot be
-built, by ``plan_teardown`` or by anyone else.
+Every plan follows one canonical order: resource kinds by their declared ``order``,
+and within one kind its steps as declared. ``Plan`` refuses any other order, so a
+wrong order cannot be built, by ``teardown`` or by anyone else.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import StrEnum
 
-from lifecycle._core.ownership import GLOBALS, Ledger, LedgerEntry, Owner, Resource
+from lifecycle._core.ownership import Ledger, LedgerEntry, Owner
+from lifecycle._core.resources import StepKind, WrapperRole
 
 
 class RestartMode(StrEnum):
@@ -28,41 +29,13 @@ class Outcome(StrEnum):
     FAILURE = "failure"
 
 
-class StepKind(Enum):
-    """A teardown action. Declaration order is the canonical order."""
+class LeftReason(StrEnum):
+    """Why a teardown gives a held resource no step; the values are the words printed."""
 
-    FINALIZE_CHECKPOINTS = "finalize_checkpoints"
-    ABORT_CHECKPOINTS = "abort_checkpoints"
-    RELEASE_USER_RESOURCE = "release_user_resource"
-    DESTROY_RERUN_STATE_MACHINE = "destroy_rerun_state_machine"
-    DESTROY_MICROBATCH_CALCULATOR = "destroy_microbatch_calculator"
-    DESTROY_MODEL_PARALLEL = "destroy_model_parallel"
-    BARRIER = "barrier"
-    DESTROY_PROCESS_GROUP = "destroy_process_group"
-    ABORT_PROCESS_GROUP = "abort_process_group"
-    RESTORE_SIGNAL_HANDLERS = "restore_signal_handlers"
-
-    @property
-    def rank(self) -> int:
-        """Position in the canonical order."""
-        return _RANK[self]
-
-
-_RANK = {kind: i for i, kind in enumerate(StepKind)}
-
-# Each resource's step: (on success, on failure).
-_KIND: dict[Resource, tuple[StepKind, StepKind]] = {
-    Resource.ASYNC_CHECKPOINT: (StepKind.FINALIZE_CHECKPOINTS, StepKind.ABORT_CHECKPOINTS),
-    Resource.USER: (StepKind.RELEASE_USER_RESOURCE, StepKind.RELEASE_USER_RESOURCE),
-    Resource.RERUN_STATE_MACHINE: (StepKind.DESTROY_RERUN_STATE_MACHINE,) * 2,
-    Resource.MICROBATCH_CALCULATOR: (StepKind.DESTROY_MICROBATCH_CALCULATOR,) * 2,
-    Resource.MODEL_PARALLEL: (StepKind.DESTROY_MODEL_PARALLEL,) * 2,
-    Resource.PROCESS_GROUP: (StepKind.DESTROY_PROCESS_GROUP, StepKind.ABORT_PROCESS_GROUP),
-    Resource.SIGNAL_HANDLERS: (StepKind.RESTORE_SIGNAL_HANDLERS,) * 2,
-}
-
-LEFT_TO_CALLER = "owned by the caller"
-LEFT_TO_WRAPPER = "deferred to the restart wrapper"
+    CALLER = "owned by the caller"
+    """The caller created it (the session found it) and releases it."""
+    RESTART_WRAPPER = "deferred to the restart wrapper"
+    """A failure under in-process restart: the wrapper releases it (its abort and finalize)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,48 +57,67 @@ class Plan(tuple[Step, ...]):
     def __new__(cls, steps: tuple[Step, ...] = ()) -> Plan:
         """Build a plan; raise ``ValueError`` unless ``steps`` follow the canonical order.
 
-        Only user resources may have several steps of one kind.
+        Only named resources (user resources) may have several steps of one kind.
         """
         for before, after in itertools.pairwise(steps):
-            if before.kind.rank > after.kind.rank or (
-                before.kind is after.kind and before.kind is not StepKind.RELEASE_USER_RESOURCE
-            ):
+            if before.kind.rank > after.kind.rank or (before.kind is after.kind and not before.kind.resource.named):
                 raise ValueError(f"{after} may not follow {before}: not the canonical teardown order")
         return super().__new__(cls, steps)
 
 
-def _left_because(entry: LedgerEntry, mode: RestartMode, outcome: Outcome) -> str | None:
-    """Why the session does not release ``entry`` itself, or None if it does."""
+@dataclass(frozen=True, slots=True)
+class Teardown:
+    """What a teardown of ``outcome`` in ``mode`` does: its ``plan``, and what it ``left`` alone and why."""
+
+    plan: Plan
+    left: tuple[tuple[LedgerEntry, LeftReason], ...]
+    outcome: Outcome
+    mode: RestartMode
+
+    @property
+    def deferred_to_wrapper(self) -> tuple[LedgerEntry, ...]:
+        """The held entries left to the restart wrapper, in acquisition order."""
+        return tuple(entry for entry, why in self.left if why is LeftReason.RESTART_WRAPPER)
+
+
+def left_because(entry: LedgerEntry, mode: RestartMode, outcome: Outcome) -> LeftReason | None:
+    """Why a teardown of ``outcome`` in ``mode`` gives ``entry`` no step, or None if it releases it.
+
+    The one place that decides wrapper scope: on a failure, an entry the wrapper owns,
+    or under ``inprocess`` one of a kind the wrapper releases, is left to the wrapper.
+    """
     if entry.owner is Owner.CALLER:
-        return LEFT_TO_CALLER
-    wrapper_scope = entry.resource is Resource.PROCESS_GROUP or entry.resource in GLOBALS
+        return LeftReason.CALLER
     if outcome is Outcome.FAILURE and (
-        entry.owner is Owner.RESTART_WRAPPER or (mode is RestartMode.INPROCESS and wrapper_scope)
+        entry.owner is Owner.RESTART_WRAPPER
+        or (mode is RestartMode.INPROCESS and entry.resource.wrapper is WrapperRole.RELEASES)
     ):
-        return LEFT_TO_WRAPPER
+        return LeftReason.RESTART_WRAPPER
     return None
 
 
-def plan_teardown(ledger: Ledger, restart_mode: RestartMode, outcome: Outcome) -> Plan:
-    """Return the steps that release what ``ledger`` still holds, in the canonical order.
+def teardown(ledger: Ledger, restart_mode: RestartMode, outcome: Outcome) -> Teardown:
+    """The teardown of what ``ledger`` still holds, in one walk of the ledger.
 
-    Caller-owned resources get no step. A failure plan never has a barrier; under
-    ``inprocess`` failure the process group and the Megatron globals are left to the
-    restart wrapper. A success plan has a barrier right before the group is destroyed.
-    User resources are released in reverse registration order.
+    Each held entry either gets its kind's steps for ``outcome`` (so a success plan
+    has a barrier right before the group is destroyed, a failure plan none) or is left
+    alone with a ``LeftReason``. Steps follow the canonical order; named resources of
+    one kind are released in reverse acquisition order.
     """
     steps: list[Step] = []
-    for entry in reversed(ledger.held()):
-        if _left_because(entry, restart_mode, outcome) is None:
-            kind = _KIND[entry.resource][outcome is Outcome.FAILURE]
-            if kind is StepKind.DESTROY_PROCESS_GROUP:
-                steps.append(Step(StepKind.BARRIER, entry))
-            steps.append(Step(kind, entry))
-    # A stable sort keeps reverse acquisition order among user resources.
-    return Plan(tuple(sorted(steps, key=lambda step: step.kind.rank)))
+    left: list[tuple[LedgerEntry, LeftReason]] = []
+    for entry in ledger.held():
+        why = left_because(entry, restart_mode, outcome)
+        if why is None:
+            steps += (Step(kind, entry) for kind in entry.resource.steps_for(outcome is Outcome.FAILURE))
+        else:
+            left.append((entry, why))
+    # Acquisition order reversed, then a stable sort: reverse acquisition order among one kind's entries.
+    steps.reverse()
+    ordered = sorted(steps, key=lambda step: step.kind.rank)
+    return Teardown(Plan(tuple(ordered)), tuple(left), outcome, restart_mode)
 
 
-def left_alone(ledger: Ledger, restart_mode: RestartMode, outcome: Outcome) -> tuple[tuple[LedgerEntry, str], ...]:
-    """Return the held entries ``plan_teardown`` gives no step, each with the reason."""
-    left = ((entry, _left_because(entry, restart_mode, outcome)) for entry in ledger.held())
-    return tuple((entry, reason) for entry, reason in left if reason is not None)
+def plan_teardown(ledger: Ledger, restart_mode: RestartMode, outcome: Outcome) -> Plan:
+    """``teardown(ledger, restart_mode, outcome).plan``: the steps alone."""
+    return teardown(ledger, restart_mode, outcome).plan

@@ -7,7 +7,8 @@ own fields:
 - ``run`` (``RunStart``): ``world_size``, ``pid``, ``host``, ``start``.
 - ``transition`` (``Transition``): ``source``, ``dest``, ``trigger``, ``start``, ``end``, ``detail``.
 - ``teardown`` (``TeardownStep``): ``outcome``, ``step``, ``resource``, ``owner``, ``start``, ``end``, ``error``.
-- ``left`` (``Left``): ``resource``, ``owner``, ``reason`` (held, and not released by this session).
+- ``left`` (``Left``): ``resource``, ``owner``, ``reason``, ``site`` (held, and not released by this
+  session; ``site`` is ``file:line`` where it was acquired, empty if unknown).
 - ``step`` (``Step``): ``step``, ``loss``, ``start``, ``end``: one per training step.
 - ``eval`` (``Eval``): ``step``, ``loss``, ``start``, ``end``.
 - ``end`` (``RunEnd``): ``state``, ``exit_reason``, ``final_step``, ``checkpoint_step``, ``error``, ``end``.
@@ -137,13 +138,14 @@ class TeardownStep(_Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Left(_Record):
-    """A resource held at teardown that the session did not release, and why."""
+    """A resource held at teardown that the session did not release, why, and where it was acquired (``site``)."""
 
     kind: ClassVar[str] = "left"
     origin: Origin
     resource: str
     owner: str
     reason: str
+    site: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

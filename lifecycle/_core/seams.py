@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from lifecycle._core.ownership import Owner
+from lifecycle._core.states import Owner
 
 
 class DistributedActions(Protocol):

@@ -8,17 +8,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any
 
-from lifecycle._core.errors import InvalidTransition, LifecycleError
-from lifecycle._core.executor import StepFailure, StepRecord, TeardownError, TeardownReport, execute
-from lifecycle._core.machine import TriggerModel, build_machine
-from lifecycle._core.ownership import GLOBALS, Ledger, LedgerEntry, Owner, Resource
-from lifecycle._core.plans import Outcome, RestartMode, Step, StepKind, left_alone, plan_teardown
+from lifecycle._core.errors import ForeignResource, LifecycleError, SessionFinished, UnfinishedSession
+from lifecycle._core.executor import StepFailure, StepRecord, TeardownReport, execute, raise_failures
+from lifecycle._core.machine import Driver
+from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
+from lifecycle._core.plans import Outcome, RestartMode, Step, teardown
+from lifecycle._core.resources import Releases, Resource, StepKind, WrapperRole, declared_resources
 from lifecycle._core.seams import CheckpointWriter, DistributedActions
 from lifecycle._core.signals import InstalledHandlers
-from lifecycle._core.states import State, Trigger
-from lifecycle._core.table import find_edge
+from lifecycle._core.states import Owner, State, Trigger
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +61,18 @@ class Session:
     """One distributed training session: use it once, then start a new one.
 
     Triggers (``init_distributed`` … ``close``, ``fail``) raise ``InvalidTransition``
-    before any side effect when the current state declares no edge for them. As a
+    before any side effect when the current state declares no edge for them; acting on
+    a finished session (``register`` after ``close``) raises ``SessionFinished``. As a
     context manager, an exception inside the block (``KeyboardInterrupt`` and
     ``SystemExit`` too) takes the failure edge and propagates unchanged; a block that
     ends normally in ``training`` or ``finalizing`` is finished and closed, and one
     that ends in an earlier live state takes the failure edge and raises
-    ``LifecycleError``.
+    ``UnfinishedSession``.
+
+    What it acquires follows the resource declarations (``lifecycle.Resource``): each
+    trigger acquires the kinds declared ``acquired_by`` it, in declaration order, and
+    binds their release callables to the new ledger entry; teardown runs, for each
+    step of the plan, the callable bound to its entry and kind.
     """
 
     def __init__(
@@ -81,14 +86,11 @@ class Session:
         self._actions = actions
         self.restart_mode = restart_mode
         self.iteration = iteration
-        self._model = TriggerModel()
-        self._machine = build_machine(self._model)
+        self._driver = Driver()
         self._ledger = Ledger()
+        self._releases: dict[tuple[Resource, str], Releases] = {}
         self._journal: list[JournalEntry] = []
         self._report: TeardownReport | None = None
-        self._checkpoints: CheckpointWriter | None = None
-        self._user: dict[str, Callable[[], object]] = {}
-        self._signals: InstalledHandlers | None = None
         self._exit_request: str | None = None
         self._observers: list[Callable[[SessionEvent], object]] = []
 
@@ -97,7 +99,7 @@ class Session:
     @property
     def state(self) -> State:
         """The current state."""
-        return State(self._model.state)
+        return self._driver.state
 
     @property
     def ledger(self) -> Ledger:
@@ -122,47 +124,50 @@ class Session:
     # -- triggers ---------------------------------------------------------------------
 
     def init_distributed(self) -> None:
-        """``uninitialized`` → ``dist_ready``: create (or find) the default process group."""
-        start = self._check(Trigger.INIT_DISTRIBUTED)
-        self._acquire(Resource.PROCESS_GROUP, self._actions.init_process_group)
+        """``uninitialized`` → ``dist_ready``: acquire the kinds declared for it (the default process group)."""
         detail = f"restart_mode={self.restart_mode.value} iteration={self.iteration}"
-        self._move(Trigger.INIT_DISTRIBUTED, start, detail)
+        site = caller_site()  # taken here: inside the machine, the caller's frames are transitions'
+        self._fire(Trigger.INIT_DISTRIBUTED, lambda: self._acquire_declared(Trigger.INIT_DISTRIBUTED, site), detail)
 
     def init_globals(self) -> None:
-        """``dist_ready`` → ``globals_ready``: model-parallel state, microbatch calculator, rerun state machine."""
-        start = self._check(Trigger.INIT_GLOBALS)
-        self._acquire(Resource.MODEL_PARALLEL, self._actions.init_model_parallel)
-        self._acquire(Resource.MICROBATCH_CALCULATOR, self._actions.init_microbatch_calculator)
-        self._acquire(Resource.RERUN_STATE_MACHINE, self._actions.init_rerun_state_machine)
-        self._move(Trigger.INIT_GLOBALS, start)
+        """``dist_ready`` → ``globals_ready``: acquire the kinds declared for it (the Megatron-core globals).
+
+        If one acquisition raises, those before it stay recorded (the failure edge
+        releases them) and the state does not move.
+        """
+        site = caller_site()
+        self._fire(Trigger.INIT_GLOBALS, lambda: self._acquire_declared(Trigger.INIT_GLOBALS, site))
 
     def start_training(self) -> None:
         """``globals_ready`` → ``training``."""
-        self._move(Trigger.START_TRAINING, self._check(Trigger.START_TRAINING))
+        self._fire(Trigger.START_TRAINING, lambda: None)
 
     def finish(self) -> None:
         """``training`` → ``finalizing``: the loop ended normally or by a requested exit."""
-        self._move(Trigger.FINISH, self._check(Trigger.FINISH))
+        self._fire(Trigger.FINISH, lambda: None)
 
     def close(self) -> TeardownReport:
         """``finalizing`` → ``closed``: run the success plan, and return its report.
 
         If a step raises, every later step still runs, then the session takes the
-        failure edge (releasing only what is still held) and raises ``TeardownError``
-        carrying every step's failure; if a step was interrupted (Ctrl-C, ``SystemExit``),
-        that interruption is raised instead, from the ``TeardownError``.
+        failure edge (releasing only what is still held) and raises a ``TeardownError``
+        grouping every step's ``Exception``; if a step was interrupted (Ctrl-C,
+        ``SystemExit``), that interruption is raised instead, from the group.
         """
-        start = self._check(Trigger.CLOSE)
-        report = self._teardown(Outcome.SUCCESS)
-        if report.failed:
-            error = TeardownError(report.failed)
-            self._fail_after(start, error)
-            interruption = _first_interruption(report.failed)
-            if interruption is not None:
-                raise interruption from error
-            raise error
-        self._move(Trigger.CLOSE, start)
-        return report
+        start = time.monotonic()
+        reports: list[TeardownReport] = []
+
+        def work() -> bool:
+            reports.append(self._teardown(Outcome.SUCCESS))
+            return not reports[0].failed
+
+        if self._driver.fire(Trigger.CLOSE, work):
+            self._journal_move(State.FINALIZING, Trigger.CLOSE, start)
+            return reports[0]
+        failures = reports[0].failed
+        after = self._fail_teardown(start, f"teardown failed: {_describe(failures)}")
+        raise_failures(failures + after.failed)
+        raise AssertionError("unreachable: a failed teardown raised nothing")  # pragma: no cover
 
     def fail(self, error: BaseException) -> TeardownReport:
         """Any live state → ``failed``: run the failure plan because of ``error``, and return the report.
@@ -170,23 +175,28 @@ class Session:
         ``error`` is not raised here: re-raise it yourself (the context manager does).
         Each failed step adds a note to ``error``. If a step was interrupted by a
         ``BaseException`` that is not an ``Exception`` (Ctrl-C, a restart request), the
-        remaining steps still run and that interruption is raised afterwards.
+        remaining steps still run and that interruption is raised afterwards, from ``error``.
         """
-        return self._fail_after(self._check(Trigger.FAIL), error)
+        report = self._fail_teardown(time.monotonic(), f"{type(error).__name__}: {_safe_str(error)}")
+        for failure in report.failed:
+            error.add_note(f"lifecycle: teardown step {failure.step} also failed: {failure.error!r}")
+        interruption = next((f.error for f in report.failed if not isinstance(f.error, Exception)), None)
+        if interruption is not None and interruption is not error:
+            raise interruption from error
+        return report
 
     # -- resources acquired while live ------------------------------------------------
 
     def track_checkpoints(self, writer: CheckpointWriter) -> None:
         """Record ``writer``'s in-flight saves: finalized on success, aborted on failure."""
         self._check_live("track_checkpoints")
-        self._ledger = self._ledger.acquire(LedgerEntry(Resource.ASYNC_CHECKPOINT, Owner.SESSION))
-        self._checkpoints = writer
+        releases = {StepKind.FINALIZE_CHECKPOINTS: writer.finalize, StepKind.ABORT_CHECKPOINTS: writer.abort}
+        self._record(Resource.ASYNC_CHECKPOINT, Owner.SESSION, releases)
 
     def register(self, name: str, release: Callable[[], object]) -> None:
         """Record a user resource ``name``; ``release()`` runs at teardown, in reverse registration order."""
         self._check_live("register")
-        self._ledger = self._ledger.acquire(LedgerEntry(Resource.USER, Owner.SESSION, name))
-        self._user[name] = release
+        self._record(Resource.USER, Owner.SESSION, {StepKind.RELEASE_USER_RESOURCE: release}, name)
 
     def install_signal_handlers(self, signums: tuple[int, ...] = (signal.SIGTERM,)) -> None:
         """Turn each of ``signums`` into a requested exit (see ``exit_requested``); restored at teardown."""
@@ -195,8 +205,8 @@ class Session:
         def request(signum: int, frame: FrameType | None) -> None:
             self.request_exit(signal.Signals(signum).name)
 
-        self._signals = InstalledHandlers(signums, request)
-        self._ledger = self._ledger.acquire(LedgerEntry(Resource.SIGNAL_HANDLERS, Owner.SESSION))
+        handlers = InstalledHandlers(signums, request)
+        self._record(Resource.SIGNAL_HANDLERS, Owner.SESSION, {StepKind.RESTORE_SIGNAL_HANDLERS: handlers.restore})
 
     def request_exit(self, reason: str) -> None:
         """Ask the training loop to stop gracefully; the first reason given is kept."""
@@ -230,24 +240,28 @@ class Session:
         if self.state is State.FINALIZING:
             self.close()
         elif not self.state.is_final:
-            error = LifecycleError(f"the session block ended in state {self.state.value!r} without finishing")
+            error = UnfinishedSession(self.state)
             self.fail(error)
             raise error
 
     # -- internals --------------------------------------------------------------------
 
-    def _check(self, trigger: Trigger) -> float:
-        if find_edge(self.state, trigger) is None:
-            raise InvalidTransition(self.state, trigger.value)
-        return time.monotonic()
+    def _fire(self, trigger: Trigger, work: Callable[[], object], detail: str = "") -> None:
+        """Take ``trigger``'s edge, running ``work`` inside it; the machine refuses an invalid trigger first."""
+        source, start = self.state, time.monotonic()
+
+        def run() -> bool:
+            work()
+            return True
+
+        self._driver.fire(trigger, run)
+        self._journal_move(source, trigger, start, detail)
 
     def _check_live(self, what: str) -> None:
         if self.state.is_final:
-            raise InvalidTransition(self.state, what)
+            raise SessionFinished(self.state, what)
 
-    def _move(self, trigger: Trigger, start: float, detail: str = "") -> None:
-        source = self.state
-        getattr(self._model, trigger.value)()
+    def _journal_move(self, source: State, trigger: Trigger, start: float, detail: str = "") -> None:
         now = time.monotonic()
         entry = JournalEntry(source, self.state, trigger, now, now - start, detail)
         self._journal.append(entry)
@@ -262,68 +276,76 @@ class Session:
             except Exception:  # an observer must never change the session's outcome
                 logger.warning("session observer %r failed on %s; ignored", observer, event, exc_info=True)
 
-    def _acquire(self, resource: Resource, acquire: Callable[[], Owner]) -> None:
-        owner = acquire()
-        wrapped = resource is Resource.PROCESS_GROUP or resource in GLOBALS
-        if self.restart_mode is RestartMode.INPROCESS and wrapped:
-            if owner is Owner.CALLER:
-                raise LifecycleError(
-                    f"{resource.value} already exists, created by the caller; under in-process restart "
-                    "the session must create it (the restart wrapper releases it on failure)"
-                )
-            owner = Owner.RESTART_WRAPPER
-        self._ledger = self._ledger.acquire(LedgerEntry(resource, owner))
+    def _acquire_declared(self, trigger: Trigger, site: str) -> None:
+        for resource in declared_resources():
+            if resource.acquired_by is not trigger:
+                continue
+            assert resource.init is not None and resource.release is not None  # declare_resource() checks
+            releases = _checked(resource, resource.release(self._actions))  # before it exists: nothing to undo
+            owner = resource.init(self._actions)
+            if self.restart_mode is RestartMode.INPROCESS and resource.wrapper is WrapperRole.RELEASES:
+                if owner is Owner.CALLER:
+                    raise ForeignResource(
+                        resource.value,
+                        "already exists, created by the caller; under in-process restart the session must "
+                        "create it (the restart wrapper releases it on failure)",
+                    )
+                owner = Owner.RESTART_WRAPPER
+            self._record(resource, owner, releases, site=site)
+
+    def _record(
+        self, resource: Resource, owner: Owner, releases: Releases, name: str = "", *, site: str | None = None
+    ) -> None:
+        """Write the ledger entry of an acquisition (``site``: where; default the caller's) and bind its releases."""
+        entry = LedgerEntry(resource, owner, name, caller_site() if site is None else site)
+        self._ledger = self._ledger.acquire(entry)
+        self._releases[entry.key] = _checked(resource, releases)
+
+    def _perform(self, step: Step) -> None:
+        """Run the callable bound, when ``step.entry`` was acquired, to ``step.kind``."""
+        self._releases[step.entry.key][step.kind]()
 
     def _teardown(self, outcome: Outcome) -> TeardownReport:
-        plan = plan_teardown(self._ledger, self.restart_mode, outcome)
-        left = left_alone(self._ledger, self.restart_mode, outcome)
+        planned = teardown(self._ledger, self.restart_mode, outcome)
 
         def observed(record: StepRecord) -> None:
-            end = time.time()
-            self._notify(TeardownEvent(outcome, record, end - record.duration_s, end))
+            self._notify(TeardownEvent(outcome, record, record.start, record.end))
 
         report, self._ledger = execute(
-            plan,
-            self._perform,
-            self._ledger,
-            outcome=outcome,
-            restart_mode=self.restart_mode,
-            left=left,
-            on_step=observed if self._observers else None,
+            planned, self._perform, self._ledger, on_step=observed if self._observers else None
         )
         self._report = report
         return report
 
-    def _fail_after(self, start: float, error: BaseException) -> TeardownReport:
-        report = self._teardown(Outcome.FAILURE)
-        for failure in report.failed:
-            error.add_note(f"lifecycle: teardown step {failure.step} also failed: {failure.error!r}")
-        self._move(Trigger.FAIL, start, f"{type(error).__name__}: {error}")
-        interruption = _first_interruption(report.failed)
-        if interruption is not None and interruption is not error:
-            raise interruption from error
-        return report
+    def _fail_teardown(self, start: float, detail: str) -> TeardownReport:
+        """Take the failure edge, running the failure plan inside it; return its report (nothing raised)."""
+        source = self.state
+        reports: list[TeardownReport] = []
 
-    def _perform(self, step: Step) -> None:
-        kind = step.kind
-        if kind is StepKind.FINALIZE_CHECKPOINTS:
-            assert self._checkpoints is not None  # set together with its ledger entry
-            self._checkpoints.finalize()
-        elif kind is StepKind.ABORT_CHECKPOINTS:
-            assert self._checkpoints is not None
-            self._checkpoints.abort()
-        elif kind is StepKind.RELEASE_USER_RESOURCE:
-            self._user[step.entry.name]()
-        elif kind is StepKind.RESTORE_SIGNAL_HANDLERS:
-            assert self._signals is not None  # set together with its ledger entry
-            self._signals.restore()
-        else:
-            action: Callable[[], Any] = getattr(self._actions, kind.value)
-            action()
+        def work() -> bool:
+            reports.append(self._teardown(Outcome.FAILURE))
+            return True
+
+        self._driver.fire(Trigger.FAIL, work)
+        self._journal_move(source, Trigger.FAIL, start, detail)
+        return reports[0]
 
 
-def _first_interruption(failures: tuple[StepFailure, ...]) -> BaseException | None:
-    for failure in failures:
-        if not isinstance(failure.error, Exception):
-            return failure.error
-    return None
+def _checked(resource: Resource, releases: Releases) -> Releases:
+    """``releases`` as a dict, or ``LifecycleError`` if it lacks a callable for one of ``resource``'s steps."""
+    missing = [kind.value for kind in resource.steps if kind not in releases]
+    if missing:
+        raise LifecycleError(f"{resource.value}: no release callable for step(s) {', '.join(missing)}")
+    return dict(releases)
+
+
+def _safe_str(error: BaseException) -> str:
+    """``str(error)``, or its ``repr`` type name if its ``__str__`` raises."""
+    try:
+        return str(error)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not replace the error being handled
+        return f"<{type(error).__name__} whose str() raised>"
+
+
+def _describe(failures: tuple[StepFailure, ...]) -> str:
+    return "; ".join(f"{f.step}: {type(f.error).__name__}" for f in failures)

@@ -1,4 +1,4 @@
-"""The vocabulary: the states of a session and the triggers that move it."""
+"""The vocabulary: the states of a session, the triggers that move it, and who owns a resource."""
 
 from __future__ import annotations
 
@@ -31,3 +31,11 @@ class Trigger(StrEnum):
     FINISH = "finish"
     CLOSE = "close"
     FAIL = "fail"
+
+
+class Owner(StrEnum):
+    """Who releases a resource."""
+
+    SESSION = "session"
+    CALLER = "caller"
+    RESTART_WRAPPER = "restart_wrapper"

@@ -2,99 +2,71 @@
 
 NVRx-free: the plans and bookkeeping of a session that runs under a restart wrapper.
 ``lifecycle.restart`` binds them to NVIDIA Resiliency Extension's ``inprocess.Wrapper``
-(its ``abort`` runs ``ABORT_STEPS`` in the monitor thread, its ``finalize`` the rest in
-the main thread); ``pretrain`` takes the session built here like any other.
+(its ``abort`` runs the steps whose kind ``unblocks`` in the monitor thread, its
+``finalize`` the rest in the main thread); ``pretrain`` takes the session built here like any other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from lifecycle._core.executor import StepFailure, execute
-from lifecycle._core.ownership import Ledger, LedgerEntry, Owner, Resource
-from lifecycle._core.plans import LEFT_TO_WRAPPER, Outcome, Plan, RestartMode, Step, StepKind, left_alone, plan_teardown
-from lifecycle._core.seams import CheckpointWriter, DistributedActions
+from lifecycle._core.ownership import Ledger, LedgerEntry
+from lifecycle._core.plans import Outcome, Plan, RestartMode, Teardown, plan_teardown, teardown
+from lifecycle._core.resources import Resource, WrapperRole, declared_resources
+from lifecycle._core.seams import DistributedActions
 from lifecycle._core.session import Session
-from lifecycle._core.states import State
-
-ABORT_STEPS: frozenset[StepKind] = frozenset({StepKind.ABORT_CHECKPOINTS, StepKind.ABORT_PROCESS_GROUP})
-"""The steps of ``wrapper_plan`` that ``abort()`` runs; ``finalize()`` runs the rest."""
+from lifecycle._core.states import Owner, State, Trigger
 
 
 def wrapper_plan(ledger: Ledger) -> Plan:
     """The steps the Wrapper owes for ``ledger``: the ordinary failure plan of what an in-process session defers.
 
-    That is what ``plan_teardown(ledger, INPROCESS, FAILURE)`` leaves to the Wrapper
-    (process group, Megatron globals), plus in-flight checkpoints while the session
-    still holds them: aborting them before the group goes is rank-local and keeps a
-    dying group from committing a partial save. Caller-owned resources get no step.
-    ``abort()`` runs the steps in ``ABORT_STEPS``; ``finalize()`` runs the rest.
+    That is what an ``inprocess`` failure teardown leaves to the Wrapper (the kinds
+    declared ``WrapperRole.RELEASES``: process group, Megatron globals), plus, while the
+    session still holds them, the kinds declared ``ABORTS_WHILE_HELD`` (in-flight
+    checkpoints: aborting them before the group goes is rank-local and keeps a dying
+    group from committing a partial save). Caller-owned resources get no step. The
+    Wrapper's ``abort()`` runs the steps whose kind ``unblocks``; ``finalize()`` the rest.
     """
-    deferred = {
-        e.key for e, why in left_alone(ledger, RestartMode.INPROCESS, Outcome.FAILURE) if why == LEFT_TO_WRAPPER
-    }
+    deferred = {e.key for e in teardown(ledger, RestartMode.INPROCESS, Outcome.FAILURE).deferred_to_wrapper}
     owed = tuple(
-        LedgerEntry(e.resource, Owner.SESSION, e.name)
+        dataclasses.replace(e, owner=Owner.SESSION)
         for e in ledger.held()
-        if e.key in deferred or (e.resource is Resource.ASYNC_CHECKPOINT and e.owner is Owner.SESSION)
+        if e.key in deferred or (e.resource.wrapper is WrapperRole.ABORTS_WHILE_HELD and e.owner is Owner.SESSION)
     )
     return plan_teardown(Ledger(owed), RestartMode.ORDINARY, Outcome.FAILURE)
-
-
-class WrappedSession(Session):
-    """A session under the restart wrapper: keeps what the wrapper's abort and finalize need to reach."""
-
-    def __init__(self, actions: DistributedActions, iteration: int) -> None:
-        """An ``inprocess`` session of wrapper iteration ``iteration`` on ``actions``."""
-        super().__init__(actions, restart_mode=RestartMode.INPROCESS, iteration=iteration)
-        self.wrapper_actions = actions
-        self.wrapper_checkpoints: CheckpointWriter | None = None
-
-    def track_checkpoints(self, writer: CheckpointWriter) -> None:
-        """As ``Session.track_checkpoints``; also lets the wrapper's abort reach ``writer``."""
-        super().track_checkpoints(writer)
-        self.wrapper_checkpoints = writer
 
 
 class Attempt:
     """The live attempt: its session, and which of the wrapper's steps already ran."""
 
-    def __init__(self, session: WrappedSession) -> None:
+    def __init__(self, session: Session) -> None:
         """Track ``session``; nothing released yet."""
         self.session = session
         self.released: set[tuple[Resource, str]] = set()
         self.failures: list[StepFailure] = []
         self.lock = threading.Lock()  # abort runs in the monitor thread, finalize in the main thread
 
-    def release(self, kinds: frozenset[StepKind] | None) -> None:
-        """Run the steps of ``wrapper_plan`` not run yet (only those of ``kinds``, if given); keep failures."""
+    def release(self, *, unblocking_only: bool) -> None:
+        """Run the steps of ``wrapper_plan`` not run yet (only those whose kind ``unblocks``, if asked); keep failures.
+
+        Each step runs the release callable the session bound to its entry at acquisition.
+        """
         with self.lock:
             steps = tuple(
                 step
                 for step in wrapper_plan(self.session.ledger)
-                if step.entry.key not in self.released and (kinds is None or step.kind in kinds)
+                if step.entry.key not in self.released and (step.kind.unblocks or not unblocking_only)
             )
-            report, _ = execute(
-                Plan(steps),
-                self._perform,
-                Ledger(tuple(step.entry for step in steps)),
-                outcome=Outcome.FAILURE,
-                restart_mode=RestartMode.INPROCESS,
-            )
-            self.released |= {r.step.entry.key for r in report.records if r.error is None}
+            owed = Teardown(Plan(steps), (), Outcome.FAILURE, RestartMode.INPROCESS)
+            report, _ = execute(owed, self.session._perform, Ledger(tuple(dict.fromkeys(s.entry for s in steps))))
+            self.released |= {r.step.entry.key for r in report.records if r.error is None and r.step.kind.releases}
             self.failures += report.failed
-
-    def _perform(self, step: Step) -> None:
-        if step.kind is StepKind.ABORT_CHECKPOINTS:
-            writer = self.session.wrapper_checkpoints
-            assert writer is not None  # recorded together with its ledger entry
-            writer.abort()
-        else:
-            action: Callable[[], object] = getattr(self.session.wrapper_actions, step.kind.value)
-            action()
 
 
 class AttemptRegistry:
@@ -116,7 +88,8 @@ class AttemptRegistry:
         """
         if self._call is None or self._call() is not call:
             self._call, self._calls = weakref.ref(call), self._calls + 1
-        session = WrappedSession(actions_factory(f"lifecycle/wrapped-{self._calls}/iter-{iteration}/"), iteration)
+        actions = actions_factory(f"lifecycle/wrapped-{self._calls}/iter-{iteration}/")
+        session = Session(actions, restart_mode=RestartMode.INPROCESS, iteration=iteration)
         self.attempt = Attempt(session)
         return session
 
@@ -132,24 +105,22 @@ ATTEMPTS = AttemptRegistry()
 
 # -- documentation --------------------------------------------------------------------------
 
-_HELD_AT_FAILURE: tuple[tuple[State, tuple[LedgerEntry, ...]], ...] = (
-    (State.UNINITIALIZED, ()),
-    (State.DIST_READY, (LedgerEntry(Resource.PROCESS_GROUP, Owner.RESTART_WRAPPER),)),
-    (
-        State.GLOBALS_READY,
-        (
-            LedgerEntry(Resource.PROCESS_GROUP, Owner.RESTART_WRAPPER),
-            LedgerEntry(Resource.MODEL_PARALLEL, Owner.RESTART_WRAPPER),
-            LedgerEntry(Resource.MICROBATCH_CALCULATOR, Owner.RESTART_WRAPPER),
-            LedgerEntry(Resource.RERUN_STATE_MACHINE, Owner.RESTART_WRAPPER),
-        ),
-    ),
-)
-_TRAINING_HOLDS = _HELD_AT_FAILURE[-1][1] + (
-    LedgerEntry(Resource.SIGNAL_HANDLERS, Owner.SESSION),
-    LedgerEntry(Resource.ASYNC_CHECKPOINT, Owner.SESSION),
-    LedgerEntry(Resource.USER, Owner.SESSION, "r"),
-)
+
+def _held_after(triggers: tuple[Trigger, ...]) -> tuple[LedgerEntry, ...]:
+    """What an ``inprocess`` session holds once ``triggers`` acquired their kinds (owners as it records them)."""
+    return tuple(
+        LedgerEntry(r, Owner.RESTART_WRAPPER if r.wrapper is WrapperRole.RELEASES else Owner.SESSION)
+        for r in declared_resources()
+        if r.acquired_by in triggers
+    )
+
+
+def _training_holds() -> tuple[LedgerEntry, ...]:
+    """Everything a ``pretrain`` session can hold in ``training`` (one instance ``r`` of a named kind)."""
+    acquired = _held_after((Trigger.INIT_DISTRIBUTED, Trigger.INIT_GLOBALS))
+    return acquired + tuple(
+        LedgerEntry(r, Owner.SESSION, "r" if r.named else "") for r in declared_resources() if r.acquired_by is None
+    )
 
 
 def _steps(plan: Plan) -> str:
@@ -157,7 +128,7 @@ def _steps(plan: Plan) -> str:
 
 
 def teardown_table() -> str:
-    """The Markdown table of who releases what under the Wrapper, generated from the plans.
+    """The Markdown table of who releases what under the Wrapper, generated from the declarations and plans.
 
     One row per state a failure can happen in, holding what a ``pretrain`` session holds
     there (the group and globals recorded as the Wrapper's, a user resource ``r``): the
@@ -170,18 +141,25 @@ def teardown_table() -> str:
         "| Wrapper `abort()` (monitor thread) | Wrapper `finalize()` (main thread) |",
         "|---|---|---|---|---|",
     ]
-    cases = (*_HELD_AT_FAILURE, (State.TRAINING, _TRAINING_HOLDS), (State.FINALIZING, _TRAINING_HOLDS))
+    training = _training_holds()
+    cases = (
+        (State.UNINITIALIZED, ()),
+        (State.DIST_READY, _held_after((Trigger.INIT_DISTRIBUTED,))),
+        (State.GLOBALS_READY, _held_after((Trigger.INIT_DISTRIBUTED, Trigger.INIT_GLOBALS))),
+        (State.TRAINING, training),
+        (State.FINALIZING, training),
+    )
     for state, held in cases:
         ledger = Ledger(held)
-        mine = plan_teardown(ledger, RestartMode.INPROCESS, Outcome.FAILURE)
-        left = left_alone(ledger, RestartMode.INPROCESS, Outcome.FAILURE)
-        for step in mine:
-            ledger = ledger.release(step.entry)
+        mine = teardown(ledger, RestartMode.INPROCESS, Outcome.FAILURE)
+        for step in mine.plan:
+            if step.kind.releases:
+                ledger = ledger.release(step.entry)
         owed = wrapper_plan(ledger)
-        aborts = Plan(tuple(step for step in owed if step.kind in ABORT_STEPS))
-        finals = Plan(tuple(step for step in owed if step.kind not in ABORT_STEPS))
-        names = ", ".join(entry.resource.value for entry, _ in left) or "—"
-        rows.append(f"| `{state.value}` | {_steps(mine)} | {names} | {_steps(aborts)} | {_steps(finals)} |")
-    success = plan_teardown(Ledger(_TRAINING_HOLDS), RestartMode.INPROCESS, Outcome.SUCCESS)
+        aborts = Plan(tuple(step for step in owed if step.kind.unblocks))
+        finals = Plan(tuple(step for step in owed if not step.kind.unblocks))
+        names = ", ".join(entry.resource.value for entry, _ in mine.left) or "—"
+        rows.append(f"| `{state.value}` | {_steps(mine.plan)} | {names} | {_steps(aborts)} | {_steps(finals)} |")
+    success = plan_teardown(Ledger(training), RestartMode.INPROCESS, Outcome.SUCCESS)
     rows.append(f"| none: `finalizing` → `closed` | {_steps(success)} | — | — | — |")
     return "\n".join(rows) + "\n"

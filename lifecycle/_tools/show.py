@@ -125,7 +125,12 @@ def timeline_lines(records: list[Record]) -> list[str]:
             for call in _split_calls(rank_records):
                 lines.append(f"  rank {rank}: {_summary(call)}")
                 lines += [f"  {t - t0:+9.3f}s  {text}" for t, text in _events(call)]
-                lines += [f"  {'':11}      left alone: {r.resource}: {r.reason}" for r in call if isinstance(r, Left)]
+                lines += [
+                    f"  {'':11}      left alone: {r.resource}: {r.reason}"
+                    + (f" (acquired at {r.site})" if r.site else "")
+                    for r in call
+                    if isinstance(r, Left)
+                ]
     return lines
 
 

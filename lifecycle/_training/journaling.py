@@ -78,7 +78,15 @@ class RunJournal:
             report = self._session.report
             if entry.dest.is_final and report is not None:
                 for held, reason in report.left:
-                    self.write(Left(origin=origin, resource=str(held), owner=held.owner.value, reason=reason))
+                    self.write(
+                        Left(
+                            origin=origin,
+                            resource=str(held),
+                            owner=held.owner.value,
+                            reason=reason.value,
+                            site=held.site,
+                        )
+                    )
             return
         record = event.record
         self.write(

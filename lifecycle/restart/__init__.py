@@ -31,20 +31,20 @@ from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 from nvidia_resiliency_ext.inprocess.finalize import Finalize
 from nvidia_resiliency_ext.inprocess.initialize import RetryController
 
-from lifecycle._core.errors import ConfigError, LifecycleError
-from lifecycle._core.executor import TeardownError
+from lifecycle._core.errors import ConfigError, ForeignResource
+from lifecycle._core.executor import raise_failures
 from lifecycle._core.plans import RestartMode
+from lifecycle._core.resources import WrapperRole, live_resources
 from lifecycle._core.seams import DistributedActions
 from lifecycle._core.session import Session
-from lifecycle._core.wrapped import ABORT_STEPS, ATTEMPTS, teardown_table, wrapper_plan
-from lifecycle._torch.actions import TorchActions, live_resources
+from lifecycle._core.wrapped import ATTEMPTS, teardown_table, wrapper_plan
+from lifecycle._torch.actions import TorchActions
 from lifecycle._torch.config import LOOPBACK
 from lifecycle._training.callbacks import Callback
 from lifecycle._training.config import PretrainConfig
 from lifecycle._training.pretrain import BatchProvider, ForwardStepFunc, ModelProvider, PretrainResult, pretrain
 
 __all__ = [
-    "ABORT_STEPS",
     "SessionAbort",
     "SessionFinalize",
     "abort",
@@ -104,9 +104,9 @@ def session_for(
 class SessionAbort(Abort):  # type: ignore[misc]  # NVRx is untyped
     """The Wrapper's ``abort``: in its monitor thread, unblock the live attempt's main thread.
 
-    Runs the ``ABORT_STEPS`` of ``wrapper_plan``: abandon in-flight checkpoints
-    (rank-local), then abort every process group without waiting on outstanding
-    collectives. Never a collective, never a barrier. Does nothing without a live
+    Runs the steps of ``wrapper_plan`` whose kind ``unblocks``: abandon in-flight
+    checkpoints (rank-local), then abort every process group without waiting on
+    outstanding collectives. Never a collective, never a barrier. Does nothing without a live
     attempt. Step failures are kept and raised by ``SessionFinalize``.
     """
 
@@ -114,7 +114,7 @@ class SessionAbort(Abort):  # type: ignore[misc]  # NVRx is untyped
         """Run the abort steps; return ``state`` unchanged (the Wrapper chains it)."""
         attempt = ATTEMPTS.attempt
         if attempt is not None:
-            attempt.release(ABORT_STEPS)
+            attempt.release(unblocking_only=True)
         return state
 
 
@@ -124,9 +124,9 @@ class SessionFinalize(Finalize):  # type: ignore[misc]  # NVRx is untyped
     Runs every step of ``wrapper_plan`` that ``SessionAbort`` did not: destroy the
     rerun state machine, the microbatch calculator and the model-parallel state (and
     the abort steps too, if no abort ran), so the next iteration can create them again,
-    and forgets the attempt. Raises ``TeardownError`` listing every step of this
-    attempt's abort or finalize that failed: the Wrapper then stops instead of
-    restarting on top of live state.
+    and forgets the attempt. Raises ``TeardownError`` grouping every step of this
+    attempt's abort or finalize that failed (an interruption of a step is raised after,
+    from the group): the Wrapper then stops instead of restarting on top of live state.
     """
 
     def __call__(self, state: Any) -> Any:
@@ -134,9 +134,8 @@ class SessionFinalize(Finalize):  # type: ignore[misc]  # NVRx is untyped
         attempt = ATTEMPTS.take()
         ATTEMPTS.last_failure = f"iteration {state.iteration} failed with {state.fn_exception!r}"
         if attempt is not None:
-            attempt.release(None)
-            if attempt.failures:
-                raise TeardownError(tuple(attempt.failures))
+            attempt.release(unblocking_only=False)
+            raise_failures(attempt.failures)
         return state
 
 
@@ -225,22 +224,23 @@ def run(
     exceptions are never caught here.
 
     A process group or Megatron globals that already exist are refused with
-    ``LifecycleError`` before the Wrapper starts. A ``BaseException`` that is not an
+    ``ForeignResource`` before the Wrapper starts. A ``BaseException`` that is not an
     ``Exception`` (Ctrl-C, ``SystemExit``) ends the Wrapper without a restart and
     without its abort or finalize: what the failed attempt deferred to the Wrapper is
     then released here, rank-locally, before it propagates unchanged. Afterwards
     ``RANK`` and ``WORLD_SIZE`` are as they were before (the Wrapper rewrites them) and
     no attempt stays registered.
     """
-    found = live_resources()
+    found = [resource for resource in live_resources() if resource.wrapper is WrapperRole.RELEASES]
     if found:
         # The Wrapper owns the failure path of the group and the globals, and creates
         # nothing itself: each iteration's session must create them (NVRx's own check
         # only says "enforce_value(not torch.distributed.is_initialized())").
         names = ", ".join(resource.value for resource in found)
-        raise LifecycleError(
-            f"in-process restart needs a process with no process group or Megatron-core globals; "
-            f"found {names}, created by the caller: release them, or run without the Wrapper"
+        raise ForeignResource(
+            names,
+            "in-process restart needs a process with no process group or Megatron-core globals; "
+            "found these, created by the caller: release them, or run without the Wrapper",
         )
     wrapper = make_wrapper(
         max_restarts=max_restarts,
@@ -269,7 +269,7 @@ def run(
             # deferred to it is still live: release it here, rank-locally.
             attempt = ATTEMPTS.attempt
             if attempt is not None:
-                attempt.release(None)
+                attempt.release(unblocking_only=False)
                 for failure in attempt.failures:
                     exc.add_note(f"lifecycle: teardown step {failure.step} also failed: {failure.error!r}")
             if isinstance(exc, RestartAbort) and ATTEMPTS.last_failure is not None:

@@ -1,9 +1,4 @@
-"""plan_teardown over its whole input space.
-
-Three tests also pin the private ``left_alone`` (what a plan leaves, and why) on
-purpose: the public ``TeardownReport.left`` is built from it, but only for ledgers a
-``Session`` can reach, and these tests need every ledger shape.
-"""
+"""``teardown`` (and its projection ``plan_teardown``) over its whole input space."""
 
 from __future__ import annotations
 
@@ -17,8 +12,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from lifecycle import Ledger, LedgerEntry, Outcome, Owner, Plan, Resource, RestartMode, Step, StepKind, plan_teardown
-from lifecycle._core.plans import LEFT_TO_CALLER, LEFT_TO_WRAPPER, left_alone
+from lifecycle import (
+    Ledger,
+    LedgerEntry,
+    LeftReason,
+    Outcome,
+    Owner,
+    Plan,
+    Resource,
+    RestartMode,
+    Step,
+    StepKind,
+    plan_teardown,
+    teardown,
+)
 
 ABSENT = None
 GLOBALS = frozenset({Resource.MODEL_PARALLEL, Resource.MICROBATCH_CALCULATOR, Resource.RERUN_STATE_MACHINE})
@@ -82,13 +89,13 @@ def test_a_barrier_comes_right_before_the_group_is_destroyed_and_only_then() -> 
 
 
 def test_caller_owned_resources_get_no_step() -> None:
-    """A resource the caller owns is never released by the session, and ``left_alone`` (private) says why."""
+    """A resource the caller owns is never released by the session, and the teardown says why."""
     for ledger, mode, outcome in CASES:
         stepped = {s.entry for s in plan_teardown(ledger, mode, outcome)}
         for entry in ledger.held():
             if entry.owner is Owner.CALLER:
                 assert entry not in stepped
-                assert (entry, LEFT_TO_CALLER) in left_alone(ledger, mode, outcome)
+                assert (entry, LeftReason.CALLER) in teardown(ledger, mode, outcome).left
 
 
 def test_inprocess_failure_leaves_group_and_globals_to_the_wrapper() -> None:
@@ -99,7 +106,7 @@ def test_inprocess_failure_leaves_group_and_globals_to_the_wrapper() -> None:
 
 
 def test_wrapper_owned_resources_are_released_by_the_session_on_success() -> None:
-    """On success the session releases what it recorded for the wrapper; private ``left_alone`` defers it on failure."""
+    """On success the session releases what it recorded for the wrapper; on failure it leaves it to the wrapper."""
     for ledger, mode, _ in CASES:
         stepped = {s.entry for s in plan_teardown(ledger, mode, Outcome.SUCCESS)}
         for entry in ledger.held():
@@ -108,15 +115,18 @@ def test_wrapper_owned_resources_are_released_by_the_session_on_success() -> Non
             wrapper_scope = entry.resource in GLOBALS or entry.resource is Resource.PROCESS_GROUP
             in_scope = mode is RestartMode.INPROCESS and wrapper_scope and entry.owner is not Owner.CALLER
             if entry.owner is Owner.RESTART_WRAPPER or in_scope:
-                failure_left = left_alone(ledger, mode, Outcome.FAILURE)
-                assert (entry, LEFT_TO_WRAPPER) in failure_left
+                failure = teardown(ledger, mode, Outcome.FAILURE)
+                assert (entry, LeftReason.RESTART_WRAPPER) in failure.left
+                assert entry in failure.deferred_to_wrapper
 
 
 def test_every_held_resource_is_either_stepped_once_or_left_with_a_reason() -> None:
-    """Each held entry gets exactly one release step, or appears once in (private) ``left_alone``."""
+    """Each held entry gets exactly one release step, or appears once in the teardown's ``left``."""
     for ledger, mode, outcome in CASES:
-        releases = [s.entry for s in plan_teardown(ledger, mode, outcome) if s.kind is not StepKind.BARRIER]
-        left = [entry for entry, _ in left_alone(ledger, mode, outcome)]
+        planned = teardown(ledger, mode, outcome)
+        assert planned.outcome is outcome and planned.mode is mode
+        releases = [s.entry for s in planned.plan if s.kind is not StepKind.BARRIER]
+        left = [entry for entry, _ in planned.left]
         assert sorted(map(str, releases + left)) == sorted(map(str, ledger.held()))
 
 

@@ -9,12 +9,14 @@ import pytest
 
 from lifecycle import (
     InvalidTransition,
+    LeftReason,
     LifecycleError,
     Outcome,
     Owner,
     Resource,
     RestartMode,
     Session,
+    SessionFinished,
     State,
     StepKind,
     TeardownError,
@@ -59,13 +61,13 @@ def test_an_invalid_trigger_names_state_and_trigger_and_does_nothing() -> None:
     session = Session(actions)
     with pytest.raises(InvalidTransition, match="'init_globals' is not valid in state 'uninitialized'") as info:
         session.init_globals()
-    assert info.value.state is State.UNINITIALIZED and info.value.trigger == "init_globals"
+    assert info.value.state is State.UNINITIALIZED and info.value.trigger is Trigger.INIT_GLOBALS
     assert actions.calls == [] and session.state is State.UNINITIALIZED and session.journal == ()
 
 
 @pytest.mark.parametrize("final", [State.CLOSED, State.FAILED])
 def test_final_states_refuse_every_trigger(final: State) -> None:
-    """``closed`` and ``failed`` are final: every trigger, ``fail`` included, is refused."""
+    """``closed``, ``failed``: every trigger is refused (``InvalidTransition``), every action (``SessionFinished``)."""
     actions = RecordingActions()
     session = Session(actions)
     if final is State.CLOSED:
@@ -80,8 +82,14 @@ def test_final_states_refuse_every_trigger(final: State) -> None:
             getattr(session, trigger)()
     with pytest.raises(InvalidTransition):
         session.fail(RuntimeError("again"))
-    with pytest.raises(InvalidTransition):
-        session.register("late", lambda: None)
+    for act in (
+        lambda: session.register("late", lambda: None),
+        lambda: session.install_signal_handlers(),
+        lambda: session.track_checkpoints(RecordingCheckpoints()),
+    ):
+        with pytest.raises(SessionFinished) as info:
+            act()
+        assert info.value.state is final and not isinstance(info.value, InvalidTransition)
     assert actions.calls == before and session.state is final
 
 
@@ -129,7 +137,10 @@ def test_a_failing_success_step_takes_the_failure_edge_and_reports_every_failure
     session.finish()
     with pytest.raises(TeardownError) as info:
         session.close()
-    assert [f.step.kind for f in info.value.failures] == [StepKind.DESTROY_MODEL_PARALLEL, StepKind.BARRIER]
+    # The success plan's two failures, then the failure plan's retry of what was still held.
+    kinds = [f.step.kind for f in info.value.failures]
+    assert kinds == [StepKind.DESTROY_MODEL_PARALLEL, StepKind.BARRIER, StepKind.DESTROY_MODEL_PARALLEL]
+    assert [type(e) for e in info.value.exceptions] == [RuntimeError, TimeoutError, RuntimeError]
     assert session.state is State.FAILED
     # destroy_process_group still ran after the failed barrier; the failure plan then
     # released only model-parallel state, still held: nothing was released twice.
@@ -160,7 +171,7 @@ def test_caller_owned_resources_are_used_and_never_released() -> None:
         raise RuntimeError("x")
     assert session.ledger.owner(Resource.PROCESS_GROUP) is Owner.CALLER
     assert "abort_process_group" not in actions.calls and "destroy_model_parallel" not in actions.calls
-    assert ("owned by the caller") in {why for _, why in session.report.skipped}  # type: ignore[union-attr]
+    assert LeftReason.CALLER in {why for _, why in session.report.left}  # type: ignore[union-attr]
 
 
 def test_inprocess_refuses_a_caller_created_group_before_acquiring_anything() -> None:
@@ -257,8 +268,69 @@ def test_an_interruption_during_success_teardown_is_raised_after_the_failure_edg
     with pytest.raises(KeyboardInterrupt) as info:
         session.close()
     assert info.value is interrupt
-    assert isinstance(interrupt.__cause__, TeardownError)
+    assert interrupt.__cause__ is None  # no step raised an Exception: there is no group to chain to
+    assert any("teardown step barrier" in note for note in interrupt.__notes__)
     assert session.state is State.FAILED and session.ledger.held() == ()
+
+
+def test_an_interrupt_inside_a_step_is_raised_after_teardown_from_the_group_of_the_other_failures() -> None:
+    """Ctrl-C in one step, an error in another: every step runs, then the interrupt propagates from the group."""
+    interrupt = KeyboardInterrupt()
+    actions = RecordingActions(
+        fail_on={"destroy_microbatch_calculator": interrupt, "destroy_rerun_state_machine": OSError("rerun")}
+    )
+    session = Session(actions)
+    run_to_training(session, actions)
+    session.register("user", lambda: actions.calls.append("user released"))
+    session.finish()
+    with pytest.raises(KeyboardInterrupt) as info:
+        session.close()
+    assert info.value is interrupt
+    group = interrupt.__cause__
+    assert isinstance(group, TeardownError) and isinstance(group, ExceptionGroup)
+    assert [type(e) for e in group.exceptions] == [OSError, OSError]  # success step, then the failure plan's
+    assert "user released" in actions.calls and "abort_process_group" not in actions.calls
+    assert actions.calls.index("destroy_model_parallel") > actions.calls.index("destroy_microbatch_calculator")
+    assert session.state is State.FAILED
+
+
+def test_except_star_on_a_teardown_error_keeps_its_type_and_its_steps() -> None:
+    """``except*`` splits a ``TeardownError`` into ``TeardownError``s, each with the steps of its errors."""
+    actions = RecordingActions(fail_on={"destroy_model_parallel": RuntimeError("mp"), "barrier": TimeoutError("b")})
+    session = Session(actions)
+    run_to_training(session, actions)
+    session.finish()
+    caught: dict[str, BaseExceptionGroup[BaseException]] = {}
+    try:
+        session.close()
+    except* TimeoutError as timeouts:
+        caught["timeout"] = timeouts
+    except* RuntimeError as others:
+        caught["runtime"] = others
+    timeouts, others = caught["timeout"], caught["runtime"]
+    assert isinstance(timeouts, TeardownError) and isinstance(others, TeardownError)
+    assert [f.step.kind for f in timeouts.failures] == [StepKind.BARRIER]
+    assert [f.step.kind for f in others.failures] == [StepKind.DESTROY_MODEL_PARALLEL] * 2
+    assert [f.error for f in others.failures] == list(others.exceptions)
+
+
+def test_a_teardown_error_prints_every_failures_traceback() -> None:
+    """Each step's error appears in the printed group with its own traceback and the step that raised it."""
+    import traceback
+
+    def broken() -> None:
+        raise ValueError("release went wrong")
+
+    session = Session(RecordingActions())
+    run_to_training(session, RecordingActions())
+    session.register("broken", broken)
+    session.finish()
+    with pytest.raises(TeardownError) as info:
+        session.close()
+    printed = "".join(traceback.format_exception(info.value))
+    assert "in broken" in printed and "ValueError: release went wrong" in printed
+    assert "teardown step release_user_resource:broken" in printed
+    assert "test_session.py" in printed  # where the resource was acquired
 
 
 def test_the_library_errors_survive_copy_and_pickle() -> None:
@@ -272,7 +344,7 @@ def test_the_library_errors_survive_copy_and_pickle() -> None:
     session.init_distributed()
     step = plan_teardown(session.ledger, RestartMode.ORDINARY, Outcome.SUCCESS)[0]
     errors: list[BaseException] = [
-        InvalidTransition(State.DIST_READY, "close"),
+        InvalidTransition(State.DIST_READY, Trigger.CLOSE),
         ConfigError("world_size", "must be positive"),
         TeardownError((StepFailure(step, RuntimeError("x")),)),
         InjectedFault(Phase.STEP, 1, 3),

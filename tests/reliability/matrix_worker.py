@@ -4,8 +4,8 @@ Everything is real (gloo groups, megatron-core globals, async checkpoints, NVRx'
 Wrapper, ``pretrain``). Faults go in through public seams only: ``FaultyActions`` wraps
 the ``DistributedActions`` a session is given (the init faults, and the teardown-step
 fault), the public ``model_provider`` / ``batch_provider`` / callback hooks (setup, step,
-eval, callback faults, and a user resource registered with ``Session.register`` for the
-success-teardown fault), and ``AsyncCheckpointer``'s public ``save`` / ``finalize``. The
+eval, callback faults, and a user resource registered through the hooks' ``SessionHandle``
+for the success-teardown fault), and ``AsyncCheckpointer``'s public ``save`` / ``finalize``. The
 path is observed by wrapping torch.distributed's public collectives. Each cell reports
 a list of problems: empty means what this rank observed matches ``expected(cell)``.
 """
@@ -59,13 +59,15 @@ from lifecycle import (
     DistributedActions,
     DistributedConfig,
     ExitConfig,
-    LifecycleError,
+    ForeignResource,
     ModelConfig,
     Owner,
     ParallelConfig,
     PretrainConfig,
     PretrainResult,
     Session,
+    SessionHandle,
+    StaleResource,
     State,
     TeardownError,
     TorchActions,
@@ -124,7 +126,7 @@ class Probe:
         self.failing = False
         self.running = False
         self.actions: list[FaultyActions] = []
-        self.registered: list[Session] = []
+        self.registered: list[SessionHandle] = []
         self.failures: list[BaseException] = []
         self.violations: list[str] = []
 
@@ -172,7 +174,7 @@ class Probe:
         return make
 
     def callback(self) -> Callback:
-        """A callback that fires at its hook when that is the cell's point, and records each session it sees."""
+        """A callback that fires at its hook when that is the cell's point, and records each run's session handle."""
         probe = self
 
         class Faulty(Callback):
@@ -180,7 +182,7 @@ class Probe:
                 if not name.startswith("on_"):
                     return object.__getattribute__(self, name)
 
-                def hook(session: Session, *args: Any) -> None:
+                def hook(session: SessionHandle, *args: Any) -> None:
                     probe.seen(session)
                     probe.fire(name)
 
@@ -188,8 +190,12 @@ class Probe:
 
         return Faulty()
 
-    def seen(self, session: Session) -> None:
-        """A hook ran in ``session``: it is the session of the latest actions (sessions run one after another)."""
+    def seen(self, session: SessionHandle) -> None:
+        """A hook ran with ``session``, the handle of the latest actions' session (sessions run one after another).
+
+        Under in-process restart the wrapper builds the session, so the handle is all this
+        probe gets of it; ``check`` reads only its final ``state``.
+        """
         latest = self.actions[-1]
         if latest.session is None:
             latest.session = session
@@ -253,7 +259,7 @@ class FaultyActions:
         self.created: list[str] = []
         self.releases: list[str] = []
         self.failed_releases: list[str] = []
-        self.session: Session | None = None
+        self.session: Session | SessionHandle | None = None  # the session, or a hook's handle of it
 
     def _init(self, name: str) -> Owner:
         owner: Owner = getattr(self.inner, name)()
@@ -506,10 +512,9 @@ def check(cell: Cell, rank: int, outcome: Any, probe: Probe) -> list[str]:
     elif gets == RESTART and not isinstance(outcome, PretrainResult):
         add(f"expected a Wrapper restart that closes, got {outcome!r}")
     elif gets == REFUSAL:
-        if not isinstance(outcome, LifecycleError):
-            add(f"expected a LifecycleError refusal, got {outcome!r}")
-        elif expect.refusal == "stale" and "stale" not in str(outcome):
-            add(f"refusal does not say the state is stale: {outcome}")
+        wanted_type = {"stale": StaleResource, "inprocess": ForeignResource}[expect.refusal or ""]
+        if not isinstance(outcome, wanted_type):
+            add(f"expected a {wanted_type.__name__} refusal, got {outcome!r}")
     elif gets == SOME_ERROR and not isinstance(outcome, BaseException):
         add(f"pre-empted by a peer's failure, yet the run returned {outcome!r}")
     elif gets == ERROR_OR_RESULT and not isinstance(outcome, BaseException | PretrainResult):

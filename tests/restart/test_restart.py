@@ -32,9 +32,9 @@ from support.session import LIVE_STATES
 from lifecycle import (
     ConfigError,
     DistributedConfig,
+    ForeignResource,
     Ledger,
     LedgerEntry,
-    LifecycleError,
     Outcome,
     Owner,
     ParallelConfig,
@@ -174,7 +174,7 @@ def test_a_fault_in_any_live_state_is_followed_by_an_iteration_that_closes(
     assert failed.restart_mode is closed.restart_mode is RestartMode.INPROCESS
     assert closed.journal[0].detail == "restart_mode=inprocess iteration=1"
     assert failed.report is not None
-    assert failed.report.deferred_to_wrapper is (fault_at is not State.UNINITIALIZED)
+    assert bool(failed.report.deferred_to_wrapper) is (fault_at is not State.UNINITIALIZED)
     if fault_at in (State.TRAINING, State.FINALIZING):
         assert job.checkpoints[0].calls == ["abort_checkpoints"]  # aborted once, never finalized
     assert job.checkpoints[-1].calls == ["finalize_checkpoints"]
@@ -279,8 +279,9 @@ def test_a_caller_created_group_is_refused_up_front(world_of_one: WorldOfOne) ->
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         try:
             session = restart.session_for(call_wrapper, _actions)
-            with pytest.raises(LifecycleError, match="created by the caller"):
+            with pytest.raises(ForeignResource, match="created by the caller") as refused:
                 session.init_distributed()
+            assert refused.value.resource == "process_group"
             outcome.update(state=session.state, entries=session.ledger.entries, globals=megatron_left())
         finally:
             dist.destroy_process_group()
@@ -297,8 +298,9 @@ def test_a_caller_created_group_is_refused_before_the_wrapper_starts(world_of_on
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     job = StagedJob(world_of_one)
     try:
-        with pytest.raises(LifecycleError, match="found process_group, created by the caller"):
+        with pytest.raises(ForeignResource, match="created by the caller") as refused:
             restart.run(job, max_restarts=1, group_timeout_s=GROUP_TIMEOUT_S, **FAST)
+        assert refused.value.resource == "process_group"
         assert job.sessions == [] and world_of_one.monitors == []
         tensor = torch.ones(1)
         dist.all_reduce(tensor)

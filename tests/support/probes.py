@@ -176,19 +176,19 @@ GROUP_ENDS = ("barrier", "destroy_process_group", "_abort_process_group")
 """The torch.distributed calls that end a process group (the barrier before a destroy included)."""
 
 SESSION_MODULE = Session.__module__
-"""Where ``Session``'s teardown runs: a call with it on the stack came from a session."""
+"""Where ``Session``'s teardown runs (and the release callables it bound, which the Wrapper's steps run too)."""
 
-RESTART_MODULE = "lifecycle.restart"
-"""Where the Wrapper's abort and finalize run."""
+ATTEMPT_MODULE = "lifecycle._core.wrapped"
+"""Where the Wrapper's abort and finalize run their steps (``Attempt.release``), reached from ``lifecycle.restart``."""
 
 
 def by_session(calls: TorchCalls, tag: Any) -> list[Call]:
-    """The calls a session's code made while ``calls.tag`` was ``tag``."""
-    return [c for c in calls.calls if c.tag == tag and c.via_module(SESSION_MODULE)]
+    """The calls a session's own teardown made while ``calls.tag`` was ``tag``."""
+    return [
+        c for c in calls.calls if c.tag == tag and c.via_module(SESSION_MODULE) and not c.via_module(ATTEMPT_MODULE)
+    ]
 
 
 def by_wrapper(calls: TorchCalls, tag: Any) -> list[Call]:
-    """The calls ``lifecycle.restart`` made (the Wrapper's abort/finalize) outside a session while tagged ``tag``."""
-    return [
-        c for c in calls.calls if c.tag == tag and c.via_module(RESTART_MODULE) and not c.via_module(SESSION_MODULE)
-    ]
+    """The calls the Wrapper's abort/finalize made (through the attempt's steps) while tagged ``tag``."""
+    return [c for c in calls.calls if c.tag == tag and c.via_module(ATTEMPT_MODULE)]

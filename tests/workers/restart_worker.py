@@ -28,6 +28,7 @@ from lifecycle import (
     ParallelConfig,
     PretrainConfig,
     Session,
+    SessionHandle,
     TorchActions,
     TrainingConfig,
     restart,
@@ -98,10 +99,10 @@ def wrapped_pretrain(out: Path) -> dict[str, Any]:
     started_iterations: list[int] = []
 
     class FailOnce(Callback):
-        def on_train_start(self, session: Session, ctx: Any) -> None:
+        def on_train_start(self, session: SessionHandle, ctx: Any) -> None:
             started_iterations.append(session.iteration)
 
-        def on_step_end(self, session: Session, step: int, loss: float) -> None:
+        def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
             if RANK == 1 and step == 2 and session.iteration == 0:
                 raise RuntimeError("rank 1 fails once, at step 2")
 
