@@ -8,6 +8,7 @@ them. The names that need torch (``TorchActions``, ``pretrain``) load it on firs
 from typing import TYPE_CHECKING, Any
 
 from lifecycle._core.errors import (
+    AlreadyHeld,
     ConfigError,
     ForeignResource,
     InvalidTransition,
@@ -76,6 +77,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "TRANSITIONS",
+    "AlreadyHeld",
     "Callback",
     "CheckpointConfig",
     "CheckpointWriter",

@@ -30,6 +30,17 @@ class LifecycleError(Exception):
         return (type(self), fields, self.__dict__)
 
 
+def describe(error: BaseException) -> str:
+    """``"Type: message"`` for ``error``, never raising: a broken ``__str__`` gives its ``__repr__``, then its type."""
+    name = type(error).__name__
+    for text in (str, repr):
+        try:
+            return f"{name}: {text(error)}"
+        except Exception:  # noqa: BLE001 - an error being handled must never be replaced by its own text
+            continue
+    return f"{name} (its str() and repr() raise)"
+
+
 class InvalidTransition(LifecycleError):
     """``trigger`` was pulled in ``state``, which declares no edge for it; nothing was done."""
 
@@ -95,6 +106,10 @@ class ResourceMismatch(ResourceRefused):
 
 class ForeignResource(ResourceRefused):
     """``resource`` was created by the caller where the session must create it (under in-process restart)."""
+
+
+class AlreadyHeld(ResourceRefused):
+    """This session already holds ``resource`` (signal handlers installed twice, a user name registered twice)."""
 
 
 class MissingResource(ResourceRefused):

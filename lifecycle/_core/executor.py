@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lifecycle._core.errors import LifecycleError
+from lifecycle._core.errors import LifecycleError, describe
 from lifecycle._core.ownership import Ledger, LedgerEntry
 from lifecycle._core.plans import LeftReason, Outcome, RestartMode, Step, Teardown
 
@@ -21,12 +21,16 @@ class StepFailure:
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """A step that ran: when it started (wall clock, ``time.time()``), how long it took, what it raised if anything."""
+    """A step that ran: when it started (wall clock, ``time.time()``), how long it took, what it raised if anything.
+
+    ``outcome``: the plan it belongs to (a failed ``close()`` runs success steps, then failure steps).
+    """
 
     step: Step
     start: float
     duration_s: float
     error: BaseException | None = None
+    outcome: Outcome = Outcome.FAILURE
 
     @property
     def end(self) -> float:
@@ -85,7 +89,7 @@ class TeardownError(ExceptionGroup[Exception], LifecycleError):
         kept = tuple(f for f in failures if isinstance(f.error, Exception))
         if not kept:
             raise ValueError("a TeardownError needs at least one step that raised an Exception")
-        listed = "; ".join(f"{f.step}: {f.error!r}" for f in kept)
+        listed = "; ".join(f"{f.step}: {describe(f.error)}" for f in kept)
         errors = [f.error for f in kept if isinstance(f.error, Exception)]
         self = super().__new__(cls, f"{len(kept)} teardown step(s) failed: {listed}", errors)
         self.failures = kept
@@ -124,14 +128,17 @@ def execute(
     ledger: Ledger,
     *,
     on_step: Callable[[StepRecord], None] | None = None,
+    stop_at_failure: bool = False,
 ) -> tuple[TeardownReport, Ledger]:
-    """Run every step of ``teardown.plan`` through ``perform``, even after one raised.
+    """Run the steps of ``teardown.plan`` through ``perform``: every one, or up to the first that raised.
 
     Returns the report and the ledger with the resource of each successful step of a
-    releasing kind marked released. Every ``BaseException`` a step raises (Ctrl-C and
-    ``SystemExit`` too) is recorded, with a note naming the step and where its resource
-    was acquired, not propagated: teardown is never cut short. ``on_step``, if given,
-    is called with each step's record as soon as the step ran; it must not raise.
+    releasing kind marked released, and of each failed step marked ``failed``. Every
+    ``BaseException`` a step raises (Ctrl-C and ``SystemExit`` too) is recorded, with a
+    note naming the step and where its resource was acquired, not propagated. Without
+    ``stop_at_failure`` every later step still runs; with it, the steps after the first
+    failure do not run (the caller switches to another plan). ``on_step``, if given, is
+    called with each step's record as soon as the step ran; it must not raise.
     """
     records: list[StepRecord] = []
     for step in teardown.plan:
@@ -142,10 +149,14 @@ def execute(
         except BaseException as exc:  # noqa: BLE001 - every later step must still run
             error = exc
             exc.add_note(f"lifecycle: raised by teardown step {step} of {step.entry.described()}")
-        record = StepRecord(step, start, time.monotonic() - started, error)
+        record = StepRecord(step, start, time.monotonic() - started, error, teardown.outcome)
         records.append(record)
         if on_step is not None:
             on_step(record)
-        if error is None and step.kind.releases:
+        if error is not None:
+            ledger = ledger.release_failed(step.entry)
+            if stop_at_failure:
+                break
+        elif step.kind.releases:
             ledger = ledger.release(step.entry)
     return TeardownReport(teardown.outcome, teardown.mode, tuple(records), teardown.left), ledger

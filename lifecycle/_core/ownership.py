@@ -55,12 +55,14 @@ class Ledger:
 
     entries: tuple[LedgerEntry, ...] = ()
     released: frozenset[tuple[Resource, str]] = field(default_factory=frozenset)
+    failed: frozenset[tuple[Resource, str]] = field(default_factory=frozenset)
+    """Keys whose release step raised at least once (still held unless a later one succeeded)."""
 
     def acquire(self, entry: LedgerEntry) -> Ledger:
         """Return a ledger with ``entry`` added; raise ``LifecycleError`` if its key was ever recorded."""
         if any(e.key == entry.key for e in self.entries):
             raise LifecycleError(f"{entry} is already recorded; an entry is never rewritten")
-        return Ledger((*self.entries, entry), self.released)
+        return Ledger((*self.entries, entry), self.released, self.failed)
 
     def release(self, entry: LedgerEntry) -> Ledger:
         """Return a ledger with ``entry`` marked released; raise ``LifecycleError`` on a second release."""
@@ -68,7 +70,13 @@ class Ledger:
             raise LifecycleError(f"{entry} was never acquired")
         if entry.key in self.released:
             raise LifecycleError(f"{entry} is already released")
-        return Ledger(self.entries, self.released | {entry.key})
+        return Ledger(self.entries, self.released | {entry.key}, self.failed)
+
+    def release_failed(self, entry: LedgerEntry) -> Ledger:
+        """Return a ledger recording that a release step of ``entry`` raised; ``LifecycleError`` if never acquired."""
+        if entry not in self.entries:
+            raise LifecycleError(f"{entry} was never acquired")
+        return Ledger(self.entries, self.released, self.failed | {entry.key})
 
     def held(self) -> tuple[LedgerEntry, ...]:
         """Entries acquired and not released, in acquisition order."""

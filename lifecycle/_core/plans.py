@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from lifecycle._core.ownership import Ledger, LedgerEntry, Owner
-from lifecycle._core.resources import StepKind, WrapperRole
+from lifecycle._core.resources import Resource, StepKind, WrapperRole
 
 
 class RestartMode(StrEnum):
@@ -36,6 +36,8 @@ class LeftReason(StrEnum):
     """The caller created it (the session found it) and releases it."""
     RESTART_WRAPPER = "deferred to the restart wrapper"
     """A failure under in-process restart: the wrapper releases it (its abort and finalize)."""
+    RELEASE_FAILED = "its release raised, and runs at most once"
+    """Its kind's release is not retried (``Resource.retry_release`` is False) and it already raised."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +82,19 @@ class Teardown:
         return tuple(entry for entry, why in self.left if why is LeftReason.RESTART_WRAPPER)
 
 
-def left_because(entry: LedgerEntry, mode: RestartMode, outcome: Outcome) -> LeftReason | None:
+def left_because(
+    entry: LedgerEntry, mode: RestartMode, outcome: Outcome, failed: frozenset[tuple[Resource, str]] = frozenset()
+) -> LeftReason | None:
     """Why a teardown of ``outcome`` in ``mode`` gives ``entry`` no step, or None if it releases it.
 
     The one place that decides wrapper scope: on a failure, an entry the wrapper owns,
     or under ``inprocess`` one of a kind the wrapper releases, is left to the wrapper.
+    An entry in ``failed`` (its release raised) whose kind is not retried is left too.
     """
     if entry.owner is Owner.CALLER:
         return LeftReason.CALLER
+    if entry.key in failed and not entry.resource.retry_release:
+        return LeftReason.RELEASE_FAILED
     if outcome is Outcome.FAILURE and (
         entry.owner is Owner.RESTART_WRAPPER
         or (mode is RestartMode.INPROCESS and entry.resource.wrapper is WrapperRole.RELEASES)
@@ -107,7 +114,7 @@ def teardown(ledger: Ledger, restart_mode: RestartMode, outcome: Outcome) -> Tea
     steps: list[Step] = []
     left: list[tuple[LedgerEntry, LeftReason]] = []
     for entry in ledger.held():
-        why = left_because(entry, restart_mode, outcome)
+        why = left_because(entry, restart_mode, outcome, ledger.failed)
         if why is None:
             steps += (Step(kind, entry) for kind in entry.resource.steps_for(outcome is Outcome.FAILURE))
         else:

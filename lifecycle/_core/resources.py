@@ -99,7 +99,9 @@ class Resource:
     ``release(actions)``: the callables, one per step kind, bound at acquisition.
     ``wrapper``: see ``WrapperRole``. ``probe()``: True while one exists in this
     process, whoever made it (None: not observable). ``named``: several instances,
-    told apart by name, may be held at once.
+    told apart by name, may be held at once. ``retry_release``: a release that raised
+    may run again in a later plan (the library's own releases tolerate partial state);
+    False: it runs at most once per session, and a failure leaves the resource alone.
     """
 
     value: str
@@ -112,6 +114,7 @@ class Resource:
     wrapper: WrapperRole = WrapperRole.NONE
     probe: Callable[[], bool] | None = field(default=None, repr=False)
     named: bool = False
+    retry_release: bool = True
 
     PROCESS_GROUP: ClassVar[Resource]
     MODEL_PARALLEL: ClassVar[Resource]
@@ -327,6 +330,7 @@ Resource.USER = declare_resource(
         success=(StepKind.RELEASE_USER_RESOURCE,),
         failure=(StepKind.RELEASE_USER_RESOURCE,),
         named=True,
+        retry_release=False,
     )
 )
 

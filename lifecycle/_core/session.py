@@ -9,7 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 
-from lifecycle._core.errors import ForeignResource, LifecycleError, SessionFinished, UnfinishedSession
+from lifecycle._core.errors import (
+    AlreadyHeld,
+    ForeignResource,
+    LifecycleError,
+    SessionFinished,
+    UnfinishedSession,
+    describe,
+)
 from lifecycle._core.executor import StepFailure, StepRecord, TeardownReport, execute, raise_failures
 from lifecycle._core.machine import Driver
 from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
@@ -81,11 +88,16 @@ class Session:
         *,
         restart_mode: RestartMode = RestartMode.ORDINARY,
         iteration: int = 0,
+        label: str = "session",
     ) -> None:
-        """Bind a new session, in ``uninitialized``, to ``actions`` (what it does to torch/Megatron)."""
+        """Bind a new session, in ``uninitialized``, to ``actions`` (what it does to torch/Megatron).
+
+        ``label`` names it in log lines (``pretrain`` sets it to ``"rank N"`` once the rank is known).
+        """
         self._actions = actions
         self.restart_mode = restart_mode
         self.iteration = iteration
+        self.label = label
         self._driver = Driver()
         self._ledger = Ledger()
         self._releases: dict[tuple[Resource, str], Releases] = {}
@@ -149,37 +161,56 @@ class Session:
     def close(self) -> TeardownReport:
         """``finalizing`` → ``closed``: run the success plan, and return its report.
 
-        If a step raises, every later step still runs, then the session takes the
-        failure edge (releasing only what is still held) and raises a ``TeardownError``
-        grouping every step's ``Exception``; if a step was interrupted (Ctrl-C,
-        ``SystemExit``), that interruption is raised instead, from the group.
+        If a step raises, the success plan stops there: the session takes the failure
+        edge, whose plan releases what is still held (no barrier, abort rather than
+        destroy; a user release that raised is not run again), and raises a
+        ``TeardownError`` grouping every step's ``Exception``; if a step was interrupted
+        (Ctrl-C, ``SystemExit``), that interruption is raised instead, from the group.
+        ``report`` then lists every step that ran, from both plans, in order.
         """
         start = time.monotonic()
         reports: list[TeardownReport] = []
 
         def work() -> bool:
-            reports.append(self._teardown(Outcome.SUCCESS))
+            reports.append(self._teardown(Outcome.SUCCESS, stop_at_failure=True))
             return not reports[0].failed
 
         if self._driver.fire(Trigger.CLOSE, work):
             self._journal_move(State.FINALIZING, Trigger.CLOSE, start)
             return reports[0]
-        failures = reports[0].failed
-        after = self._fail_teardown(start, f"teardown failed: {_describe(failures)}")
-        raise_failures(failures + after.failed)
+        success = reports[0]
+        logger.error(
+            "%s: teardown steps failed (%s); switching to the failure plan", self.label, _describe(success.failed)
+        )
+        after = self._fail_teardown(start, f"teardown failed: {_describe(success.failed)}")
+        self._report = TeardownReport(Outcome.FAILURE, self.restart_mode, success.records + after.records, after.left)
+        raise_failures(success.failed + after.failed)
         raise AssertionError("unreachable: a failed teardown raised nothing")  # pragma: no cover
 
     def fail(self, error: BaseException) -> TeardownReport:
         """Any live state → ``failed``: run the failure plan because of ``error``, and return the report.
 
-        ``error`` is not raised here: re-raise it yourself (the context manager does).
-        Each failed step adds a note to ``error``. If a step was interrupted by a
-        ``BaseException`` that is not an ``Exception`` (Ctrl-C, a restart request), the
-        remaining steps still run and that interruption is raised afterwards, from ``error``.
+        ``error`` is logged first (ERROR, ``lifecycle.session``, with ``label``), before
+        anything is released, so a teardown that hangs cannot hide the cause. It is not
+        raised here: re-raise it yourself (the context manager does). Each failed step
+        adds a note to ``error``. If an exit was requested (e.g. SIGTERM) before or during
+        the failure, ``error.requested_exit`` is set to the reason and a note says so: a
+        retry loop should stop instead of starting a new attempt. If a step was
+        interrupted by a ``BaseException`` that is not an ``Exception`` (Ctrl-C, a
+        restart request), the remaining steps still run and that interruption is raised
+        afterwards, from ``error``.
         """
-        report = self._fail_teardown(time.monotonic(), f"{type(error).__name__}: {_safe_str(error)}")
+        start, text = time.monotonic(), describe(error)
+        logger.error("%s failed in state %s: %s; releasing what it owns", self.label, self.state.value, text)
+        report = self._fail_teardown(start, text)
         for failure in report.failed:
-            error.add_note(f"lifecycle: teardown step {failure.step} also failed: {failure.error!r}")
+            error.add_note(f"lifecycle: teardown step {failure.step} also failed: {describe(failure.error)}")
+        if self._exit_request is not None:
+            error.requested_exit = self._exit_request  # type: ignore[attr-defined]
+            error.add_note(
+                f"lifecycle: an exit was requested ({self._exit_request}) before this failure was torn down: "
+                "do not retry (error.requested_exit)"
+            )
         interruption = next((f.error for f in report.failed if not isinstance(f.error, Exception)), None)
         if interruption is not None and interruption is not error:
             raise interruption from error
@@ -188,19 +219,29 @@ class Session:
     # -- resources acquired while live ------------------------------------------------
 
     def track_checkpoints(self, writer: CheckpointWriter) -> None:
-        """Record ``writer``'s in-flight saves: finalized on success, aborted on failure."""
+        """Record ``writer``'s in-flight saves: finalized on success, aborted on failure; ``AlreadyHeld`` if tracked."""
         self._check_live("track_checkpoints")
+        self._refuse_held(Resource.ASYNC_CHECKPOINT)
         releases = {StepKind.FINALIZE_CHECKPOINTS: writer.finalize, StepKind.ABORT_CHECKPOINTS: writer.abort}
         self._record(Resource.ASYNC_CHECKPOINT, Owner.SESSION, releases)
 
     def register(self, name: str, release: Callable[[], object]) -> None:
-        """Record a user resource ``name``; ``release()`` runs at teardown, in reverse registration order."""
+        """Record a user resource ``name``; ``release()`` runs at teardown, in reverse registration order.
+
+        ``AlreadyHeld`` if this session already registered ``name``.
+        """
         self._check_live("register")
+        self._refuse_held(Resource.USER, name)
         self._record(Resource.USER, Owner.SESSION, {StepKind.RELEASE_USER_RESOURCE: release}, name)
 
     def install_signal_handlers(self, signums: tuple[int, ...] = (signal.SIGTERM,)) -> None:
-        """Turn each of ``signums`` into a requested exit (see ``exit_requested``); restored at teardown."""
+        """Turn each of ``signums`` into a requested exit (see ``exit_requested``); restored at teardown.
+
+        Installing twice raises ``AlreadyHeld`` before anything is installed. At teardown a
+        signal's previous handler is put back only if ours is still the one installed.
+        """
         self._check_live("install_signal_handlers")
+        self._refuse_held(Resource.SIGNAL_HANDLERS)
 
         def request(signum: int, frame: FrameType | None) -> None:
             self.request_exit(signal.Signals(signum).name)
@@ -261,6 +302,12 @@ class Session:
         if self.state.is_final:
             raise SessionFinished(self.state, what)
 
+    def _refuse_held(self, resource: Resource, name: str = "") -> None:
+        entry = self._ledger.entry(resource, name)
+        if entry is not None:
+            label = f"{resource.value}:{name}" if name else resource.value
+            raise AlreadyHeld(label, f"this session already holds it ({entry.described()})")
+
     def _journal_move(self, source: State, trigger: Trigger, start: float, detail: str = "") -> None:
         now = time.monotonic()
         entry = JournalEntry(source, self.state, trigger, now, now - start, detail)
@@ -305,14 +352,18 @@ class Session:
         """Run the callable bound, when ``step.entry`` was acquired, to ``step.kind``."""
         self._releases[step.entry.key][step.kind]()
 
-    def _teardown(self, outcome: Outcome) -> TeardownReport:
+    def _teardown(self, outcome: Outcome, *, stop_at_failure: bool = False) -> TeardownReport:
         planned = teardown(self._ledger, self.restart_mode, outcome)
 
         def observed(record: StepRecord) -> None:
             self._notify(TeardownEvent(outcome, record, record.start, record.end))
 
         report, self._ledger = execute(
-            planned, self._perform, self._ledger, on_step=observed if self._observers else None
+            planned,
+            self._perform,
+            self._ledger,
+            on_step=observed if self._observers else None,
+            stop_at_failure=stop_at_failure,
         )
         self._report = report
         return report
@@ -337,14 +388,6 @@ def _checked(resource: Resource, releases: Releases) -> Releases:
     if missing:
         raise LifecycleError(f"{resource.value}: no release callable for step(s) {', '.join(missing)}")
     return dict(releases)
-
-
-def _safe_str(error: BaseException) -> str:
-    """``str(error)``, or its ``repr`` type name if its ``__str__`` raises."""
-    try:
-        return str(error)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not replace the error being handled
-        return f"<{type(error).__name__} whose str() raised>"
 
 
 def _describe(failures: tuple[StepFailure, ...]) -> str:

@@ -23,6 +23,7 @@ class InstalledHandlers:
         """
         if threading.current_thread() is not threading.main_thread():
             raise LifecycleError("signal handlers can only be installed from the main thread")
+        self._handler = handler
         self._previous: dict[int, Handler] = {}
         try:
             for signum in signums:
@@ -32,7 +33,12 @@ class InstalledHandlers:
             raise
 
     def restore(self) -> None:
-        """Put back the handlers that were in place before, in reverse order. Idempotent."""
+        """Put back the handlers that were in place before, in reverse order. Idempotent.
+
+        A signal whose handler is no longer ours (someone installed another since) is
+        left as it is: restoring would overwrite a handler installed later.
+        """
         while self._previous:
             signum, previous = self._previous.popitem()
-            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+            if signal.getsignal(signum) is self._handler:
+                signal.signal(signum, signal.SIG_DFL if previous is None else previous)

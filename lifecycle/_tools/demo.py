@@ -268,6 +268,10 @@ def _run_attempts(attempts: list[PretrainConfig], rank: int) -> int:
             print(f"[rank {rank}] attempt {attempt} failed: {type(exc).__name__}: {exc}", flush=True)
             for note in getattr(exc, "__notes__", ()):
                 print(f"[rank {rank}]   {note}", flush=True)
+            requested = getattr(exc, "requested_exit", None)
+            if requested is not None:
+                print(f"[rank {rank}] an exit was requested ({requested}): not retrying", flush=True)
+                return 1
             if attempt + 1 < len(attempts):
                 print(f"[rank {rank}] retrying in the same process (attempt {attempt + 1})", flush=True)
             continue

@@ -20,7 +20,7 @@ from megatron.core import parallel_state
 from megatron.core.num_microbatches_calculator import get_num_microbatches
 
 from lifecycle._core import journal as _journal
-from lifecycle._core.errors import ConfigError, InvalidTransition, SessionFinished
+from lifecycle._core.errors import ConfigError, InvalidTransition, SessionFinished, describe
 from lifecycle._core.executor import TeardownReport
 from lifecycle._core.journal import Eval, Origin, RunEnd, Step
 from lifecycle._core.session import JournalEntry, Session
@@ -138,7 +138,7 @@ def pretrain(
         exit_reason = result.exit_reason.value
         return result
     except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error = describe(exc)
         raise
     finally:
         end = RunEnd(
@@ -191,6 +191,8 @@ class _Run:
         if rank is None and dist.is_available() and dist.is_initialized():
             world, rank = dist.get_world_size(), dist.get_rank()  # the caller's group
         self.rank, self.world_size = rank or 0, world or 1
+        if rank is not None:
+            session.label = f"rank {rank}"
         origin = Origin(
             run_id=_journal.run_id(),
             rank=self.rank,
@@ -221,6 +223,7 @@ class _Run:
         session = self.session
         session.init_distributed()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        session.label = f"rank {self.rank}"  # failures are logged with the rank, before teardown
         self.inject(Phase.DIST)
         session.init_globals()
         self.inject(Phase.GLOBALS)

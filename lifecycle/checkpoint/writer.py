@@ -28,6 +28,7 @@ import re
 import secrets
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -196,7 +197,12 @@ class AsyncCheckpointer:
         self.directory = Path(directory)
         if process_group is None and dist.is_available() and dist.is_initialized():
             process_group = dist.group.WORLD
-        self._group = process_group
+        # A weak reference: torch's registry keeps the group alive while it exists. Holding
+        # it strongly would keep an aborted gloo group's sockets open (they close only when
+        # the group object is freed) for as long as this writer lives: a peer blocked on the
+        # group would then wait for the group timeout (measured: a rank that finalized its
+        # checkpoints, then failed later in its teardown, kept its peer's barrier for 10 s).
+        self._group_ref = None if process_group is None else weakref.ref(process_group)
         self._rank = dist.get_rank(process_group) if process_group is not None else 0
         self._world = dist.get_world_size(process_group) if process_group is not None else 1
         self._pending: _Pending | None = None
@@ -332,17 +338,21 @@ class AsyncCheckpointer:
             except Exception as exc:  # noqa: BLE001 - peers learn of it by the broadcast
                 committed.zero_()
                 commit_error = exc
-        if self._group is not None:
-            dist.broadcast(committed, group_src=0, group=self._group)
+        group = self._live_group()
+        if group is not None:
+            dist.broadcast(committed, group_src=0, group=group)
         if not committed.item():
             raise CheckpointError(f"rank 0 could not commit step {pending.step} in {self.directory}") from commit_error
         return pending.step
 
     def _all_gather(self, mine: torch.Tensor) -> list[torch.Tensor]:
-        if self._group is None:
+        if self._group_ref is None:
             return [mine]
+        group = self._live_group()
         try:
-            dist.get_rank(self._group)
+            if group is None:
+                raise ValueError("the group object was freed")
+            dist.get_rank(group)
         except (ValueError, RuntimeError) as exc:
             # A destroyed group object can still run a one-rank collective locally;
             # a writer that outlived its group must not commit through it.
@@ -352,8 +362,12 @@ class AsyncCheckpointer:
             ) from exc
         # Zeros, not empty: a row a peer never filled reads as "write failed".
         out = [torch.zeros_like(mine) for _ in range(self._world)]
-        dist.all_gather(out, mine, group=self._group)
+        dist.all_gather(out, mine, group=group)
         return out
+
+    def _live_group(self) -> dist.ProcessGroup | None:
+        """The writer's group while it exists; None without one, or once it was freed."""
+        return None if self._group_ref is None else self._group_ref()
 
     def _commit(self, step: int, everyone: list[torch.Tensor]) -> None:
         folder = _step_dir(self.directory, step)
@@ -381,10 +395,7 @@ class AsyncCheckpointer:
         Idempotent. The last committed checkpoint stays the latest.
         """
         self._aborted = True
-        # Drop the group: gloo closes an aborted group's sockets only once the group
-        # object is freed, and this writer (kept by the session, and by the frames of
-        # the failure's traceback) would keep peers blocked until the group timeout.
-        self._group = None
+        self._group_ref = None
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.abandoned.set()

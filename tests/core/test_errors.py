@@ -10,6 +10,7 @@ import pytest
 
 from lifecycle._core import errors
 from lifecycle._core.errors import (
+    AlreadyHeld,
     ConfigError,
     ForeignResource,
     InvalidTransition,
@@ -34,6 +35,7 @@ EXAMPLES: list[LifecycleError] = [
     ResourceMismatch("process_group", 1, 2),
     ForeignResource("process_group", "created by the caller; release it"),
     MissingResource("process_group", "rank needs the default process group"),
+    AlreadyHeld("signal_handlers", "this session already holds it"),
     ConfigError("store_prefix", "'p' was already used for a group"),
 ]
 

@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from lifecycle import (
+    AlreadyHeld,
     InvalidTransition,
     LeftReason,
     LifecycleError,
@@ -104,7 +105,7 @@ def test_the_original_exception_propagates_with_a_note_per_failed_step() -> None
         raise original
     assert info.value is original
     assert len(original.__notes__) == 2
-    assert "destroy_rerun_state_machine" in original.__notes__[0] and "OSError('rerun')" in original.__notes__[0]
+    assert "destroy_rerun_state_machine" in original.__notes__[0] and "OSError: rerun" in original.__notes__[0]
     assert "destroy_model_parallel" in original.__notes__[1]
     assert actions.calls[-1] == "abort_process_group"  # the later steps still ran
     assert session.state is State.FAILED
@@ -129,28 +130,49 @@ def test_interrupts_take_the_failure_path_and_propagate(interrupt: BaseException
     assert actions.calls[-1] == "abort_process_group"
 
 
-def test_a_failing_success_step_takes_the_failure_edge_and_reports_every_failure() -> None:
-    """If a success step raises, later steps still run, the failure plan releases what is left, all reported."""
-    actions = RecordingActions(fail_on={"destroy_model_parallel": RuntimeError("mp"), "barrier": TimeoutError("b")})
+def test_a_failing_success_step_switches_to_the_failure_plan() -> None:
+    """From the first failed success step on, the failure plan runs: no barrier, abort not destroy; all reported."""
+    actions = RecordingActions(fail_on={"destroy_model_parallel": RuntimeError("mp")})
     session = Session(actions)
     run_to_training(session, actions)
     session.finish()
     with pytest.raises(TeardownError) as info:
         session.close()
-    # The success plan's two failures, then the failure plan's retry of what was still held.
-    kinds = [f.step.kind for f in info.value.failures]
-    assert kinds == [StepKind.DESTROY_MODEL_PARALLEL, StepKind.BARRIER, StepKind.DESTROY_MODEL_PARALLEL]
-    assert [type(e) for e in info.value.exceptions] == [RuntimeError, TimeoutError, RuntimeError]
+    # The success plan's failure, then the failure plan's retry of what was still held.
+    assert [f.step.kind for f in info.value.failures] == [StepKind.DESTROY_MODEL_PARALLEL] * 2
     assert session.state is State.FAILED
-    # destroy_process_group still ran after the failed barrier; the failure plan then
-    # released only model-parallel state, still held: nothing was released twice.
-    assert actions.calls[-4:] == [
-        "destroy_model_parallel",
-        "barrier",
-        "destroy_process_group",
-        "destroy_model_parallel",
-    ]
+    assert actions.calls[-3:] == ["destroy_model_parallel", "destroy_model_parallel", "abort_process_group"]
+    assert "barrier" not in actions.calls and "destroy_process_group" not in actions.calls
     assert session.ledger.held() == (session.ledger.entry(Resource.MODEL_PARALLEL),)
+    report = session.report
+    assert report is not None and report.outcome is Outcome.FAILURE
+    assert [(str(r.step), r.outcome.value) for r in report.records][-4:] == [
+        ("destroy_microbatch_calculator", "success"),
+        ("destroy_model_parallel", "success"),
+        ("destroy_model_parallel", "failure"),
+        ("abort_process_group", "failure"),
+    ]
+
+
+def test_a_user_release_that_raised_in_close_is_not_run_again() -> None:
+    """A user release runs at most once per session: after it raised, the failure plan leaves it alone."""
+    calls: list[str] = []
+
+    def broken() -> None:
+        calls.append("broken")
+        raise ValueError("release went wrong")
+
+    actions = RecordingActions()
+    session = Session(actions)
+    run_to_training(session, actions)
+    session.register("broken", broken)
+    session.finish()
+    with pytest.raises(TeardownError):
+        session.close()
+    assert calls == ["broken"] and session.state is State.FAILED
+    assert session.report is not None
+    assert [why for entry, why in session.report.left if entry.name == "broken"] == [LeftReason.RELEASE_FAILED]
+    assert "abort_process_group" in actions.calls and "barrier" not in actions.calls
 
 
 def test_a_failure_during_acquisition_keeps_what_was_acquired_before_it() -> None:
@@ -289,14 +311,19 @@ def test_an_interrupt_inside_a_step_is_raised_after_teardown_from_the_group_of_t
     group = interrupt.__cause__
     assert isinstance(group, TeardownError) and isinstance(group, ExceptionGroup)
     assert [type(e) for e in group.exceptions] == [OSError, OSError]  # success step, then the failure plan's
-    assert "user released" in actions.calls and "abort_process_group" not in actions.calls
+    assert actions.calls.count("user released") == 1
+    # The failure plan ran on past the interrupted step: model-parallel state and the group were released.
     assert actions.calls.index("destroy_model_parallel") > actions.calls.index("destroy_microbatch_calculator")
-    assert session.state is State.FAILED
+    assert actions.calls[-1] == "abort_process_group" and "barrier" not in actions.calls
+    held = {entry.resource for entry in session.ledger.held()}
+    assert session.state is State.FAILED and held == {Resource.RERUN_STATE_MACHINE, Resource.MICROBATCH_CALCULATOR}
 
 
 def test_except_star_on_a_teardown_error_keeps_its_type_and_its_steps() -> None:
     """``except*`` splits a ``TeardownError`` into ``TeardownError``s, each with the steps of its errors."""
-    actions = RecordingActions(fail_on={"destroy_model_parallel": RuntimeError("mp"), "barrier": TimeoutError("b")})
+    actions = RecordingActions(
+        fail_on={"destroy_model_parallel": RuntimeError("mp"), "abort_process_group": TimeoutError("b")}
+    )
     session = Session(actions)
     run_to_training(session, actions)
     session.finish()
@@ -309,7 +336,7 @@ def test_except_star_on_a_teardown_error_keeps_its_type_and_its_steps() -> None:
         caught["runtime"] = others
     timeouts, others = caught["timeout"], caught["runtime"]
     assert isinstance(timeouts, TeardownError) and isinstance(others, TeardownError)
-    assert [f.step.kind for f in timeouts.failures] == [StepKind.BARRIER]
+    assert [f.step.kind for f in timeouts.failures] == [StepKind.ABORT_PROCESS_GROUP]
     assert [f.step.kind for f in others.failures] == [StepKind.DESTROY_MODEL_PARALLEL] * 2
     assert [f.error for f in others.failures] == list(others.exceptions)
 
@@ -355,3 +382,92 @@ def test_the_library_errors_survive_copy_and_pickle() -> None:
             assert type(clone) is type(error) and str(clone) == str(error)
             assert clone.__notes__ == ["a note"] and clone.__dict__.keys() == error.__dict__.keys()
     session.fail(RuntimeError("end"))
+
+
+def test_installing_signal_handlers_twice_is_refused_before_anything_is_installed() -> None:
+    """A second ``install_signal_handlers`` raises ``AlreadyHeld`` and the original handler survives teardown."""
+    original = signal.getsignal(signal.SIGTERM)
+    session = Session(RecordingActions())
+    run_to_training(session, RecordingActions())
+    session.install_signal_handlers()
+    ours = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(AlreadyHeld) as info:
+        session.install_signal_handlers()
+    assert info.value.resource == "signal_handlers" and signal.getsignal(signal.SIGTERM) is ours
+    session.fail(RuntimeError("x"))
+    assert signal.getsignal(signal.SIGTERM) is original
+
+
+def test_restoring_handlers_leaves_a_handler_installed_later_alone() -> None:
+    """Teardown puts the previous handler back only if ours is still the installed one."""
+    original = signal.getsignal(signal.SIGTERM)
+
+    def later(signum: int, frame: object) -> None:
+        """A handler the caller installed after the session's."""
+
+    session = Session(RecordingActions())
+    run_to_training(session, RecordingActions())
+    session.install_signal_handlers()
+    try:
+        signal.signal(signal.SIGTERM, later)
+        session.fail(RuntimeError("x"))
+        assert signal.getsignal(signal.SIGTERM) is later
+    finally:
+        signal.signal(signal.SIGTERM, original)
+
+
+def test_registering_a_user_name_twice_is_refused() -> None:
+    """A user resource name is recorded once per session; the second ``register`` raises ``AlreadyHeld``."""
+    session = Session(RecordingActions())
+    run_to_training(session, RecordingActions())
+    session.register("file", lambda: None)
+    with pytest.raises(AlreadyHeld, match="user:file"):
+        session.register("file", lambda: None)
+    session.fail(RuntimeError("x"))
+
+
+def test_a_requested_exit_during_a_failure_is_carried_by_the_exception() -> None:
+    """A SIGTERM recorded before the failure is torn down reaches the caller: ``requested_exit`` and a note."""
+    original = signal.getsignal(signal.SIGTERM)
+    error = RuntimeError("peer gone")
+    with pytest.raises(RuntimeError) as info, Session(RecordingActions()) as session:
+        run_to_training(session, RecordingActions())
+        session.install_signal_handlers()
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise error
+    assert info.value is error and error.requested_exit == "SIGTERM"  # type: ignore[attr-defined]
+    assert any("do not retry" in note for note in error.__notes__)
+    assert signal.getsignal(signal.SIGTERM) is original
+
+
+def test_an_error_whose_str_and_repr_raise_is_still_reraised_as_the_same_object() -> None:
+    """A broken ``__str__``/``__repr__`` never replaces the original error nor leaves the session live."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    error = Unprintable()
+    actions = RecordingActions(fail_on={"destroy_model_parallel": Unprintable()})
+    with pytest.raises(Unprintable) as info, Session(actions) as session:
+        run_to_training(session, actions)
+        raise error
+    assert info.value is error and session.state is State.FAILED
+    assert session.journal[-1].detail.startswith("Unprintable")
+    assert "Unprintable" in error.__notes__[0]
+
+
+def test_the_error_is_logged_with_the_label_before_anything_is_released(caplog: pytest.LogCaptureFixture) -> None:
+    """The cause reaches the log before teardown begins, so a teardown that hangs cannot hide it."""
+    seen_at_release: list[int] = []
+    session = Session(RecordingActions(), label="rank 3")
+    run_to_training(session, RecordingActions())
+    session.register("probe", lambda: seen_at_release.append(len(caplog.records)))
+    with caplog.at_level("ERROR", logger="lifecycle.session"):
+        session.fail(ValueError("bad batch"))
+    first = caplog.records[0].getMessage()
+    assert "rank 3" in first and "ValueError: bad batch" in first and "training" in first
+    assert seen_at_release == [1]  # logged, then released

@@ -151,12 +151,6 @@ def known_bug(cell: Cell) -> tuple[str, bool] | None:
     were found when faults moved to public seams (a success-plan step failing *before*
     the barrier, not only the last step).
     """
-    if cell.refusal is None and cell.point == "success_teardown" and cell.group_owner == "session":
-        return (
-            "after a success-plan step fails, the rest of the success plan (barrier, orderly destroy) still runs "
-            "instead of the failure plan's steps (DESIGN §3; the teardown issue)",
-            True,
-        )
     if (cell.mode, cell.world_size, cell.point) == ("inprocess", 2, "on_train_end") and cell.raised in (
         "exception",
         "teardown_step",
