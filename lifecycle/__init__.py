@@ -34,7 +34,7 @@ from lifecycle._core.resources import (
     undeclare_resource,
 )
 from lifecycle._core.seams import CheckpointWriter, DistributedActions
-from lifecycle._core.session import JournalEntry, Session
+from lifecycle._core.session import JournalEntry, ReclaimEvent, Session, SessionEvent, TeardownEvent, TransitionEvent
 from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
 from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, SessionHandle, TrainContext
@@ -106,12 +106,14 @@ __all__ = [
     "PretrainConfig",
     "PretrainResult",
     "ProgressLog",
+    "ReclaimEvent",
     "Releases",
     "Resource",
     "ResourceMismatch",
     "ResourceRefused",
     "RestartMode",
     "Session",
+    "SessionEvent",
     "SessionFinished",
     "SessionHandle",
     "StaleResource",
@@ -122,10 +124,12 @@ __all__ = [
     "StepRecord",
     "Teardown",
     "TeardownError",
+    "TeardownEvent",
     "TeardownReport",
     "TorchActions",
     "TrainContext",
     "TrainingConfig",
+    "TransitionEvent",
     "Trigger",
     "UnfinishedSession",
     "WrapperRole",

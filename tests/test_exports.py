@@ -28,6 +28,10 @@ def test_every_public_callable_has_a_docstring(module_name: str) -> None:
 
 EXPORTS: dict[str, list[str]] = {
     "lifecycle": [
+        "ReclaimEvent",
+        "SessionEvent",
+        "TeardownEvent",
+        "TransitionEvent",
         "AlreadyHeld",
         "undeclare_resource",
         "teardown",

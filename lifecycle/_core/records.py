@@ -6,7 +6,8 @@ own fields:
 
 - ``run`` (``RunStart``): ``world_size``, ``pid``, ``host``, ``start``.
 - ``transition`` (``Transition``): ``source``, ``dest``, ``trigger``, ``start``, ``end``, ``detail``.
-- ``teardown`` (``TeardownStep``): ``outcome``, ``step``, ``resource``, ``owner``, ``start``, ``end``, ``error``.
+- ``teardown`` (``TeardownStep``): ``outcome``, ``step``, ``resource``, ``owner``, ``start``, ``end``, ``error``,
+  ``note``.
 - ``left`` (``Left``): ``resource``, ``owner``, ``reason``, ``site`` (held, and not released by this
   session; ``site`` is ``file:line`` where it was acquired, empty if unknown).
 - ``step`` (``Step``): ``step``, ``loss``, ``start``, ``end``: one per training step.
@@ -123,7 +124,12 @@ class Transition(_Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TeardownStep(_Record):
-    """One step of a teardown plan of ``outcome`` ran ``start``..``end``; ``error`` is what it raised (repr)."""
+    """One step of a teardown plan of ``outcome`` ran ``start``..``end``; ``error`` is what it raised.
+
+    ``outcome`` is ``success`` or ``failure``, or ``reclaim`` for a release of what an
+    earlier session left (``note`` names it), or ``abandoned`` for a step an escalated
+    interrupt cut off (it did not run).
+    """
 
     kind: ClassVar[str] = "teardown"
     origin: Origin
@@ -134,6 +140,7 @@ class TeardownStep(_Record):
     start: float
     end: float
     error: str | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -99,7 +99,9 @@ class Resource:
     ``release(actions)``: the callables, one per step kind, bound at acquisition.
     ``wrapper``: see ``WrapperRole``. ``probe()``: True while one exists in this
     process, whoever made it (None: not observable). ``named``: several instances,
-    told apart by name, may be held at once. ``retry_release``: a release that raised
+    told apart by name, may be held at once. ``identity()``: the live object itself (or
+    None), so that what an earlier session left is told apart from what the caller
+    created since (held only weakly). ``retry_release``: a release that raised
     may run again in a later plan (the library's own releases tolerate partial state);
     False: it runs at most once per session, and a failure leaves the resource alone.
     """
@@ -115,6 +117,7 @@ class Resource:
     probe: Callable[[], bool] | None = field(default=None, repr=False)
     named: bool = False
     retry_release: bool = True
+    identity: Callable[[], object] | None = field(default=None, repr=False)
 
     PROCESS_GROUP: ClassVar[Resource]
     MODEL_PARALLEL: ClassVar[Resource]
@@ -237,6 +240,18 @@ def _global_set(module: str, name: str) -> Callable[[], bool]:
     return probe
 
 
+def _global(module: str, name: str) -> Callable[[], object]:
+    def identity() -> object:
+        return _module_attr(module, name)
+
+    return identity
+
+
+def _default_group() -> object:
+    group = _module_attr("torch.distributed", "group")
+    return None if group is None or not _process_group_alive() else getattr(group, "WORLD", None)
+
+
 # -- the built-in kinds, in acquisition order -------------------------------------------------
 
 StepKind.FINALIZE_CHECKPOINTS = StepKind("finalize_checkpoints")
@@ -265,6 +280,7 @@ Resource.PROCESS_GROUP = declare_resource(
         },
         wrapper=WrapperRole.RELEASES,
         probe=_process_group_alive,
+        identity=_default_group,
     )
 )
 Resource.MODEL_PARALLEL = declare_resource(
@@ -278,6 +294,7 @@ Resource.MODEL_PARALLEL = declare_resource(
         release=lambda actions: {StepKind.DESTROY_MODEL_PARALLEL: actions.destroy_model_parallel},
         wrapper=WrapperRole.RELEASES,
         probe=_model_parallel_alive,
+        identity=_global("megatron.core.parallel_state", "_TENSOR_MODEL_PARALLEL_GROUP"),
     )
 )
 Resource.MICROBATCH_CALCULATOR = declare_resource(
@@ -291,6 +308,7 @@ Resource.MICROBATCH_CALCULATOR = declare_resource(
         release=lambda actions: {StepKind.DESTROY_MICROBATCH_CALCULATOR: actions.destroy_microbatch_calculator},
         wrapper=WrapperRole.RELEASES,
         probe=_global_set("megatron.core.num_microbatches_calculator", "_GLOBAL_NUM_MICROBATCHES_CALCULATOR"),
+        identity=_global("megatron.core.num_microbatches_calculator", "_GLOBAL_NUM_MICROBATCHES_CALCULATOR"),
     )
 )
 Resource.RERUN_STATE_MACHINE = declare_resource(
@@ -304,6 +322,7 @@ Resource.RERUN_STATE_MACHINE = declare_resource(
         release=lambda actions: {StepKind.DESTROY_RERUN_STATE_MACHINE: actions.destroy_rerun_state_machine},
         wrapper=WrapperRole.RELEASES,
         probe=_global_set("megatron.core.rerun_state_machine", "_GLOBAL_RERUN_STATE_MACHINE"),
+        identity=_global("megatron.core.rerun_state_machine", "_GLOBAL_RERUN_STATE_MACHINE"),
     )
 )
 Resource.SIGNAL_HANDLERS = declare_resource(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import time
@@ -14,13 +15,15 @@ from lifecycle._core.errors import (
     ForeignResource,
     LifecycleError,
     SessionFinished,
+    StaleResource,
     UnfinishedSession,
     describe,
 )
 from lifecycle._core.executor import StepFailure, StepRecord, TeardownReport, execute, raise_failures
+from lifecycle._core.leftovers import LEFTOVERS, Leftover, token_of
 from lifecycle._core.machine import Driver
 from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
-from lifecycle._core.plans import Outcome, RestartMode, Step, teardown
+from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown, teardown
 from lifecycle._core.resources import Releases, Resource, StepKind, WrapperRole, declared_resources
 from lifecycle._core.seams import CheckpointWriter, DistributedActions
 from lifecycle._core.signals import InstalledHandlers
@@ -58,10 +61,23 @@ class TeardownEvent:
     end: float
 
 
-SessionEvent = TransitionEvent | TeardownEvent
+@dataclass(frozen=True, slots=True)
+class ReclaimEvent:
+    """Before acquiring a kind, the session released what an earlier session left of it.
+
+    ``left_by`` names that session; ``record`` is the release step that ran (its error, if any).
+    """
+
+    left_by: str
+    record: StepRecord
+
+
+SessionEvent = TransitionEvent | TeardownEvent | ReclaimEvent
 """What a session observer is called with (see ``Session.add_observer``)."""
 
 logger = logging.getLogger("lifecycle.session")
+
+_IDS = itertools.count(1)
 
 
 class Session:
@@ -98,6 +114,8 @@ class Session:
         self.restart_mode = restart_mode
         self.iteration = iteration
         self.label = label
+        self.id = next(_IDS)
+        self._reclaimed: list[StepRecord] = []
         self._driver = Driver()
         self._ledger = Ledger()
         self._releases: dict[tuple[Resource, str], Releases] = {}
@@ -127,6 +145,11 @@ class Session:
     def report(self) -> TeardownReport | None:
         """The report of the last teardown, or None before any teardown ran."""
         return self._report
+
+    @property
+    def reclaimed(self) -> tuple[StepRecord, ...]:
+        """The release steps this session ran on what earlier sessions left (see ``lifecycle._core.leftovers``)."""
+        return tuple(self._reclaimed)
 
     @property
     def exit_requested(self) -> str | None:
@@ -329,6 +352,9 @@ class Session:
                 continue
             assert resource.init is not None and resource.release is not None  # declare_resource() checks
             releases = _checked(resource, resource.release(self._actions))  # before it exists: nothing to undo
+            left = LEFTOVERS.take(resource)
+            if left is not None and left.is_live():
+                self._reclaim(left)
             owner = resource.init(self._actions)
             if self.restart_mode is RestartMode.INPROCESS and resource.wrapper is WrapperRole.RELEASES:
                 if owner is Owner.CALLER:
@@ -347,10 +373,42 @@ class Session:
         entry = LedgerEntry(resource, owner, name, caller_site() if site is None else site)
         self._ledger = self._ledger.acquire(entry)
         self._releases[entry.key] = _checked(resource, releases)
+        if resource.init is not None and owner is not Owner.CALLER:
+            name = f"{self.label} [session {self.id}]"
+            LEFTOVERS.created(Leftover(entry, self._releases[entry.key], name, self.id, token_of(resource)))
+
+    def _reclaim(self, left: Leftover) -> None:
+        """Release what an earlier session left, with its failure steps and the callables it bound.
+
+        ``StaleResource`` naming that session if a step raises: the resource cannot be
+        adopted (it is not the caller's) and could not be released.
+        """
+        entry = left.entry
+        planned = Teardown(
+            Plan(tuple(Step(kind, entry) for kind in entry.resource.failure)), (), Outcome.FAILURE, self.restart_mode
+        )
+
+        def observed(record: StepRecord) -> None:
+            self._reclaimed.append(record)
+            self._notify(ReclaimEvent(left.session, record))
+
+        def perform(step: Step) -> None:
+            left.releases[step.kind]()
+
+        report, _ = execute(planned, perform, Ledger((entry,)), on_step=observed)
+        if report.failed:
+            error = report.failed[0].error
+            raise StaleResource(
+                entry.resource.value,
+                f"left live by {left.session} ({entry.described()}); releasing it failed: {describe(error)}",
+            ) from error
+        logger.warning("%s: released %s, left live by %s", self.label, entry.described(), left.session)
 
     def _perform(self, step: Step) -> None:
         """Run the callable bound, when ``step.entry`` was acquired, to ``step.kind``."""
         self._releases[step.entry.key][step.kind]()
+        if step.kind.releases:
+            LEFTOVERS.released(step.entry.resource, self.id)
 
     def _teardown(self, outcome: Outcome, *, stop_at_failure: bool = False) -> TeardownReport:
         planned = teardown(self._ledger, self.restart_mode, outcome)

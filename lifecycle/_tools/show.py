@@ -51,7 +51,9 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
             events.append((r.start, text + why))
         elif isinstance(r, TeardownStep):
             failed = f"  FAILED: {_short(r.error)}" if r.error else ""
-            events.append((r.start, f"    teardown {r.step:<32} {_ms(r.end - r.start)}{failed}"))
+            verb = {"reclaim": "reclaim ", "abandoned": "abandon "}.get(r.outcome, "teardown")
+            note = f"  ({r.note})" if r.note else ""
+            events.append((r.start, f"    {verb} {r.step:<32} {_ms(r.end - r.start)}{failed}{note}"))
     steps = [r for r in call if isinstance(r, Step)]
     last = steps[-1] if steps else None
     if last is not None and last.end is not None:

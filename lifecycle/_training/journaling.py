@@ -12,8 +12,9 @@ import socket
 import time
 
 from lifecycle._core import journal as _journal
+from lifecycle._core.errors import describe
 from lifecycle._core.journal import JournalWriter, Left, Origin, Record, RunStart, TeardownStep, Transition
-from lifecycle._core.session import Session, SessionEvent, TransitionEvent
+from lifecycle._core.session import ReclaimEvent, Session, SessionEvent, TransitionEvent
 
 logger = logging.getLogger("lifecycle.pretrain")
 
@@ -89,16 +90,19 @@ class RunJournal:
                     )
             return
         record = event.record
+        held = record.step.entry
+        note = f"left by {event.left_by}, acquired at {held.site or '?'}" if isinstance(event, ReclaimEvent) else ""
         self.write(
             TeardownStep(
                 origin=origin,
-                outcome=event.outcome.value,
+                outcome="reclaim" if note else record.outcome.value,
                 step=str(record.step),
-                resource=record.step.entry.resource.value,
-                owner=record.step.entry.owner.value,
-                start=event.start,
-                end=event.end,
-                error=None if record.error is None else repr(record.error),
+                resource=held.resource.value,
+                owner=held.owner.value,
+                start=record.start,
+                end=record.end,
+                error=None if record.error is None else describe(record.error),
+                note=note,
             )
         )
 

@@ -36,18 +36,29 @@ class Scratch:
 
     alive: bool = False
     log: list[str] = field(default_factory=list)
+    instance: object = None
+    interrupt_next_kill: bool = False
 
     def create(self) -> Owner:
-        self.alive = True
+        if self.alive:
+            self.log.append("found")
+            return Owner.CALLER
+        self.alive, self.instance = True, Scratch()  # any weakly referenceable object stands for the live one
         self.log.append("create")
         return Owner.SESSION
 
     def releases(self) -> dict[StepKind, Callable[[], object]]:
-        return {FLUSH: lambda: self.log.append("flush"), DROP: self.drop, KILL: self.drop}
+        return {FLUSH: lambda: self.log.append("flush"), DROP: self.drop, KILL: self.kill}
 
     def drop(self) -> None:
-        self.alive = False
+        self.alive, self.instance = False, None
         self.log.append("drop")
+
+    def kill(self) -> None:
+        if self.interrupt_next_kill:
+            self.interrupt_next_kill = False
+            raise KeyboardInterrupt  # a second Ctrl-C lands inside the release
+        self.drop()
 
 
 SCRATCH = Scratch()
@@ -59,7 +70,7 @@ KILL = StepKind("kill_scratch", unblocks=True)
 @pytest.fixture
 def scratch() -> Iterator[Resource]:
     """A test-only kind, acquired by ``init_globals`` between the rerun state machine and the calculator."""
-    SCRATCH.alive, SCRATCH.log[:] = False, []
+    SCRATCH.alive, SCRATCH.log[:], SCRATCH.instance, SCRATCH.interrupt_next_kill = False, [], None, False
     kind = declare_resource(
         Resource(
             "scratch",
@@ -71,6 +82,7 @@ def scratch() -> Iterator[Resource]:
             release=lambda actions: SCRATCH.releases(),
             wrapper=WrapperRole.RELEASES,
             probe=lambda: SCRATCH.alive,
+            identity=lambda: SCRATCH.instance,
         )
     )
     try:
@@ -180,3 +192,41 @@ def test_the_built_in_probes_import_nothing() -> None:
     assert set(sys.modules) == before
     if "torch.distributed" not in sys.modules:
         assert Resource.PROCESS_GROUP not in found
+
+
+def test_what_an_interrupted_session_left_is_reclaimed_by_the_next_not_adopted(scratch: Resource) -> None:
+    """A release cut short leaves the resource live; the next session releases it first, never calls it the caller's."""
+    from lifecycle import ReclaimEvent
+
+    first = Session(RecordingActions(), label="first")
+    run_to_training(first)
+    SCRATCH.interrupt_next_kill = True
+    with pytest.raises(KeyboardInterrupt):
+        first.fail(RuntimeError("boom"))
+    assert first.state is State.FAILED and SCRATCH.alive and first.ledger.entry(scratch) in first.ledger.held()
+    events: list[object] = []
+    second = Session(RecordingActions(), label="second")
+    second.add_observer(events.append)
+    run_to_training(second)
+    assert second.ledger.owner(scratch) is Owner.SESSION  # created anew, not adopted as the caller's
+    assert SCRATCH.log[-2:] == ["drop", "create"]
+    reclaims = [e for e in events if isinstance(e, ReclaimEvent)]
+    assert len(reclaims) == 1 and reclaims[0].left_by.startswith("first") and reclaims[0].record.error is None
+    assert [str(r.step) for r in second.reclaimed] == ["kill_scratch"]
+    second.fail(RuntimeError("end"))
+
+
+def test_a_resource_recreated_by_the_caller_since_is_adopted_not_reclaimed(scratch: Resource) -> None:
+    """If what a session left was released and the caller made a new one, the new one is the caller's."""
+    first = Session(RecordingActions())
+    run_to_training(first)
+    SCRATCH.interrupt_next_kill = True
+    with pytest.raises(KeyboardInterrupt):
+        first.fail(RuntimeError("boom"))
+    SCRATCH.drop()  # the caller cleaned up by hand ...
+    SCRATCH.alive, SCRATCH.instance = True, Scratch()  # ... and created its own
+    second = Session(RecordingActions())
+    run_to_training(second)
+    assert second.ledger.owner(scratch) is Owner.CALLER and second.reclaimed == ()
+    second.fail(RuntimeError("end"))
+    assert SCRATCH.alive  # the caller's: never released by the session
