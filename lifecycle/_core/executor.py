@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from lifecycle._core.errors import LifecycleError, describe
 from lifecycle._core.ownership import Ledger, LedgerEntry
 from lifecycle._core.plans import LeftReason, Outcome, RestartMode, Step, Teardown
+from lifecycle._core.shield import TeardownInterrupted
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,10 @@ class TeardownReport:
     restart_mode: RestartMode
     records: tuple[StepRecord, ...]
     left: tuple[tuple[LedgerEntry, LeftReason], ...]
+    abandoned: tuple[Step, ...] = ()
+    """Steps that never ran: an escalated interrupt (``TeardownInterrupted``) cut the teardown short."""
+    interrupted: BaseException | None = None
+    """The interrupt that cut it short, raised by the session once it is final; None if none did."""
 
     @property
     def ran(self) -> tuple[Step, ...]:
@@ -68,6 +73,7 @@ class TeardownReport:
             f"{r.step} {r.duration_s * 1000:.1f} ms" + (f" FAILED: {r.error!r}" if r.error else "")
             for r in self.records
         ]
+        out += [f"abandoned {step}" for step in self.abandoned]
         out += [f"left {entry}: {reason}" for entry, reason in self.left]
         return out
 
@@ -137,10 +143,14 @@ def execute(
     ``BaseException`` a step raises (Ctrl-C and ``SystemExit`` too) is recorded, with a
     note naming the step and where its resource was acquired, not propagated. Without
     ``stop_at_failure`` every later step still runs; with it, the steps after the first
-    failure do not run (the caller switches to another plan). ``on_step``, if given, is
-    called with each step's record as soon as the step ran; it must not raise.
+    failure do not run (the caller switches to another plan). A ``TeardownInterrupted``
+    (a second interrupt, see ``lifecycle._core.shield``) stops it at once: the rest is
+    reported as ``abandoned`` and the interrupt as ``interrupted``, for the caller to
+    raise once it is final. ``on_step``, if given, is called with each step's record as
+    soon as the step ran; it must not raise.
     """
     records: list[StepRecord] = []
+    interrupted: BaseException | None = None
     for step in teardown.plan:
         start, started = time.time(), time.monotonic()
         error: BaseException | None = None
@@ -155,8 +165,13 @@ def execute(
             on_step(record)
         if error is not None:
             ledger = ledger.release_failed(step.entry)
+            if isinstance(error, TeardownInterrupted):
+                interrupted = error
+                break
             if stop_at_failure:
                 break
         elif step.kind.releases:
             ledger = ledger.release(step.entry)
-    return TeardownReport(teardown.outcome, teardown.mode, tuple(records), teardown.left), ledger
+    abandoned = teardown.plan[len(records) :] if interrupted is not None else ()
+    report = TeardownReport(teardown.outcome, teardown.mode, tuple(records), teardown.left, abandoned, interrupted)
+    return report, ledger

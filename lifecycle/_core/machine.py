@@ -88,6 +88,14 @@ class Driver:
                 raise
             raise InvalidTransition(self.state, trigger) from None
 
+    def force_failed(self) -> None:
+        """Put the state to ``failed`` without an edge: only for a failure teardown an interrupt cut short.
+
+        An interrupt that lands inside the machine's own code (after the teardown ran,
+        before the state was set) must not leave the session live.
+        """
+        self._machine.set_state(State.FAILED, model=self._model)
+
 
 class _Digraph(Protocol):
     """What ``dot_source`` uses of the ``graphviz.Digraph`` that transitions' Graphviz engine returns."""

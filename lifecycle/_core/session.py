@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import signal
@@ -26,6 +27,7 @@ from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
 from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown, teardown
 from lifecycle._core.resources import Releases, Resource, StepKind, WrapperRole, declared_resources
 from lifecycle._core.seams import CheckpointWriter, DistributedActions
+from lifecycle._core.shield import Shield
 from lifecycle._core.signals import InstalledHandlers
 from lifecycle._core.states import Owner, State, Trigger
 
@@ -122,6 +124,7 @@ class Session:
         self._journal: list[JournalEntry] = []
         self._report: TeardownReport | None = None
         self._exit_request: str | None = None
+        self._shield = Shield()
         self._observers: list[Callable[[SessionEvent], object]] = []
 
     # -- what can be read -------------------------------------------------------------
@@ -190,7 +193,22 @@ class Session:
         ``TeardownError`` grouping every step's ``Exception``; if a step was interrupted
         (Ctrl-C, ``SystemExit``), that interruption is raised instead, from the group.
         ``report`` then lists every step that ran, from both plans, in order.
+
+        SIGINT and SIGTERM wait until the session is final (see
+        ``lifecycle._core.shield``); a second one during the teardown abandons the rest
+        of it: the session takes the failure edge at once (what it still holds is
+        reclaimed by the next session) and ``TeardownInterrupted`` is raised.
         """
+        self._shield.install()
+        try:
+            with self._shield.protected():
+                report = self._close()
+        finally:
+            if self.state.is_final:
+                self._shield.remove()
+        return report
+
+    def _close(self) -> TeardownReport:
         start = time.monotonic()
         reports: list[TeardownReport] = []
 
@@ -202,11 +220,15 @@ class Session:
             self._journal_move(State.FINALIZING, Trigger.CLOSE, start)
             return reports[0]
         success = reports[0]
-        logger.error(
-            "%s: teardown steps failed (%s); switching to the failure plan", self.label, _describe(success.failed)
-        )
-        after = self._fail_teardown(start, f"teardown failed: {_describe(success.failed)}")
-        self._report = TeardownReport(Outcome.FAILURE, self.restart_mode, success.records + after.records, after.left)
+        if success.interrupted is not None:
+            self._abandon(start, success)
+            raise success.interrupted
+        failed = _describe(success.failed)
+        logger.error("%s: teardown step failed (%s); switching to the failure plan", self.label, failed)
+        after = self._fail_teardown(start, f"teardown failed: {failed}")
+        self._report = dataclasses.replace(after, records=success.records + after.records, abandoned=after.abandoned)
+        if after.interrupted is not None:
+            raise after.interrupted
         raise_failures(success.failed + after.failed)
         raise AssertionError("unreachable: a failed teardown raised nothing")  # pragma: no cover
 
@@ -222,10 +244,28 @@ class Session:
         interrupted by a ``BaseException`` that is not an ``Exception`` (Ctrl-C, a
         restart request), the remaining steps still run and that interruption is raised
         afterwards, from ``error``.
+
+        SIGINT and SIGTERM wait until the session is final, then reach the handler
+        that was there before (a Ctrl-C then raises ``KeyboardInterrupt``, from
+        ``error``); a second one during the teardown abandons the rest of it and
+        ``TeardownInterrupted`` is raised at once, the session final all the same.
         """
-        start, text = time.monotonic(), describe(error)
-        logger.error("%s failed in state %s: %s; releasing what it owns", self.label, self.state.value, text)
-        report = self._fail_teardown(start, text)
+        self._shield.install()
+        try:
+            with self._shield.protected():
+                report = self._fail(error)
+        finally:
+            if self.state.is_final:
+                self._shield.remove()
+        return report
+
+    def _fail(self, error: BaseException) -> TeardownReport:
+        start, text, state = time.monotonic(), describe(error), self.state.value
+
+        def log_first() -> None:  # once the machine accepted the trigger, before any release
+            logger.error("%s failed in state %s: %s; releasing what it owns", self.label, state, text)
+
+        report = self._fail_teardown(start, text, log_first)
         for failure in report.failed:
             error.add_note(f"lifecycle: teardown step {failure.step} also failed: {describe(failure.error)}")
         if self._exit_request is not None:
@@ -234,6 +274,8 @@ class Session:
                 f"lifecycle: an exit was requested ({self._exit_request}) before this failure was torn down: "
                 "do not retry (error.requested_exit)"
             )
+        if report.interrupted is not None:
+            raise report.interrupted from error
         interruption = next((f.error for f in report.failed if not isinstance(f.error, Exception)), None)
         if interruption is not None and interruption is not error:
             raise interruption from error
@@ -315,6 +357,7 @@ class Session:
         source, start = self.state, time.monotonic()
 
         def run() -> bool:
+            self._shield.install()  # from the first trigger until final (main thread only)
             work()
             return True
 
@@ -411,32 +454,64 @@ class Session:
             LEFTOVERS.released(step.entry.resource, self.id)
 
     def _teardown(self, outcome: Outcome, *, stop_at_failure: bool = False) -> TeardownReport:
+        """Run the plan of ``outcome``; the ledger is updated step by step, so an interrupt loses no release."""
         planned = teardown(self._ledger, self.restart_mode, outcome)
+        ran: list[StepRecord] = []
 
         def observed(record: StepRecord) -> None:
-            self._notify(TeardownEvent(outcome, record, record.start, record.end))
+            ran.append(record)
+            if record.error is not None:
+                self._ledger = self._ledger.release_failed(record.step.entry)
+            elif record.step.kind.releases:
+                self._ledger = self._ledger.release(record.step.entry)
+            if self._observers:
+                self._notify(TeardownEvent(outcome, record, record.start, record.end))
 
-        report, self._ledger = execute(
-            planned,
-            self._perform,
-            self._ledger,
-            on_step=observed if self._observers else None,
-            stop_at_failure=stop_at_failure,
-        )
+        try:
+            report, _ = execute(planned, self._perform, self._ledger, on_step=observed, stop_at_failure=stop_at_failure)
+        except BaseException as exc:  # noqa: BLE001 - an interrupt between steps: keep what ran, abandon the rest
+            rest = planned.plan[len(ran) :]
+            report = TeardownReport(outcome, self.restart_mode, tuple(ran), planned.left, rest, exc)
         self._report = report
         return report
 
-    def _fail_teardown(self, start: float, detail: str) -> TeardownReport:
-        """Take the failure edge, running the failure plan inside it; return its report (nothing raised)."""
+    def _abandon(self, start: float, report: TeardownReport) -> None:
+        """Take the failure edge without a teardown: an escalated interrupt abandoned it (``report`` says what ran)."""
+        source = self.state
+        try:
+            self._driver.fire(Trigger.FAIL, lambda: True)
+        finally:
+            if not self.state.is_final:
+                self._driver.force_failed()
+            self._report = report
+            cause = "an interrupt" if report.interrupted is None else describe(report.interrupted)
+            self._journal_move(source, Trigger.FAIL, start, f"teardown abandoned: {cause}")
+
+    def _fail_teardown(self, start: float, detail: str, first: Callable[[], None] | None = None) -> TeardownReport:
+        """Take the failure edge, running the failure plan inside it; return its report (nothing raised).
+
+        Whatever interrupts it once the plan started, the session ends ``failed`` and the
+        transition is journaled (an interrupt inside the machine's own code included).
+        """
         source = self.state
         reports: list[TeardownReport] = []
+        entered = False
 
         def work() -> bool:
+            nonlocal entered
+            entered = True
+            if first is not None:
+                first()
             reports.append(self._teardown(Outcome.FAILURE))
             return True
 
-        self._driver.fire(Trigger.FAIL, work)
-        self._journal_move(source, Trigger.FAIL, start, detail)
+        try:
+            self._driver.fire(Trigger.FAIL, work)
+        finally:
+            if entered:  # not when the machine refused the trigger: nothing was done then
+                if not self.state.is_final:
+                    self._driver.force_failed()
+                self._journal_move(source, Trigger.FAIL, start, detail)
         return reports[0]
 
 

@@ -78,6 +78,18 @@ class RunJournal:
             )
             report = self._session.report
             if entry.dest.is_final and report is not None:
+                for step in report.abandoned:  # cut off by an escalated interrupt: they never ran
+                    self.write(
+                        TeardownStep(
+                            origin=origin,
+                            outcome="abandoned",
+                            step=str(step),
+                            resource=step.entry.resource.value,
+                            owner=step.entry.owner.value,
+                            start=event.end,
+                            end=event.end,
+                        )
+                    )
                 for held, reason in report.left:
                     self.write(
                         Left(

@@ -1,0 +1,115 @@
+"""The interrupt shield: Ctrl-C and SIGTERM wait while lifecycle tears down; a second one abandons the teardown."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from lifecycle import Session, State
+from lifecycle._core.shield import TeardownInterrupted
+from lifecycle.testing import RecordingActions
+
+
+@pytest.fixture(autouse=True)
+def handlers() -> Iterator[None]:
+    """Every test starts and ends with the process's own SIGINT/SIGTERM handlers."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    after = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    assert after == before  # the shield removed itself
+
+
+class InterruptingActions(RecordingActions):
+    """A double whose releases raise SIGINT in this process as they run (``times`` of them, in order)."""
+
+    def __init__(self, at: tuple[str, ...], signum: int = signal.SIGINT) -> None:
+        super().__init__()
+        self.at, self.signum = list(at), signum
+
+    def _record(self, name: str) -> None:
+        super()._record(name)
+        if self.at and self.at[0] == name:
+            self.at.pop(0)
+            signal.raise_signal(self.signum)  # the handler runs here, inside lifecycle's teardown
+
+
+def live(session: Session) -> Session:
+    """``session`` driven to ``training``."""
+    session.init_distributed()
+    session.init_globals()
+    session.start_training()
+    return session
+
+
+def test_a_ctrl_c_during_the_failure_teardown_waits_until_the_session_is_final() -> None:
+    """Every failure step still runs; the deferred KeyboardInterrupt is raised after, from the original error."""
+    actions = InterruptingActions(at=("destroy_rerun_state_machine",))
+    session = live(Session(actions))
+    error = RuntimeError("boom")
+    with pytest.raises(KeyboardInterrupt) as info:
+        session.fail(error)
+    assert type(info.value) is KeyboardInterrupt
+    assert session.state is State.FAILED and session.ledger.held() == ()
+    assert actions.calls[-3:] == ["destroy_microbatch_calculator", "destroy_model_parallel", "abort_process_group"]
+
+
+def test_a_second_ctrl_c_abandons_the_rest_of_the_teardown_and_the_session_still_ends_failed() -> None:
+    """Escalation: the remaining steps are abandoned and reported, TeardownInterrupted is raised at once."""
+    actions = InterruptingActions(at=("destroy_rerun_state_machine", "destroy_microbatch_calculator"))
+    session = live(Session(actions))
+    with pytest.raises(TeardownInterrupted):
+        session.fail(RuntimeError("boom"))
+    assert session.state is State.FAILED and session.journal[-1].dest is State.FAILED
+    report = session.report
+    assert report is not None
+    assert [str(step) for step in report.abandoned] == ["destroy_model_parallel", "abort_process_group"]
+    assert "abort_process_group" not in actions.calls
+    held = {entry.resource.value for entry in session.ledger.held()}
+    assert held == {"microbatch_calculator", "model_parallel", "process_group"}  # for the next session to reclaim
+
+
+def test_a_ctrl_c_during_close_waits_and_a_second_abandons_it() -> None:
+    """The success plan is shielded too: one Ctrl-C waits for ``closed``; two abandon it and end ``failed``."""
+    once = InterruptingActions(at=("destroy_rerun_state_machine",))
+    session = live(Session(once))
+    session.finish()
+    with pytest.raises(KeyboardInterrupt):
+        session.close()
+    assert session.state is State.CLOSED and once.calls[-1] == "destroy_process_group"
+    twice = InterruptingActions(at=("destroy_rerun_state_machine", "destroy_model_parallel"))
+    session = live(Session(twice))
+    session.finish()
+    with pytest.raises(TeardownInterrupted):
+        session.close()
+    assert session.state is State.FAILED and "barrier" not in twice.calls
+    assert session.report is not None and [str(s) for s in session.report.abandoned] == [
+        "barrier",
+        "destroy_process_group",
+    ]
+
+
+def test_a_ctrl_c_while_user_code_runs_is_raised_at_once() -> None:
+    """Outside lifecycle's teardown the shield passes Ctrl-C straight through (then the failure edge runs)."""
+    actions = RecordingActions()
+    ran_after = []
+    with pytest.raises(KeyboardInterrupt), Session(actions) as session:
+        live(session)
+        signal.raise_signal(signal.SIGINT)
+        ran_after.append(True)
+    assert ran_after == [] and session.state is State.FAILED and actions.calls[-1] == "abort_process_group"
+
+
+def test_a_deferred_sigterm_reaches_the_previous_handler_once_final() -> None:
+    """A SIGTERM during teardown is handed to the handler installed before the session, after the session is final."""
+    seen: list[tuple[int, State]] = []
+    original = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append((signum, session.state)))
+    try:
+        session = live(Session(InterruptingActions(at=("destroy_model_parallel",), signum=signal.SIGTERM)))
+        session.fail(RuntimeError("boom"))
+        assert seen == [(signal.SIGTERM, State.FAILED)]
+    finally:
+        signal.signal(signal.SIGTERM, original)
