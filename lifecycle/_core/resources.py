@@ -101,7 +101,10 @@ class Resource:
     process, whoever made it (None: not observable). ``named``: several instances,
     told apart by name, may be held at once. ``identity()``: the live object itself (or
     None), so that what an earlier session left is told apart from what the caller
-    created since (held only weakly). ``retry_release``: a release that raised
+    created since (held only weakly). ``held_in_frames_of``: packages whose functions
+    take it as an argument, so that the frames of a failure's traceback in them keep
+    it alive; a failure teardown clears their locals (``lifecycle._core.frames``).
+    ``retry_release``: a release that raised
     may run again in a later plan (the library's own releases tolerate partial state);
     False: it runs at most once per session, and a failure leaves the resource alone.
     """
@@ -118,6 +121,7 @@ class Resource:
     named: bool = False
     retry_release: bool = True
     identity: Callable[[], object] | None = field(default=None, repr=False)
+    held_in_frames_of: tuple[str, ...] = ()
 
     PROCESS_GROUP: ClassVar[Resource]
     MODEL_PARALLEL: ClassVar[Resource]
@@ -281,6 +285,7 @@ Resource.PROCESS_GROUP = declare_resource(
         wrapper=WrapperRole.RELEASES,
         probe=_process_group_alive,
         identity=_default_group,
+        held_in_frames_of=("torch",),
     )
 )
 Resource.MODEL_PARALLEL = declare_resource(
@@ -295,6 +300,7 @@ Resource.MODEL_PARALLEL = declare_resource(
         wrapper=WrapperRole.RELEASES,
         probe=_model_parallel_alive,
         identity=_global("megatron.core.parallel_state", "_TENSOR_MODEL_PARALLEL_GROUP"),
+        held_in_frames_of=("torch",),
     )
 )
 Resource.MICROBATCH_CALCULATOR = declare_resource(

@@ -21,6 +21,7 @@ from lifecycle._core.errors import (
     describe,
 )
 from lifecycle._core.executor import StepFailure, StepRecord, TeardownReport, execute, raise_failures
+from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.leftovers import LEFTOVERS, Leftover, token_of
 from lifecycle._core.machine import Driver
 from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
@@ -266,6 +267,8 @@ class Session:
             logger.error("%s failed in state %s: %s; releasing what it owns", self.label, state, text)
 
         report = self._fail_teardown(start, text, log_first)
+        holders = tuple(dict.fromkeys(p for e in self._ledger.entries for p in e.resource.held_in_frames_of))
+        clear_frames_of(error, holders)  # only torch's own frames: never the caller's, never ours
         for failure in report.failed:
             error.add_note(f"lifecycle: teardown step {failure.step} also failed: {describe(failure.error)}")
         if self._exit_request is not None:

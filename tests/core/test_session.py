@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import pytest
 
@@ -471,3 +472,27 @@ def test_the_error_is_logged_with_the_label_before_anything_is_released(caplog: 
     first = caplog.records[0].getMessage()
     assert "rank 3" in first and "ValueError: bad batch" in first and "training" in first
     assert seen_at_release == [1]  # logged, then released
+
+
+def test_the_callers_frames_keep_their_locals_after_a_failure() -> None:
+    """Teardown never clears the caller's frames: a post-mortem debugger still reads their locals."""
+
+    def training_step() -> None:
+        batch_id = 41
+        raise ValueError(f"bad batch {batch_id}")
+
+    with pytest.raises(ValueError) as info, Session(RecordingActions()) as session:
+        run_to_training(session, RecordingActions())
+        training_step()
+    frames = [tb.tb_frame for tb in _walk(info.value.__traceback__)]
+    step_frame = next(f for f in frames if f.f_code.co_name == "training_step")
+    assert step_frame.f_locals["batch_id"] == 41
+
+
+def _walk(tb: object) -> list[Any]:
+    """The traceback entries of ``tb``, outermost first."""
+    out = []
+    while tb is not None:
+        out.append(tb)
+        tb = tb.tb_next  # type: ignore[attr-defined]
+    return out
