@@ -35,6 +35,7 @@ from lifecycle._core.resources import (
 )
 from lifecycle._core.seams import CheckpointWriter, DistributedActions
 from lifecycle._core.session import JournalEntry, ReclaimEvent, Session, SessionEvent, TeardownEvent, TransitionEvent
+from lifecycle._core.shield import TeardownInterrupted
 from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
 from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, SessionHandle, TrainContext
@@ -125,6 +126,7 @@ __all__ = [
     "Teardown",
     "TeardownError",
     "TeardownEvent",
+    "TeardownInterrupted",
     "TeardownReport",
     "TorchActions",
     "TrainContext",

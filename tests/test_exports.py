@@ -28,6 +28,7 @@ def test_every_public_callable_has_a_docstring(module_name: str) -> None:
 
 EXPORTS: dict[str, list[str]] = {
     "lifecycle": [
+        "TeardownInterrupted",
         "ReclaimEvent",
         "SessionEvent",
         "TeardownEvent",

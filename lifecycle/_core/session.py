@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,6 +127,8 @@ class Session:
         self._report: TeardownReport | None = None
         self._exit_request: str | None = None
         self._shield = Shield()
+        self._claimed: set[tuple[Resource, str]] = set()
+        self._claims_lock = threading.Lock()
         self._observers: list[Callable[[SessionEvent], object]] = []
 
     # -- what can be read -------------------------------------------------------------
@@ -451,10 +454,30 @@ class Session:
         logger.warning("%s: released %s, left live by %s", self.label, entry.described(), left.session)
 
     def _perform(self, step: Step) -> None:
-        """Run the callable bound, when ``step.entry`` was acquired, to ``step.kind``."""
-        self._releases[step.entry.key][step.kind]()
-        if step.kind.releases:
-            LEFTOVERS.released(step.entry.resource, self.id)
+        """Run the callable bound, when ``step.entry`` was acquired, to ``step.kind``.
+
+        A releasing step first claims its entry: the restart wrapper's abort runs steps
+        of this session from its monitor thread while the main thread may still be
+        tearing down, and a resource must be released once. A step whose entry the other
+        thread already claimed does nothing; a release that raised gives the claim back
+        (a later plan may retry it).
+        """
+        release = self._releases[step.entry.key][step.kind]
+        if not step.kind.releases:
+            release()
+            return
+        key = step.entry.key
+        with self._claims_lock:
+            if key in self._claimed:
+                return
+            self._claimed.add(key)
+        try:
+            release()
+        except BaseException:
+            with self._claims_lock:
+                self._claimed.discard(key)
+            raise
+        LEFTOVERS.released(step.entry.resource, self.id)
 
     def _teardown(self, outcome: Outcome, *, stop_at_failure: bool = False) -> TeardownReport:
         """Run the plan of ``outcome``; the ledger is updated step by step, so an interrupt loses no release."""
