@@ -303,32 +303,52 @@ Resource.MODEL_PARALLEL = declare_resource(
         held_in_frames_of=("torch",),
     )
 )
-Resource.MICROBATCH_CALCULATOR = declare_resource(
-    Resource(
-        "microbatch_calculator",
-        order=500,
-        success=(StepKind.DESTROY_MICROBATCH_CALCULATOR,),
-        failure=(StepKind.DESTROY_MICROBATCH_CALCULATOR,),
+
+
+def _megatron_global(
+    value: str,
+    order: int,
+    step: StepKind,
+    init: Callable[[DistributedActions], Owner],
+    release: Callable[[DistributedActions], Callable[[], object]],
+    module: str,
+    name: str,
+) -> Resource:
+    """A Megatron-core global held in one module attribute: one step on either outcome, the wrapper's on failure."""
+    return Resource(
+        value,
+        order=order,
+        success=(step,),
+        failure=(step,),
         acquired_by=Trigger.INIT_GLOBALS,
-        init=lambda actions: actions.init_microbatch_calculator(),
-        release=lambda actions: {StepKind.DESTROY_MICROBATCH_CALCULATOR: actions.destroy_microbatch_calculator},
+        init=init,
+        release=lambda actions: {step: release(actions)},
         wrapper=WrapperRole.RELEASES,
-        probe=_global_set("megatron.core.num_microbatches_calculator", "_GLOBAL_NUM_MICROBATCHES_CALCULATOR"),
-        identity=_global("megatron.core.num_microbatches_calculator", "_GLOBAL_NUM_MICROBATCHES_CALCULATOR"),
+        probe=_global_set(module, name),
+        identity=_global(module, name),
+    )
+
+
+Resource.MICROBATCH_CALCULATOR = declare_resource(
+    _megatron_global(
+        "microbatch_calculator",
+        500,
+        StepKind.DESTROY_MICROBATCH_CALCULATOR,
+        lambda actions: actions.init_microbatch_calculator(),
+        lambda actions: actions.destroy_microbatch_calculator,
+        "megatron.core.num_microbatches_calculator",
+        "_GLOBAL_NUM_MICROBATCHES_CALCULATOR",
     )
 )
 Resource.RERUN_STATE_MACHINE = declare_resource(
-    Resource(
+    _megatron_global(
         "rerun_state_machine",
-        order=400,
-        success=(StepKind.DESTROY_RERUN_STATE_MACHINE,),
-        failure=(StepKind.DESTROY_RERUN_STATE_MACHINE,),
-        acquired_by=Trigger.INIT_GLOBALS,
-        init=lambda actions: actions.init_rerun_state_machine(),
-        release=lambda actions: {StepKind.DESTROY_RERUN_STATE_MACHINE: actions.destroy_rerun_state_machine},
-        wrapper=WrapperRole.RELEASES,
-        probe=_global_set("megatron.core.rerun_state_machine", "_GLOBAL_RERUN_STATE_MACHINE"),
-        identity=_global("megatron.core.rerun_state_machine", "_GLOBAL_RERUN_STATE_MACHINE"),
+        400,
+        StepKind.DESTROY_RERUN_STATE_MACHINE,
+        lambda actions: actions.init_rerun_state_machine(),
+        lambda actions: actions.destroy_rerun_state_machine,
+        "megatron.core.rerun_state_machine",
+        "_GLOBAL_RERUN_STATE_MACHINE",
     )
 )
 Resource.SIGNAL_HANDLERS = declare_resource(
