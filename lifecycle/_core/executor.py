@@ -130,7 +130,7 @@ def raise_failures(failures: Sequence[StepFailure], cause: BaseException | None 
 
 def execute(
     teardown: Teardown,
-    perform: Callable[[Step], None],
+    perform: Callable[[Step], object],
     ledger: Ledger,
     *,
     on_step: Callable[[StepRecord], None] | None = None,

@@ -453,8 +453,8 @@ class Session:
             ) from error
         logger.warning("%s: released %s, left live by %s", self.label, entry.described(), left.session)
 
-    def _perform(self, step: Step) -> None:
-        """Run the callable bound, when ``step.entry`` was acquired, to ``step.kind``.
+    def _perform(self, step: Step) -> bool:
+        """Run the callable bound, when ``step.entry`` was acquired, to ``step.kind``; False if it did not run.
 
         A releasing step first claims its entry: the restart wrapper's abort runs steps
         of this session from its monitor thread while the main thread may still be
@@ -465,11 +465,11 @@ class Session:
         release = self._releases[step.entry.key][step.kind]
         if not step.kind.releases:
             release()
-            return
+            return True
         key = step.entry.key
         with self._claims_lock:
             if key in self._claimed:
-                return
+                return False
             self._claimed.add(key)
         try:
             release()
@@ -478,6 +478,7 @@ class Session:
                 self._claimed.discard(key)
             raise
         LEFTOVERS.released(step.entry.resource, self.id)
+        return True
 
     def _teardown(self, outcome: Outcome, *, stop_at_failure: bool = False) -> TeardownReport:
         """Run the plan of ``outcome``; the ledger is updated step by step, so an interrupt loses no release."""

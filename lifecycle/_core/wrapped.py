@@ -16,7 +16,7 @@ from typing import Any
 
 from lifecycle._core.executor import StepFailure, execute
 from lifecycle._core.ownership import Ledger, LedgerEntry
-from lifecycle._core.plans import Outcome, Plan, RestartMode, Teardown, plan_teardown, teardown
+from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown, plan_teardown, teardown
 from lifecycle._core.resources import Resource, WrapperRole, declared_resources
 from lifecycle._core.seams import DistributedActions
 from lifecycle._core.session import Session
@@ -64,8 +64,18 @@ class Attempt:
                 if step.entry.key not in self.released and (step.kind.unblocks or not unblocking_only)
             )
             owed = Teardown(Plan(steps), (), Outcome.FAILURE, RestartMode.INPROCESS)
-            report, _ = execute(owed, self.session._perform, Ledger(tuple(dict.fromkeys(s.entry for s in steps))))
-            self.released |= {r.step.entry.key for r in report.records if r.error is None and r.step.kind.releases}
+            skipped: set[tuple[Resource, str]] = set()
+
+            def perform(step: Step) -> None:
+                if not self.session._perform(step):  # the main thread is releasing it: not done by us
+                    skipped.add(step.entry.key)
+
+            report, _ = execute(owed, perform, Ledger(tuple(dict.fromkeys(s.entry for s in steps))))
+            self.released |= {
+                r.step.entry.key
+                for r in report.records
+                if r.error is None and r.step.kind.releases and r.step.entry.key not in skipped
+            }
             self.failures += report.failed
 
 

@@ -15,18 +15,26 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     from reliability.matrix_cells import ALL_CELLS, CELLS, POINTS, RAISED, REFUSED
 
+    def config(cell: Any) -> tuple[Any, ...]:
+        return (cell.world_size, cell.mode, cell.group_owner, cell.globals_owner)
+
+    # A refused configuration is one run that stands for each of its cells (absent points excluded).
+    cells_of: dict[tuple[Any, ...], int] = defaultdict(int)
+    for cell in ALL_CELLS:
+        cells_of[config(cell)] += 1
     rows: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0])
     for cell in CELLS + REFUSED:
         if cell.id in module.RESULTS:
-            key = (cell.world_size, cell.mode, cell.group_owner, cell.globals_owner, cell.refusal or "-")
-            weight = 1 if cell.refusal is None else len(POINTS) * len(RAISED)
+            key = (*config(cell), cell.refusal or "-")
+            weight = 1 if cell.refusal is None else cells_of[config(cell)]
             rows[key][0] += weight * module.RESULTS[cell.id]
             rows[key][1] += weight
     write = terminalreporter.write_line
     write("")
     write(
-        f"fault matrix: cells passed of cells run, of {len(ALL_CELLS)} in all (a full row: {len(POINTS)} failure "
-        f"points x {len(RAISED)} kinds of raise; a refused row is one run, refused before any point)"
+        f"fault matrix: cells passed of cells run, of {len(ALL_CELLS)} in all (a full row: up to {len(POINTS)} "
+        f"failure points x {len(RAISED)} kinds of raise, less the success steps of what the caller owns; "
+        "a refused row is one run, refused before any point)"
     )
     write(f"{'ranks':>5}  {'mode':<10} {'group':<8} {'globals':<8} {'refused':<10} passed")
     for (world, mode, group, globals_, refusal), (passed, total) in sorted(rows.items()):

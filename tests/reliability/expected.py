@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reliability.matrix_cells import INIT_POINTS, INTERRUPTS, Cell
+from reliability.matrix_cells import INIT_POINTS, INTERRUPTS, SUCCESS_POINTS, Cell
 
 from lifecycle import State
 
@@ -123,10 +123,11 @@ def expected(cell: Cell) -> Expectation:
     everyone = len(ranks) == cell.world_size
     may_be_preempted = everyone and cell.world_size > 1
     teardown = teardown_fault_fires(cell)
-    if cell.mode == "inprocess" and teardown and cell.point != "success_teardown":
+    if cell.mode == "inprocess" and teardown:
         # The failed step of the Wrapper's abort makes its finalize raise: the Wrapper
         # stops on this rank instead of restarting on top of live state; peers restart.
-        # (At success_teardown the failed step is the session's own: a plain restart.)
+        # At a success-plan point too: the session's failure plan, switched to, leaves
+        # the group to the Wrapper, so the Wrapper's abort is the release that fails.
         stopped = RankOutcome(WRAPPER_STOPS, (FAILED,))
         peer = None if everyone else RankOutcome(RESTART, (FAILED_OR_CLOSED, CLOSED))
         return Expectation(None, ranks, stopped, stopped if may_be_preempted else None, peer, True, True, live)
@@ -136,7 +137,9 @@ def expected(cell: Cell) -> Expectation:
         restarted = RankOutcome(RESTART, (FAILED, CLOSED))
         peer = None if everyone else RankOutcome(RESTART, (FAILED_OR_CLOSED, CLOSED))
         return Expectation(None, ranks, restarted, restarted if may_be_preempted else None, peer, teardown, False, live)
-    gets = TEARDOWN_ERROR if cell.point == "success_teardown" and cell.raised not in INTERRUPTS else ORIGINAL
+    # A failed success-plan step reaches the caller in a TeardownError (an interrupt as itself),
+    # after the session switched to the failure plan: no barrier, no collective after it.
+    gets = TEARDOWN_ERROR if cell.point in SUCCESS_POINTS and cell.raised not in INTERRUPTS else ORIGINAL
     fired = RankOutcome(gets, (FAILED,))
     preempted = RankOutcome(SOME_ERROR, (FAILED,)) if may_be_preempted else None
     peer = None if everyone else RankOutcome(ERROR_OR_RESULT, (FAILED_OR_CLOSED,))
@@ -147,18 +150,9 @@ def known_bug(cell: Cell) -> tuple[str, bool] | None:
     """Why ``cell`` fails on today's library, and whether it fails every time; None if it must pass.
 
     The matrix runs such a cell as an expected failure (strict where it fails every time,
-    so the fix has to remove the entry). Both bugs are the work of a later issue; they
-    were found when faults moved to public seams (a success-plan step failing *before*
-    the barrier, not only the last step).
+    so the fix has to remove the entry). None are left: the races between a rank's
+    success plan and the Wrapper's abort in its monitor thread were fixed by claiming
+    each entry before a release (``Session._perform``).
     """
-    if (cell.mode, cell.world_size, cell.point) == ("inprocess", 2, "on_train_end") and cell.raised in (
-        "exception",
-        "teardown_step",
-    ):
-        return (
-            "a rank that closes while its peer fails: the Wrapper's abort reads the session's ledger while the "
-            "success plan is still running and releases the process group a second time (a race with the monitor "
-            "thread; the teardown issue)",
-            False,
-        )
+    del cell
     return None

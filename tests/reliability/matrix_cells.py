@@ -2,14 +2,19 @@
 
 A cell is: where the fault is raised × what is raised × who owns the process group ×
 who owns the Megatron globals × restart mode × world size. Pure data: the driver and
-the workers both read it.
+the workers both read it. A point at a success-plan step that a configuration does not
+have (the session never destroys the caller's group or globals) is no cell at all: see
+``Cell.absent``.
 
 ``make test`` runs a covering subset (``in_make_test``), the rest is marked slow
 (``make test-slow``). The rule: every refusal; every point × every raise for the
 ordinary two-rank session-owned cells; every point with a plain exception for every
 other owner combination, mode and world size; and every raise at train step 2 under
-the two-rank Wrapper. So each point, each raise, each owner combination, each mode and
-each world size runs in ``make test``; the slow part adds their remaining products.
+the two-rank Wrapper; but of the points at the session's own success steps
+(``SUCCESS_STEP_POINTS``) only a few cells: each with a plain exception on the ordinary
+two-rank session-owned cells, and one Ctrl-C (at the globals' destroy, before the
+barrier). So each point, each raise, each owner combination, each mode and each world
+size runs in ``make test``; the slow part adds their remaining products.
 """
 
 from __future__ import annotations
@@ -31,7 +36,13 @@ POINTS = (
     "on_eval_end",
     "on_checkpoint_saved",
     "on_train_end",
-    "success_teardown",  # a step of the success plan (restoring the signal handlers)
+    # The steps of the success plan that close() runs, in its order; each fires only while
+    # close() runs its success plan (never on the failure plan it switches to).
+    "success_finalize_checkpoints",  # the finalize_checkpoints step (pretrain committed the last save already)
+    "success_teardown",  # a user release registered by a hook (release_user_resource)
+    "success_destroy_globals",  # destroy_model_parallel, the last globals step, before the barrier
+    "success_barrier",  # the barrier before the group is destroyed
+    "success_destroy_group",  # destroy_process_group, after the barrier
 )
 CALLBACK_HOOKS = frozenset(p for p in POINTS if p.startswith("on_"))
 
@@ -47,6 +58,16 @@ WORLD_SIZES = (1, 2)
 
 INIT_POINTS = frozenset({"pg_init", "globals_init"})
 INTERRUPTS = frozenset({"keyboard_interrupt", "system_exit"})
+SUCCESS_POINTS = frozenset(p for p in POINTS if p.startswith("success_"))
+"""The points in ``close()``'s success plan: a failed step switches the session to the failure plan."""
+SUCCESS_STEP_POINTS = SUCCESS_POINTS - {"success_teardown"}
+"""The success-plan points at the session's own steps (not a user release)."""
+STEP_NEEDS = {
+    "success_destroy_globals": "globals",
+    "success_barrier": "group",
+    "success_destroy_group": "group",
+}
+"""A success-plan point whose step exists only when the session owns the group / the globals."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +89,19 @@ class Cell:
         )
 
     @property
+    def absent(self) -> str | None:
+        """Why this cell does not exist at all, or None.
+
+        A success-plan step of the group or the globals is planned only for what the
+        session owns: with the caller's group (or globals) ``close()`` never runs the
+        barrier and ``destroy_process_group`` (or the globals' destroys), so a fault
+        there has nowhere to fire. Unlike a refusal, nothing is run for it.
+        """
+        needs = STEP_NEEDS.get(self.point)
+        owner = {"group": self.group_owner, "globals": self.globals_owner}.get(needs or "")
+        return None if owner in (None, "session") else f"the session never destroys the caller's {needs}"
+
+    @property
     def refusal(self) -> str | None:
         """Why this cell cannot exist (the run must be refused up front), or None for a real cell.
 
@@ -84,11 +118,13 @@ class Cell:
 
 
 ALL_CELLS = tuple(
-    Cell(point, raised, group, globals_, mode, world)
+    cell
     for world, mode, group, globals_, point, raised in itertools.product(
         WORLD_SIZES, MODES, OWNERS, OWNERS, POINTS, RAISED
     )
+    if (cell := Cell(point, raised, group, globals_, mode, world)).absent is None
 )
+"""Every cell that exists: real or refused (absent ones are not listed)."""
 CELLS = tuple(cell for cell in ALL_CELLS if cell.refusal is None)
 """The cells that can exist: each runs on its own."""
 
@@ -103,9 +139,13 @@ reached, so its point × raise cells are one run: the refusal, with no fault arm
 
 def in_make_test(cell: Cell) -> bool:
     """Whether ``cell`` is in the covering subset that ``make test`` runs (see the module docstring)."""
+    owned = cell.group_owner == cell.globals_owner == "session"
+    if cell.point in SUCCESS_STEP_POINTS and cell.refusal is None:
+        ordinary_pair = cell.world_size == 2 and owned and cell.mode == "ordinary"
+        interrupt = (cell.point, cell.raised) == ("success_destroy_globals", "keyboard_interrupt")
+        return ordinary_pair and (cell.raised == "exception" or interrupt)
     if cell.refusal is not None or cell.raised == "exception":
         return True
-    owned = cell.group_owner == cell.globals_owner == "session"
     if cell.world_size == 2 and owned and cell.mode == "ordinary":
         return True
     return cell.world_size == 2 and owned and cell.mode == "inprocess" and cell.point == "step"

@@ -2,12 +2,15 @@
 
 Everything is real (gloo groups, megatron-core globals, async checkpoints, NVRx's
 Wrapper, ``pretrain``). Faults go in through public seams only: ``FaultyActions`` wraps
-the ``DistributedActions`` a session is given (the init faults, and the teardown-step
+the ``DistributedActions`` a session is given (the init faults, the success-plan faults
+at the globals' destroy, the barrier and the group's destroy, and the teardown-step
 fault), the public ``model_provider`` / ``batch_provider`` / callback hooks (setup, step,
 eval, callback faults, and a user resource registered through the hooks' ``SessionHandle``
-for the success-teardown fault), and ``AsyncCheckpointer``'s public ``save`` / ``finalize``. The
-path is observed by wrapping torch.distributed's public collectives. Each cell reports
-a list of problems: empty means what this rank observed matches ``expected(cell)``.
+for the success-teardown fault), and ``AsyncCheckpointer``'s public ``save`` / ``finalize``
+(the checkpoint faults, at training time and in the success plan). ``Session.close`` is
+wrapped only to know when the success plan runs. The path is observed by wrapping
+torch.distributed's public collectives. Each cell reports a list of problems: empty
+means what this rank observed matches ``expected(cell)``.
 """
 
 from __future__ import annotations
@@ -108,7 +111,10 @@ class Probe:
     The failure path is open from the moment our fault fires, a watched session's
     ``fail()`` starts, a collective raises (a peer's failure reached this rank) or the
     group is aborted, until the next session's ``init_process_group`` or the end of the
-    run. A collective called from the main thread while it is open is a violation.
+    run. A collective called from the main thread while it is open is a violation. (A
+    failed success-plan step switches ``close()`` to the failure plan without ``fail()``:
+    the fault that failed the step opened the path already, so the barrier, or any
+    collective, after it is a violation.)
     """
 
     def __init__(self, cell: Cell, rank: int) -> None:
@@ -125,6 +131,7 @@ class Probe:
         self.teardown_fired = False
         self.failing = False
         self.running = False
+        self.closing = False  # True while a session's close() runs
         self.actions: list[FaultyActions] = []
         self.registered: list[SessionHandle] = []
         self.failures: list[BaseException] = []
@@ -136,6 +143,32 @@ class Probe:
             self.fired = True
             self.failing = True
             raise self.error
+
+    def fire_in_success_plan(self, point: str) -> None:
+        """``fire(point)``, but only while ``close()`` runs its success plan.
+
+        That is: a session is in ``finalizing``, inside ``close()``, and the failure path
+        is not open (the failure plan that a failed success step switches to, or a
+        ``fail()``, runs the same releases: they must not fire it). ``pretrain`` also
+        commits the last save in ``finalizing``, before ``close()``: not a success step.
+        """
+        if self.closing and not self.failing:
+            self.fire(point)
+
+    def watch_close(self, stack: contextlib.ExitStack) -> None:
+        """Know, for the duration of ``stack``, when a session's ``close()`` runs (any session: the Wrapper's too)."""
+
+        def make(close: Any) -> Any:
+            def watched(session: Session) -> Any:
+                self.closing = True
+                try:
+                    return close(session)
+                finally:
+                    self.closing = False
+
+            return watched
+
+        stack.enter_context(patched(Session, "close", make))
 
     def released(self) -> None:
         """After each release the actions perform: raise the teardown fault from the first one on the failure path."""
@@ -231,18 +264,31 @@ class Probe:
         return batch
 
     def checkpointer_faults(self, stack: contextlib.ExitStack) -> None:
-        """The first save / first finalize raises, when the cell's point is there (public methods only)."""
-        for point, name in (("checkpoint_save", "save"), ("checkpoint_finalize", "finalize")):
-            if self.cell.point == point:
+        """A checkpointer method raises, when the cell's point is there (public methods only).
 
-                def before(method: Any, point: str = point) -> Any:
-                    def wrapped(*args: Any, **kwargs: Any) -> Any:
-                        self.fire(point)
-                        return method(*args, **kwargs)
+        ``checkpoint_save`` / ``checkpoint_finalize``: the first save / the first finalize
+        (the commit of step 1's save, in train step 2). ``success_finalize_checkpoints``:
+        the finalize that the success plan's ``finalize_checkpoints`` step calls in
+        ``close()`` (with nothing in flight there: ``pretrain`` committed the last save
+        before ``close()``).
+        """
+        faults = {
+            "checkpoint_save": ("save", self.fire),
+            "checkpoint_finalize": ("finalize", self.fire),
+            "success_finalize_checkpoints": ("finalize", self.fire_in_success_plan),
+        }
+        if self.cell.point in faults:
+            name, fire = faults[self.cell.point]
+            point = self.cell.point
 
-                    return wrapped
+            def before(method: Any) -> Any:
+                def wrapped(*args: Any, **kwargs: Any) -> Any:
+                    fire(point)
+                    return method(*args, **kwargs)
 
-                stack.enter_context(patched(AsyncCheckpointer, name, before))
+                return wrapped
+
+            stack.enter_context(patched(AsyncCheckpointer, name, before))
 
 
 class FaultyActions:
@@ -250,8 +296,11 @@ class FaultyActions:
 
     Raises the cell's error inside ``init_process_group`` (before the group exists) or
     ``init_microbatch_calculator`` (after the model-parallel state, before the
-    calculator); raises the teardown-step fault after the first release it performs
-    once the fault fired. Records what it created (``Owner.SESSION``) and released.
+    calculator); in the success plan of ``close()``, before ``destroy_model_parallel``,
+    ``barrier`` or ``destroy_process_group`` does anything (the resource is still held:
+    the failure plan must release it); raises the teardown-step fault after the first
+    release it performs once the fault fired. Records what it created (``Owner.SESSION``)
+    and released.
     """
 
     def __init__(self, inner: DistributedActions, probe: Probe) -> None:
@@ -304,15 +353,18 @@ class FaultyActions:
         self._release("destroy_microbatch_calculator")
 
     def destroy_model_parallel(self) -> None:
-        """Delegated."""
+        """Delegated, unless the fault is due at the globals' destroy in the success plan."""
+        self.probe.fire_in_success_plan("success_destroy_globals")
         self._release("destroy_model_parallel")
 
     def barrier(self) -> None:
-        """Delegated."""
+        """Delegated, unless the fault is due at the success plan's barrier."""
+        self.probe.fire_in_success_plan("success_barrier")
         self.inner.barrier()
 
     def destroy_process_group(self) -> None:
-        """Delegated."""
+        """Delegated, unless the fault is due at the group's destroy in the success plan (after the barrier)."""
+        self.probe.fire_in_success_plan("success_destroy_group")
         self._release("destroy_process_group")
 
     def abort_process_group(self) -> None:
@@ -422,6 +474,7 @@ def run_cell(cell: Cell, rank: int, ports: tuple[int, int, int, int], base: Path
         caller.create()
         with contextlib.ExitStack() as stack:
             probe.watch(stack)
+            probe.watch_close(stack)
             probe.checkpointer_faults(stack)
             config = config_for(cell, rank, ports[1], workdir)
             hooks = {"callbacks": [probe.callback()], "model_provider": probe.model_provider}
@@ -550,10 +603,15 @@ def check(cell: Cell, rank: int, outcome: Any, probe: Probe) -> list[str]:
 
 
 def _caused_by(outcome: BaseException, error: BaseException) -> bool:
-    """True if ``error`` is in ``outcome``'s chain of causes and contexts."""
+    """True if ``error`` is ``outcome``, or in its chain of causes and contexts, or in a group on that chain.
+
+    A failed success-plan step reaches the Wrapper inside ``close()``'s ``TeardownError``.
+    """
     seen: BaseException | None = outcome
     while seen is not None:
         if seen is error:
+            return True
+        if isinstance(seen, BaseExceptionGroup) and any(_caused_by(e, error) for e in seen.exceptions):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -1,9 +1,13 @@
 """Table test of ``expected(cell)``: each row pins one branch of the matrix's expected outcome.
 
-Torch-free: runs under ``make test-unit``.
+Also pins the matrix's shape: which cells exist (1056: 18 points × 4 raises × 16
+configurations, less the success steps of what the caller owns), which are refused and
+which ``make test`` runs. Torch-free: runs under ``make test-unit``.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 from reliability.expected import (
@@ -23,7 +27,19 @@ from reliability.expected import (
     expected,
     known_bug,
 )
-from reliability.matrix_cells import ALL_CELLS, CELLS, REFUSED, Cell, in_make_test
+from reliability.matrix_cells import (
+    ALL_CELLS,
+    CELLS,
+    MODES,
+    OWNERS,
+    POINTS,
+    RAISED,
+    REFUSED,
+    SUCCESS_STEP_POINTS,
+    WORLD_SIZES,
+    Cell,
+    in_make_test,
+)
 
 from lifecycle import State
 
@@ -170,12 +186,82 @@ ROWS = [
     pytest.param(
         cell("success_teardown", "teardown_step", mode="inprocess"),
         (1,),
-        RankOutcome(RESTART, (FAILED, CLOSED)),
+        RankOutcome(WRAPPER_STOPS, (FAILED,)),
         None,
         RankOutcome(RESTART, (FAILED_OR_CLOSED, CLOSED)),
         True,
+        True,
+        id="inprocess-success-teardown-step: the failure plan leaves the group to the Wrapper, whose abort fails",
+    ),
+    pytest.param(
+        cell("success_destroy_globals", "exception"),
+        (1,),
+        RankOutcome(TEARDOWN_ERROR, (FAILED,)),
+        None,
+        RankOutcome(ERROR_OR_RESULT, (FAILED_OR_CLOSED,)),
         False,
-        id="inprocess-success-teardown-step: the session's own step fails, a plain restart",
+        True,
+        id="ordinary-success-step: a failed destroy in close() reaches the caller in a TeardownError",
+    ),
+    pytest.param(
+        cell("success_destroy_group", "system_exit"),
+        (1,),
+        RankOutcome(ORIGINAL, (FAILED,)),
+        None,
+        RankOutcome(ERROR_OR_RESULT, (FAILED_OR_CLOSED,)),
+        False,
+        True,
+        id="ordinary-success-step-interrupt: the interrupt itself",
+    ),
+    pytest.param(
+        cell("success_barrier", "teardown_step"),
+        (1,),
+        RankOutcome(TEARDOWN_ERROR, (FAILED,)),
+        None,
+        RankOutcome(ERROR_OR_RESULT, (FAILED_OR_CLOSED,)),
+        True,
+        True,
+        id="ordinary-success-step-teardown-step: the failure plan's first release fails too",
+    ),
+    pytest.param(
+        cell("success_finalize_checkpoints", "teardown_step", group="caller", globals_="caller"),
+        (0, 1),
+        RankOutcome(TEARDOWN_ERROR, (FAILED,)),
+        RankOutcome(SOME_ERROR, (FAILED,)),
+        None,
+        False,
+        True,
+        id="success-step-caller-owned: every rank armed, the session releases nothing of the caller's",
+    ),
+    pytest.param(
+        cell("success_destroy_globals", "exception", mode="inprocess"),
+        (1,),
+        RankOutcome(RESTART, (FAILED, CLOSED)),
+        None,
+        RankOutcome(RESTART, (FAILED_OR_CLOSED, CLOSED)),
+        False,
+        False,
+        id="inprocess-success-step: a plain restart",
+    ),
+    pytest.param(
+        cell("success_destroy_group", "teardown_step", mode="inprocess"),
+        (1,),
+        RankOutcome(WRAPPER_STOPS, (FAILED,)),
+        None,
+        RankOutcome(RESTART, (FAILED_OR_CLOSED, CLOSED)),
+        True,
+        True,
+        id="inprocess-success-step-teardown-step: the Wrapper's abort fails and it stops on that rank",
+    ),
+    pytest.param(
+        cell("success_barrier", "keyboard_interrupt", mode="inprocess"),
+        (0, 1),
+        RankOutcome(ORIGINAL, (FAILED,)),
+        RankOutcome(SOME_ERROR, (FAILED,)),
+        None,
+        False,
+        True,
+        id="inprocess-success-step-interrupt: ends the Wrapper on every rank",
     ),
 ]
 
@@ -235,6 +321,40 @@ def test_every_cell_has_a_consistent_expectation() -> None:
     assert all(expected(c).refusal == c.refusal for c in REFUSED)
 
 
+def test_the_matrix_has_every_cell_that_exists_and_no_other() -> None:
+    """1056 cells: every point × raise × configuration, less a success step of the caller's group or globals."""
+    assert len(POINTS) == 18 and len(RAISED) == 4
+    assert (len(ALL_CELLS), len(CELLS), len(REFUSED)) == (1056, 536, 8)
+    assert len({c.id for c in ALL_CELLS}) == len(ALL_CELLS)
+    for group, globals_, mode, world in itertools.product(OWNERS, OWNERS, MODES, WORLD_SIZES):
+        points = {
+            c.point
+            for c in ALL_CELLS
+            if (c.group_owner, c.globals_owner, c.mode, c.world_size) == (group, globals_, mode, world)
+        }
+        absent = {"success_barrier", "success_destroy_group"} if group == "caller" else set()
+        absent |= {"success_destroy_globals"} if globals_ == "caller" else set()
+        assert points == set(POINTS) - absent, (group, globals_, mode, world)
+
+
+@pytest.mark.parametrize(
+    ("c", "why"),
+    [
+        (cell("success_destroy_group", "exception", group="caller"), "the session never destroys the caller's group"),
+        (cell("success_barrier", "exception", group="caller"), "the session never destroys the caller's group"),
+        (
+            cell("success_destroy_globals", "exception", group="caller", globals_="caller"),
+            "the session never destroys the caller's globals",
+        ),
+        (cell("success_finalize_checkpoints", "exception", group="caller", globals_="caller"), None),
+        (cell("success_destroy_globals", "exception", group="caller"), None),
+    ],
+)
+def test_a_success_step_of_what_the_caller_owns_is_absent(c: Cell, why: str | None) -> None:
+    """A success-plan point exists only where the session owns what its step releases; the checkpoint's always."""
+    assert c.absent == why
+
+
 def test_make_test_subset_covers_every_value() -> None:
     """The make-test subset has every point, raise, owner combination, mode and world size, and every refusal."""
     fast = [c for c in ALL_CELLS if c.refusal is None and in_make_test(c)]
@@ -243,14 +363,19 @@ def test_make_test_subset_covers_every_value() -> None:
     assert {(c.group_owner, c.globals_owner) for c in fast} == {(c.group_owner, c.globals_owner) for c in CELLS}
     assert all(in_make_test(c) for c in REFUSED)
     assert 0 < len(fast) < len(CELLS)
+    assert len(fast) == 162
 
 
-def test_the_only_known_bug_left_is_the_wrapper_race() -> None:
-    """No cell is expected to fail every time; the two wrapper-race cells may (issue 11 fixed the success-plan switch)."""
-    bugs = {c.id: known_bug(c) for c in CELLS if known_bug(c) is not None}
-    assert not [i for i, (_, strict) in bugs.items() if strict]
-    assert set(bugs) == {
-        "ws2-inprocess-pg_session-mp_session-on_train_end-exception",
-        "ws2-inprocess-pg_session-mp_session-on_train_end-teardown_step",
-    }
+def test_make_test_keeps_a_few_cells_of_each_success_step() -> None:
+    """Of the success steps' points, make test runs the ordinary two-rank session-owned exceptions and one Ctrl-C."""
+    fast = {(c.point, c.raised) for c in CELLS if c.point in SUCCESS_STEP_POINTS and in_make_test(c)}
+    assert fast == {(p, "exception") for p in SUCCESS_STEP_POINTS} | {("success_destroy_globals", "keyboard_interrupt")}
+    for c in CELLS:
+        if c.point in SUCCESS_STEP_POINTS and in_make_test(c):
+            assert (c.world_size, c.mode, c.group_owner, c.globals_owner) == (2, "ordinary", "session", "session")
+
+
+def test_no_cell_is_a_known_bug_any_more() -> None:
+    """Every cell must pass: the success-plan switch and the wrapper races were fixed in issue 11."""
+    assert [c.id for c in CELLS if known_bug(c) is not None] == []
     assert all(known_bug(c) is None for c in REFUSED)

@@ -1,5 +1,8 @@
 """The fault matrix: every failure point × what is raised × owners × restart mode × world size.
 
+(Less the success-plan steps of a group or globals the caller owns: the session never
+runs them, so those cells do not exist; see ``matrix_cells.Cell.absent``.)
+
 Each cell runs in long-lived worker processes (one per rank, per world size) rather
 than a new interpreter per cell. A cell passes when every rank reports no problem:
 the original exception reached the caller (or the documented outcome: a Wrapper
