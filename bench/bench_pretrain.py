@@ -17,14 +17,14 @@ two-thread matmul with one core taken by someone else makes step times jump arou
     ``log_interval = 0``, ``eval_interval = 0``, no checkpoint directory, no callbacks.
     It runs a ``Session`` through every state: validate the config; a fresh
     ``TCPStore`` wrapped in a per-attempt ``PrefixStore``; ``init_process_group``;
-    ``initialize_model_parallel`` (gloo groups), the microbatch calculator and rerun
-    state machine; a SIGTERM handler; the model, Adam and the synthetic data; the loop;
-    then the success plan (rerun state machine, microbatch calculator,
-    ``destroy_model_parallel`` and the global memory buffer, barrier,
+    ``initialize_model_parallel`` (no gloo twins: the default on gloo), the microbatch
+    calculator and rerun state machine; a SIGTERM handler; the model, Adam and the
+    synthetic data; the loop; then the success plan (rerun state machine, microbatch
+    calculator, ``destroy_model_parallel`` and the global memory buffer, barrier,
     ``destroy_process_group``, signal handler restored), with a journal entry per
     transition and a ``PretrainResult``.
 (b) by hand: the same store (fresh, same timeout), ``init_process_group``,
-    ``initialize_model_parallel`` with the same sizes, subgroup timeout and gloo groups,
+    ``initialize_model_parallel`` with the same sizes, subgroup timeout and no gloo twins,
     the same microbatch calculator and rerun state machine; the same seed, the same
     ``default_model_provider`` model, ``torch.optim.Adam`` with the same learning rate,
     the same ``SyntheticTokens`` batches at the same indices and ``default_forward_step``;
@@ -110,7 +110,7 @@ def hand_run(steps: int) -> tuple[float, float, list[float]]:
             parallel.pipeline_model_parallel_size,
             context_parallel_size=parallel.context_parallel_size,
             distributed_timeout_minutes=TIMEOUT_S / 60,
-            create_gloo_process_groups=parallel.create_gloo_process_groups,
+            create_gloo_process_groups=parallel.gloo_process_groups("gloo"),
         )
         world = dist.get_world_size()
         dp_size = parallel_state.get_data_parallel_world_size()

@@ -7,27 +7,30 @@ World size 1, gloo, one process. Cycles rotate through (a) the lifecycle, (b) ra
 (a) lifecycle: ``Session(TorchActions(...))`` as a context manager: ``init_distributed``
     (validate the config, a fresh ``TCPStore`` on a free port wrapped in a per-attempt
     ``PrefixStore``, ``init_process_group``), ``init_globals`` (``initialize_model_parallel``
-    with gloo groups, the microbatch calculator, the rerun state machine),
+    without gloo twins, the default on a gloo world; the microbatch calculator, the rerun
+    state machine),
     ``start_training``; then a ``RuntimeError`` is raised in the block and the failure
     plan releases everything: rerun state machine, microbatch calculator,
     ``destroy_model_parallel`` + the global memory buffer + the two group references
-    megatron-core 0.16.1 leaves behind, then ``_abort_process_group``.
+    megatron-core 0.16.1 leaves behind, then ``_abort_process_group``, the groups freed in
+    parallel threads (``lifecycle._torch.groups.abort_group``).
 (b) raw: the same acquisitions with the same arguments (fresh store with the same
-    timeout, same sizes, ``create_gloo_process_groups=True``, the same subgroup
+    timeout, same sizes, ``create_gloo_process_groups=False``, the same subgroup
     timeout), the same exception raised and caught, and the same releases by hand,
-    ending in ``destroy_process_group``.
+    ending in ``destroy_process_group``, which frees the groups one after the other.
 
 The raw side clears megatron's leftover ``_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP``
 references (and their gloo twin) too. Without that the raw side only defers work: the
-next ``initialize_model_parallel`` overwrites them and pays for freeing those two gloo
-groups (about 9 ms here), and with interleaved cycles that next call is the lifecycle's.
+next ``initialize_model_parallel`` overwrites them and pays for freeing those two
+groups, and with interleaved cycles that next call is the lifecycle's.
 An earlier version of this benchmark had that gap (and lacked
 ``destroy_global_memory_buffer``) and measured a ratio of 1.12. Timed on its own, what
 only the lifecycle does costs about 0.6 ms a cycle: a whole failed session on recording
 doubles (state machine, ledger, plan, executor, journal) about 0.4 ms, the scan for
 leftover group references about 0.1 ms, config validation and the store prefix a few µs.
 Aborting the default group (``_abort_process_group``) instead of destroying it costs the
-same on gloo: both unregister every group and free it.
+same on gloo: both unregister every group and free it; what differs is that the
+lifecycle frees them in parallel.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def raw_cycle() -> float:
                 pipeline_model_parallel_size=1,
                 context_parallel_size=1,
                 distributed_timeout_minutes=TIMEOUT_S / 60,
-                create_gloo_process_groups=True,
+                create_gloo_process_groups=False,
             )
             init_num_microbatches_calculator(0, None, 1, 1, 1)
             initialize_rerun_state_machine(mode=RerunMode.DISABLED)
@@ -134,16 +137,17 @@ def main() -> str:
     ) + (
         "\nWhat this shows: the cost of one failed attempt before the retry can start. Both "
         "sides create and release the same default group, the same megatron-core groups "
-        "(gloo) and globals, and raise the same exception; what only the lifecycle does is "
-        "its bookkeeping (state machine, ledger, teardown plan, journal, store prefix), "
-        "under 1 ms of a cycle when timed on its own. Most of a cycle is creating and freeing "
-        "some 20 gloo groups, on both sides. Freeing them takes whole steps of 10 ms more or "
-        "less, at random, on both sides alike (gloo's socket loop ticks every 10 ms, and "
-        "closing a connection waits for a tick), so cycle times cluster around two or three "
-        "values; a median can land on either, and the ratio of medians can swing by 0.1 from "
-        "one run to the next. The mean of the fastest 90% and the back-to-back ratios are "
-        "steadier. The last column gives each statistic for the raw cycle against itself: "
-        "how far from 1 identical work lands.\n"
+        "(gloo, without gloo twins: the default on a gloo world) and globals, and raise the "
+        "same exception; what only the lifecycle does is its bookkeeping (state machine, "
+        "ledger, teardown plan, journal, store prefix), under 1 ms of a cycle when timed on "
+        "its own. Most of a cycle is creating and freeing megatron-core's 18 gloo groups, on "
+        "both sides; without the gloo twins a cycle takes about a third of the time it took "
+        "with them, so the same bookkeeping is a larger share of it. Freeing a group waits on "
+        "gloo's socket loop, which ticks every 10 ms, at random on both sides alike, so cycle "
+        "times cluster around a few values; a median can land on either, and the ratio of "
+        "medians can swing from one run to the next. The mean of the fastest 90% and the "
+        "back-to-back ratios are steadier. The last column gives each statistic for the raw "
+        "cycle against itself: how far from 1 identical work lands.\n"
     )
 
 

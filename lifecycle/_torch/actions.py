@@ -8,7 +8,6 @@ owns it, or raises having acquired nothing; every release tolerates partial stat
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from types import TracebackType
@@ -25,10 +24,11 @@ from torch.distributed import (  # type: ignore[attr-defined]  # re-exported at 
 )
 
 from lifecycle._core.errors import ConfigError, LifecycleError, MissingResource, ResourceMismatch, StaleResource
+from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.ownership import Owner, Resource
 from lifecycle._torch.config import DistributedConfig, ParallelConfig, Rendezvous, validate
 from lifecycle._torch.groups import abort_group, is_registered
-from lifecycle._torch.megatron import MP_GLOBALS, drop_leftover_groups, live_resources
+from lifecycle._torch.megatron import MP_GLOBALS, drop_leftover_groups, live_resources, reset_leftovers
 from lifecycle._torch.store import close_hosted_stores, drop_hosted, next_store_prefix, open_store
 
 __all__ = ["TorchActions", "close_hosted_stores", "live_resources", "next_store_prefix"]
@@ -193,8 +193,8 @@ class TorchActions:
         it; so is it for a half-made state, and for found groups that are not in the
         current world. Found sizes that disagree: ``ResourceMismatch``. Otherwise
         ``initialize_model_parallel`` with the configured sizes, ``timeout_s`` for every
-        subgroup and ``create_gloo_process_groups``; if it raises, whatever it had set
-        is cleared.
+        subgroup and gloo twins only if ``ParallelConfig.gloo_process_groups`` says so
+        for the default group's backend; if it raises, whatever it had set is cleared.
         """
         self._require_group("init_model_parallel")
         self.parallel.check_world(dist.get_world_size())
@@ -223,7 +223,7 @@ class TorchActions:
                 # Megatron takes minutes but only feeds them to timedelta: a fraction works,
                 # and keeps subgroups as short-fused as the default group.
                 distributed_timeout_minutes=self.distributed.timeout_s / 60.0,
-                create_gloo_process_groups=self.parallel.create_gloo_process_groups,
+                create_gloo_process_groups=self.parallel.gloo_process_groups(dist.get_backend()),
             )
         except BaseException:
             self.destroy_model_parallel()
@@ -236,7 +236,10 @@ class TorchActions:
         Rank-local. When the default group is the caller's, the subgroups Megatron
         created in it are aborted here too (the caller's group outlives the session, so
         nothing else would release them); when this object owns the default group,
-        they go with it.
+        they go with it. Then what megatron-core's own destroy leaves set (rank lists,
+        group aliases, the tensor-parallel RNG tracker, the MoE aux-loss tracker; see
+        ``reset_leftovers``, measured on megatron-core 0.16.1) goes back to rest: every
+        ``megatron.core`` module global is as before the session.
         """
         subgroups = list(getattr(_ps, "_global_process_group_list", None) or ())
         errors: list[BaseException] = []
@@ -251,6 +254,7 @@ class TorchActions:
         _ps.destroy_model_parallel()
         _ps.destroy_global_memory_buffer()
         drop_leftover_groups()
+        reset_leftovers()
         if errors:
             raise LifecycleError(
                 f"{Resource.MODEL_PARALLEL.value}: {len(errors)} model-parallel subgroup(s) failed to abort "
@@ -438,6 +442,7 @@ class TorchActions:
         except BaseException:
             if new_hosted is not None:  # opened for this attempt only: leave nothing behind
                 drop_hosted(new_hosted, store)
+            del store, new_hosted  # this frame stays in the traceback: it must not keep the store
             raise
         return store
 
@@ -451,10 +456,10 @@ class TorchActions:
         installed = sys.excepthook
         if installed is not hook_before and getattr(installed, "__name__", "") == "_distributed_excepthook":
             sys.excepthook = hook_before
-        # The failed frames (ours and torch's) still reference the store through their
-        # locals; clear them so a hosted server stops listening now, not when the
-        # exception is collected. The traceback's lines are kept.
-        traceback.clear_frames(exc.__traceback__)
+        # torch's failed frames still reference the store through their locals; clear
+        # those (and only those: never the caller's) so a hosted server stops listening
+        # now, not when the exception is collected. The traceback's lines are kept.
+        clear_frames_of(exc, ("torch",))
 
     def _forget_group(self) -> None:
         """After the default group is gone: drop the store, restore ``sys.excepthook``."""

@@ -164,9 +164,17 @@ class ParallelConfig:
     """How to lay out Megatron-core's model-parallel state on the world.
 
     ``global_batch_size`` None means ``micro_batch_size * data_parallel_size``.
-    ``rerun_mode`` is a megatron-core ``RerunMode`` value. ``create_gloo_process_groups``
-    is passed to ``initialize_model_parallel`` (megatron's default, True, also builds the
-    gloo data-parallel groups some of its checkpointing code asks for).
+    ``rerun_mode`` is a megatron-core ``RerunMode`` value.
+
+    ``create_gloo_process_groups`` is passed to ``initialize_model_parallel``: True builds
+    a gloo twin of the (expert) data-parallel groups, which megatron-core's distributed
+    optimizer asks for (its default ``use_gloo_process_groups=True``); False builds none.
+    None, the default, means "only when the default group's backend is not gloo",
+    resolved by ``gloo_process_groups`` against the default group that exists when the
+    Megatron state is created: on a gloo world the twins only duplicate groups that are
+    gloo already, and each is one more group to create and to free (megatron-core
+    destroys them one by one, 10-20 ms each at 2 ranks). On a gloo world, pass
+    ``use_gloo_process_groups=False`` to megatron-core's optimizer, or set True here.
 
     Construction raises ``ConfigError`` naming the field for a value that is wrong on
     its own; ``check_world`` checks the values that depend on the world size.
@@ -178,7 +186,7 @@ class ParallelConfig:
     micro_batch_size: int = 1
     global_batch_size: int | None = None
     rerun_mode: str = "disabled"
-    create_gloo_process_groups: bool = True
+    create_gloo_process_groups: bool | None = None
 
     def __post_init__(self) -> None:
         """Reject values that are wrong whatever the world size."""
@@ -187,6 +195,20 @@ class ParallelConfig:
         _positive("global_batch_size", self.global_batch_size)
         if self.rerun_mode not in RERUN_MODES:
             raise ConfigError("rerun_mode", f"must be one of {', '.join(RERUN_MODES)}, got {self.rerun_mode!r}")
+        if not (self.create_gloo_process_groups is None or isinstance(self.create_gloo_process_groups, bool)):
+            raise ConfigError(
+                "create_gloo_process_groups", f"must be True, False or None, got {self.create_gloo_process_groups!r}"
+            )
+
+    def gloo_process_groups(self, backend: str) -> bool:
+        """Whether ``initialize_model_parallel`` builds gloo twins on a default group of ``backend``.
+
+        ``create_gloo_process_groups`` if it is set, else True exactly when ``backend``
+        is not ``"gloo"``.
+        """
+        if self.create_gloo_process_groups is None:
+            return backend != "gloo"
+        return self.create_gloo_process_groups
 
     @property
     def model_parallel_size(self) -> int:

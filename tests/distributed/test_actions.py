@@ -530,3 +530,26 @@ def test_nccl_session_fails_then_closes_on_one_gpu() -> None:
         value = torch.ones(1, device="cuda")
         dist.all_reduce(value)
     assert session.state is State.CLOSED and value.item() == 1.0
+
+
+@pytest.mark.timeout(90)
+def test_a_kept_traceback_does_not_keep_the_peer_blocked(tmp_path: Path) -> None:
+    """A failure raised in a torch frame holding the group, kept like a notebook keeps it, still releases the peer."""
+    results = run_workers("kept_traceback_worker", timeout_s=60, env={"RESULTS": str(tmp_path)})
+    assert all(result.ok for result in results), "\n".join(map(str, results))
+    blocked, failing = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert blocked["blocked_s"] < 1.0, blocked  # released by rank 1's teardown, not by the group timeout
+    assert failing["state"] == blocked["state"] == "failed"
+    assert any("cleared the locals of" in note and "torch frame" in note for note in failing["notes"]), failing
+    assert failing["connections"] == [], failing  # no socket of the aborted groups left open
+
+
+def test_megatron_gloo_twins_are_built_only_off_gloo_unless_asked() -> None:
+    """``create_gloo_process_groups`` None means twins only for a non-gloo default group; a non-bool is refused."""
+    assert ParallelConfig().gloo_process_groups("gloo") is False
+    assert ParallelConfig().gloo_process_groups("nccl") is True
+    assert ParallelConfig(create_gloo_process_groups=True).gloo_process_groups("gloo") is True
+    assert ParallelConfig(create_gloo_process_groups=False).gloo_process_groups("nccl") is False
+    with pytest.raises(ConfigError) as refused:
+        ParallelConfig(create_gloo_process_groups="yes")  # type: ignore[arg-type]
+    assert refused.value.field == "create_gloo_process_groups"
