@@ -135,6 +135,7 @@ def execute(
     *,
     on_step: Callable[[StepRecord], None] | None = None,
     stop_at_failure: bool = False,
+    escalated: Callable[[], BaseException | None] | None = None,
 ) -> tuple[TeardownReport, Ledger]:
     """Run the steps of ``teardown.plan`` through ``perform``: every one, or up to the first that raised.
 
@@ -143,15 +144,22 @@ def execute(
     ``BaseException`` a step raises (Ctrl-C and ``SystemExit`` too) is recorded, with a
     note naming the step and where its resource was acquired, not propagated. Without
     ``stop_at_failure`` every later step still runs; with it, the steps after the first
-    failure do not run (the caller switches to another plan). A ``TeardownInterrupted``
-    (a second interrupt, see ``lifecycle._core.shield``) stops it at once: the rest is
-    reported as ``abandoned`` and the interrupt as ``interrupted``, for the caller to
-    raise once it is final. ``on_step``, if given, is called with each step's record as
+    failure do not run (the caller switches to another plan). Once interrupts escalated
+    (``escalated()`` returns the interrupt, or a step raised ``TeardownInterrupted``; see
+    ``lifecycle._core.shield``), the steps not yet run are ``abandoned`` except those of a
+    kind that is not ``abandonable``, and the interrupt is reported as ``interrupted``,
+    for the caller to raise once it is final. ``on_step``, if given, is called with each step's record as
     soon as the step ran; it must not raise.
     """
     records: list[StepRecord] = []
+    abandoned: list[Step] = []
     interrupted: BaseException | None = None
     for step in teardown.plan:
+        if interrupted is None and escalated is not None:
+            interrupted = escalated()
+        if interrupted is not None and step.kind.abandonable:
+            abandoned.append(step)
+            continue
         start, started = time.time(), time.monotonic()
         error: BaseException | None = None
         try:
@@ -167,11 +175,11 @@ def execute(
             ledger = ledger.release_failed(step.entry)
             if isinstance(error, TeardownInterrupted):
                 interrupted = error
-                break
-            if stop_at_failure:
+            elif stop_at_failure and interrupted is None:
                 break
         elif step.kind.releases:
             ledger = ledger.release(step.entry)
-    abandoned = teardown.plan[len(records) :] if interrupted is not None else ()
-    report = TeardownReport(teardown.outcome, teardown.mode, tuple(records), teardown.left, abandoned, interrupted)
+    report = TeardownReport(
+        teardown.outcome, teardown.mode, tuple(records), teardown.left, tuple(abandoned), interrupted
+    )
     return report, ledger

@@ -44,11 +44,15 @@ class StepKind:
     ``unblocks``: rank-local and safe to run from another thread to unblock a main
     thread stuck in a collective (the restart wrapper's abort runs these steps).
     ``releases``: a successful step of this kind releases its resource (a barrier does not).
+    ``abandonable``: an escalated interrupt may skip it; False for an instant, local step
+    that must never be left undone (restoring the signal handlers: skipping it would leave
+    a dead session's handler installed for good).
     """
 
     value: str
     unblocks: bool = False
     releases: bool = True
+    abandonable: bool = True
 
     FINALIZE_CHECKPOINTS: ClassVar[StepKind]
     ABORT_CHECKPOINTS: ClassVar[StepKind]
@@ -267,7 +271,7 @@ StepKind.DESTROY_MODEL_PARALLEL = StepKind("destroy_model_parallel")
 StepKind.BARRIER = StepKind("barrier", releases=False)
 StepKind.DESTROY_PROCESS_GROUP = StepKind("destroy_process_group")
 StepKind.ABORT_PROCESS_GROUP = StepKind("abort_process_group", unblocks=True)
-StepKind.RESTORE_SIGNAL_HANDLERS = StepKind("restore_signal_handlers")
+StepKind.RESTORE_SIGNAL_HANDLERS = StepKind("restore_signal_handlers", abandonable=False)
 
 Resource.PROCESS_GROUP = declare_resource(
     Resource(

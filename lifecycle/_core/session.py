@@ -29,7 +29,7 @@ from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
 from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown, teardown
 from lifecycle._core.resources import Releases, Resource, StepKind, WrapperRole, declared_resources
 from lifecycle._core.seams import CheckpointWriter, DistributedActions
-from lifecycle._core.shield import Shield
+from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.signals import InstalledHandlers
 from lifecycle._core.states import Owner, State, Trigger
 
@@ -126,7 +126,7 @@ class Session:
         self._journal: list[JournalEntry] = []
         self._report: TeardownReport | None = None
         self._exit_request: str | None = None
-        self._shield = Shield()
+        self._shield = Shield(_PROTECTED, _STEPS, self)
         self._claimed: set[tuple[Resource, str]] = set()
         self._claims_lock = threading.Lock()
         self._observers: list[Callable[[SessionEvent], object]] = []
@@ -205,11 +205,15 @@ class Session:
         """
         self._shield.install()
         try:
-            with self._shield.protected():
-                report = self._close()
-        finally:
-            if self.state.is_final:
-                self._shield.remove()
+            report = self._close()
+        except BaseException as exc:
+            escalation = self._end_shield()
+            if escalation is not None and escalation is not exc:
+                raise escalation from exc
+            raise
+        escalation = self._end_shield()
+        if escalation is not None:  # it landed in bookkeeping, after the last step: raised all the same
+            raise escalation
         return report
 
     def _close(self) -> TeardownReport:
@@ -218,7 +222,7 @@ class Session:
 
         def work() -> bool:
             reports.append(self._teardown(Outcome.SUCCESS, stop_at_failure=True))
-            return not reports[0].failed
+            return not reports[0].failed and reports[0].interrupted is None
 
         if self._driver.fire(Trigger.CLOSE, work):
             self._journal_move(State.FINALIZING, Trigger.CLOSE, start)
@@ -256,12 +260,22 @@ class Session:
         """
         self._shield.install()
         try:
-            with self._shield.protected():
-                report = self._fail(error)
-        finally:
-            if self.state.is_final:
-                self._shield.remove()
+            report = self._fail(error)
+        except BaseException as exc:
+            escalation = self._end_shield(error)
+            if escalation is not None and escalation is not exc:
+                raise escalation from error
+            raise
+        escalation = self._end_shield(error)
+        if escalation is not None:
+            raise escalation from error
         return report
+
+    def _end_shield(self, cause: BaseException | None = None) -> TeardownInterrupted | None:
+        """Once final: remove the shield (a deferred Ctrl-C is raised from ``cause``); return an escalation."""
+        if not self.state.is_final:
+            return None
+        return self._shield.remove(cause)
 
     def _fail(self, error: BaseException) -> TeardownReport:
         start, text, state = time.monotonic(), describe(error), self.state.value
@@ -463,8 +477,9 @@ class Session:
         (a later plan may retry it).
         """
         release = self._releases[step.entry.key][step.kind]
+        call = _run_step if step.kind.abandonable else _run_step_to_the_end
         if not step.kind.releases:
-            release()
+            call(release)
             return True
         key = step.entry.key
         with self._claims_lock:
@@ -472,7 +487,7 @@ class Session:
                 return False
             self._claimed.add(key)
         try:
-            release()
+            call(release)
         except BaseException:
             with self._claims_lock:
                 self._claimed.discard(key)
@@ -495,7 +510,14 @@ class Session:
                 self._notify(TeardownEvent(outcome, record, record.start, record.end))
 
         try:
-            report, _ = execute(planned, self._perform, self._ledger, on_step=observed, stop_at_failure=stop_at_failure)
+            report, _ = execute(
+                planned,
+                self._perform,
+                self._ledger,
+                on_step=observed,
+                stop_at_failure=stop_at_failure,
+                escalated=lambda: self._shield.escalation,
+            )
         except BaseException as exc:  # noqa: BLE001 - an interrupt between steps: keep what ran, abandon the rest
             rest = planned.plan[len(ran) :]
             report = TeardownReport(outcome, self.restart_mode, tuple(ran), planned.left, rest, exc)
@@ -540,6 +562,24 @@ class Session:
                     self._driver.force_failed()
                 self._journal_move(source, Trigger.FAIL, start, detail)
         return reports[0]
+
+
+_PROTECTED = frozenset({Session.fail.__code__, Session.close.__code__})
+"""Where the shield defers signals: a teardown and its bookkeeping (see ``lifecycle._core.shield``)."""
+
+
+def _run_step(release: Callable[[], object]) -> None:
+    """Run a teardown step's release: the only place an escalated interrupt is raised at once."""
+    release()
+
+
+def _run_step_to_the_end(release: Callable[[], object]) -> None:
+    """Run a release that must not be left half done (its kind is not ``abandonable``)."""
+    release()
+
+
+_STEPS = frozenset({_run_step.__code__})
+"""Where an escalated interrupt is raised at once: inside a teardown step, which may hang."""
 
 
 def _checked(resource: Resource, releases: Releases) -> Releases:

@@ -1,13 +1,14 @@
 """The interrupt shield: SIGINT and SIGTERM wait while lifecycle tears down, and a second one cuts it short.
 
 A session installs a ``Shield`` at its first trigger (main thread only) and removes it
-once final. While no protected region is open (user code runs) a signal goes at once to
-the handler that was there before (Ctrl-C raises ``KeyboardInterrupt``; SIGTERM does
-what it did before: the default terminates, a ``pretrain`` run turns it into a requested
-exit). While lifecycle's own teardown runs (``protected()``), the first signal is kept
-and delivered to that previous handler once the shield is removed; a second one during
-the same teardown escalates: ``TeardownInterrupted`` is raised at once, the executor
-abandons the remaining steps, and the session still ends final.
+once final. While user code runs a signal goes at once to the handler that was there
+before (Ctrl-C raises ``KeyboardInterrupt``; SIGTERM does what it did before: the
+default terminates, a ``pretrain`` run turns it into a requested exit). While
+lifecycle's own teardown runs (``Session.fail`` or ``Session.close`` is on the
+interrupted stack), the first signal is kept and delivered to that previous handler once
+the shield is removed; a second one during the same teardown escalates: the executor
+abandons the steps not yet run (``TeardownInterrupted`` is raised at once inside a step,
+so a hung release is left), and the session ends final, then raises it.
 
 No shield is possible off the main thread (Python runs signal handlers there only) or
 against asynchronous exceptions (``PyThreadState_SetAsyncExc``, a wrapper's restart
@@ -21,8 +22,9 @@ import contextlib
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Iterator
-from types import FrameType
+from types import CodeType, FrameType
 
 from lifecycle._core.signals import Handler
 
@@ -46,14 +48,31 @@ class TeardownInterrupted(KeyboardInterrupt):
 
 
 class Shield:
-    """SIGINT/SIGTERM handlers that defer while a protected region is open (see the module docstring)."""
+    """SIGINT/SIGTERM handlers that defer while lifecycle's teardown runs (see the module docstring).
 
-    def __init__(self) -> None:
-        """Not installed yet."""
+    Where the signal landed decides, not a flag set and cleared around the teardown (a
+    signal can land between any two lines): it is deferred if a frame of one of
+    ``protected`` (the code objects of ``Session.fail`` and ``Session.close``) is on the
+    interrupted stack. An escalation (the second deferred signal) is raised at once only
+    inside a teardown step (a frame of one of ``steps`` on the stack), where a hung
+    release must be left; in lifecycle's bookkeeping it is recorded (``escalation``), the
+    executor abandons the steps not yet run, and the session raises it once final.
+    """
+
+    def __init__(self, protected: frozenset[CodeType], steps: frozenset[CodeType], owner: object) -> None:
+        """Not installed yet; ``protected`` and ``steps`` are the code objects described above.
+
+        Only frames whose ``self`` is ``owner`` (the session, held weakly) count: another
+        session's teardown is not this shield's. Once ``owner`` is gone, or a session
+        dropped before it was final left this shield installed, the shield passes every
+        signal through.
+        """
+        self._protected, self._steps = protected, steps
+        self._owner = weakref.ref(owner)
         self._previous: dict[int, Handler] = {}
-        self._depth = 0
         self._pending: tuple[int, FrameType | None] | None = None
-        self._escalated = False
+        self.escalation: TeardownInterrupted | None = None
+        """The escalated interrupt of the current teardown, until ``remove``; None if none."""
 
     @property
     def installed(self) -> bool:
@@ -69,57 +88,89 @@ class Shield:
         """Install the handlers; False (and nothing installed) off the main thread or if already installed."""
         if self._previous or threading.current_thread() is not threading.main_thread():
             return False
+        # Known before ours is installed: a signal landing in between finds them.
+        self._previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
         try:
             for signum in SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
+                signal.signal(signum, self._handle)
         except (ValueError, OSError):  # an embedding that forbids handlers: run unshielded
             self._restore()
             return False
         return True
 
-    @contextlib.contextmanager
-    def protected(self) -> Iterator[None]:
-        """A region of lifecycle's own code: signals arriving inside it are deferred (nesting allowed)."""
-        self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self._escalated = False
+    def remove(self, cause: BaseException | None = None) -> TeardownInterrupted | None:
+        """Put back the previous handlers (where ours is still installed); return the escalation, if any.
 
-    def remove(self) -> None:
-        """Put back the previous handlers (where ours is still installed), then deliver a deferred signal to them.
-
-        Delivering may raise (``KeyboardInterrupt`` for a deferred Ctrl-C) or end the
-        process (a deferred SIGTERM whose previous handler is the default).
+        Without an escalation, a deferred signal is then delivered to its previous handler:
+        that may raise (``KeyboardInterrupt`` for a deferred Ctrl-C, raised from ``cause``)
+        or end the process (a deferred SIGTERM whose previous handler is the default).
+        SIGINT and SIGTERM are blocked while the handlers are swapped (where the platform
+        allows), so none lands half way; one that arrives meanwhile is delivered right
+        after, to the previous handler: the session is final by then.
         """
-        pending, self._pending = self._pending, None
-        previous = dict(self._previous)
-        self._restore()
-        if pending is not None:
+        try:
+            with _blocked(SIGNALS):
+                escalation, self.escalation = self.escalation, None
+                previous = dict(self._previous)
+                self._restore()
+                pending, self._pending = self._pending, None
+            if escalation is not None or pending is None:
+                return escalation
             _deliver(pending[0], pending[1], previous.get(pending[0], signal.SIG_DFL))
+        except KeyboardInterrupt as deferred:  # deferred, or arrived while the handlers were swapped
+            if cause is not None and deferred.__cause__ is None:
+                raise deferred from cause
+            raise
+        return None
 
     def _restore(self) -> None:
-        while self._previous:
-            signum, previous = self._previous.popitem()
+        # Put each back before forgetting it: a signal landing meanwhile still finds its previous handler.
+        for signum, previous in self._previous.items():
             with contextlib.suppress(ValueError, OSError):
                 if signal.getsignal(signum) == self._handle:
                     signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        self._previous = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self._depth == 0:
+        owner = self._owner()
+        if owner is None or not _on_stack(frame, self._protected, owner):
             _deliver(signum, frame, self._previous.get(signum, signal.SIG_DFL))
-        elif self._pending is None:
+        elif self._pending is None and self.escalation is None:
             self._pending = (signum, frame)
-        elif not self._escalated:
-            self._escalated = True
+        elif self.escalation is None:
             self._pending = None  # the escalation delivers it: never a second time at remove()
-            raise TeardownInterrupted(signum)
+            self.escalation = TeardownInterrupted(signum)
+            if _on_stack(frame, self._steps, None):
+                raise self.escalation
+
+
+@contextlib.contextmanager
+def _blocked(signums: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Hold ``signums`` back at the OS level for the block (a no-op where ``pthread_sigmask`` is missing)."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:
+        yield
+        return
+    before = mask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, before)
+
+
+def _on_stack(frame: FrameType | None, codes: frozenset[CodeType], owner: object | None) -> bool:
+    """True if a frame running one of ``codes`` (with ``self`` being ``owner``, unless None) is on the stack."""
+    while frame is not None:
+        if frame.f_code in codes and (owner is None or frame.f_locals.get("self") is owner):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _deliver(signum: int, frame: FrameType | None, previous: Handler) -> None:
     """Do what ``previous`` (a handler ``signal.signal`` returned) does for ``signum``."""
+    if previous is None:  # installed from C: the default is the closest we can do
+        previous = signal.SIG_DFL
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_IGN:

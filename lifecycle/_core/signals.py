@@ -38,7 +38,7 @@ class InstalledHandlers:
         A signal whose handler is no longer ours (someone installed another since) is
         left as it is: restoring would overwrite a handler installed later.
         """
-        while self._previous:
-            signum, previous = self._previous.popitem()
+        for signum, previous in reversed(self._previous.items()):
             if signal.getsignal(signum) is self._handler:
                 signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        self._previous = {}
