@@ -192,7 +192,7 @@ def test_abort_works_after_the_group_is_destroyed_and_finalize_then_errors(tmp_p
 
 @pytest.mark.usefixtures("world_of_one")
 def test_a_writer_never_keeps_its_group_alive(tmp_path: Path) -> None:
-    """The writer holds its group weakly, before and after abort: gloo closes a group's sockets only once it is freed."""
+    """The writer holds its group weakly: gloo closes a group's sockets only once the group is freed."""
     import gc
     import sys
 
