@@ -74,16 +74,6 @@ class Shield:
         self.escalation: TeardownInterrupted | None = None
         """The escalated interrupt of the current teardown, until ``remove``; None if none."""
 
-    @property
-    def installed(self) -> bool:
-        """True between ``install`` and ``remove``."""
-        return bool(self._previous)
-
-    @property
-    def pending(self) -> int | None:
-        """The deferred signal's number, or None."""
-        return None if self._pending is None else self._pending[0]
-
     def install(self) -> bool:
         """Install the handlers; False (and nothing installed) off the main thread or if already installed."""
         if self._previous or threading.current_thread() is not threading.main_thread():

@@ -67,7 +67,6 @@ class SessionMachine(RuleBasedStateMachine):
         self.mode = mode
         self.caller_owns = caller_owns
         self.expected = State.UNINITIALIZED
-        self.failed_over = False
         self.users = 0
 
     @rule(trigger=st.sampled_from(HAPPY))
@@ -85,13 +84,11 @@ class SessionMachine(RuleBasedStateMachine):
         except TeardownError:  # a success teardown step was injected to fail
             assert trigger is Trigger.CLOSE
             self.expected = State.FAILED
-            self.failed_over = True
             return
         except LifecycleError:
             assert refused
             self.session.fail(RuntimeError("refused"))
             self.expected = State.FAILED
-            self.failed_over = True
             return
         assert edge is not None and not refused
         self.expected = edge.dest
@@ -111,7 +108,6 @@ class SessionMachine(RuleBasedStateMachine):
             return
         assert not self.expected.is_final
         self.expected = State.FAILED
-        self.failed_over = True
 
     @precondition(lambda self: not self.expected.is_final)
     @rule()
