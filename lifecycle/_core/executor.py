@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lifecycle._core.errors import LifecycleError, describe
-from lifecycle._core.ownership import Ledger, LedgerEntry
+from lifecycle._core.ownership import LedgerEntry
 from lifecycle._core.plans import LeftReason, Outcome, RestartMode, Step, Teardown
 from lifecycle._core.shield import TeardownInterrupted
 
@@ -131,16 +131,15 @@ def raise_failures(failures: Sequence[StepFailure], cause: BaseException | None 
 def execute(
     teardown: Teardown,
     perform: Callable[[Step], object],
-    ledger: Ledger,
     *,
     on_step: Callable[[StepRecord], None] | None = None,
     stop_at_failure: bool = False,
     escalated: Callable[[], BaseException | None] | None = None,
-) -> tuple[TeardownReport, Ledger]:
+) -> TeardownReport:
     """Run the steps of ``teardown.plan`` through ``perform``: every one, or up to the first that raised.
 
-    Returns the report and the ledger with the resource of each successful step of a
-    releasing kind marked released, and of each failed step marked ``failed``. Every
+    Returns the report; the ledger is the caller's to update, from ``on_step`` (a session
+    does it step by step, so an interrupt between steps loses no release). Every
     ``BaseException`` a step raises (Ctrl-C and ``SystemExit`` too) is recorded, with a
     note naming the step and where its resource was acquired, not propagated. Without
     ``stop_at_failure`` every later step still runs; with it, the steps after the first
@@ -148,8 +147,8 @@ def execute(
     (``escalated()`` returns the interrupt, or a step raised ``TeardownInterrupted``; see
     ``lifecycle._core.shield``), the steps not yet run are ``abandoned`` except those of a
     kind that is not ``abandonable``, and the interrupt is reported as ``interrupted``,
-    for the caller to raise once it is final. ``on_step``, if given, is called with each step's record as
-    soon as the step ran; it must not raise.
+    for the caller to raise once it is final. ``on_step``, if given, is called with each
+    step's record as soon as the step ran; it must not raise.
     """
     records: list[StepRecord] = []
     abandoned: list[Step] = []
@@ -171,15 +170,8 @@ def execute(
         records.append(record)
         if on_step is not None:
             on_step(record)
-        if error is not None:
-            ledger = ledger.release_failed(step.entry)
-            if isinstance(error, TeardownInterrupted):
-                interrupted = error
-            elif stop_at_failure and interrupted is None:
-                break
-        elif step.kind.releases:
-            ledger = ledger.release(step.entry)
-    report = TeardownReport(
-        teardown.outcome, teardown.mode, tuple(records), teardown.left, tuple(abandoned), interrupted
-    )
-    return report, ledger
+        if isinstance(error, TeardownInterrupted):
+            interrupted = error
+        elif error is not None and stop_at_failure and interrupted is None:
+            break
+    return TeardownReport(teardown.outcome, teardown.mode, tuple(records), teardown.left, tuple(abandoned), interrupted)

@@ -229,7 +229,8 @@ class Session:
             return reports[0]
         success = reports[0]
         if success.interrupted is not None:
-            self._abandon(start, success)
+            cause = describe(success.interrupted)
+            self._fail_teardown(start, f"teardown abandoned: {cause}", abandoned=success)
             raise success.interrupted
         failed = _describe(success.failed)
         logger.error("%s: teardown step failed (%s); switching to the failure plan", self.label, failed)
@@ -458,7 +459,7 @@ class Session:
         def perform(step: Step) -> None:
             left.releases[step.kind]()
 
-        report, _ = execute(planned, perform, Ledger((entry,)), on_step=observed)
+        report = execute(planned, perform, on_step=observed)
         if report.failed:
             error = report.failed[0].error
             raise StaleResource(
@@ -510,10 +511,9 @@ class Session:
                 self._notify(TeardownEvent(outcome, record, record.start, record.end))
 
         try:
-            report, _ = execute(
+            report = execute(
                 planned,
                 self._perform,
-                self._ledger,
                 on_step=observed,
                 stop_at_failure=stop_at_failure,
                 escalated=lambda: self._shield.escalation,
@@ -524,23 +524,20 @@ class Session:
         self._report = report
         return report
 
-    def _abandon(self, start: float, report: TeardownReport) -> None:
-        """Take the failure edge without a teardown: an escalated interrupt abandoned it (``report`` says what ran)."""
-        source = self.state
-        try:
-            self._driver.fire(Trigger.FAIL, lambda: True)
-        finally:
-            if not self.state.is_final:
-                self._driver.force_failed()
-            self._report = report
-            cause = "an interrupt" if report.interrupted is None else describe(report.interrupted)
-            self._journal_move(source, Trigger.FAIL, start, f"teardown abandoned: {cause}")
-
-    def _fail_teardown(self, start: float, detail: str, first: Callable[[], None] | None = None) -> TeardownReport:
+    def _fail_teardown(
+        self,
+        start: float,
+        detail: str,
+        first: Callable[[], None] | None = None,
+        *,
+        abandoned: TeardownReport | None = None,
+    ) -> TeardownReport:
         """Take the failure edge, running the failure plan inside it; return its report (nothing raised).
 
-        Whatever interrupts it once the plan started, the session ends ``failed`` and the
-        transition is journaled (an interrupt inside the machine's own code included).
+        With ``abandoned`` (the report of a teardown an escalated interrupt cut short), no
+        plan runs: the edge is taken and that report kept. Whatever interrupts it once the
+        work started, the session ends ``failed`` and the transition is journaled (an
+        interrupt inside the machine's own code included).
         """
         source = self.state
         reports: list[TeardownReport] = []
@@ -551,7 +548,11 @@ class Session:
             entered = True
             if first is not None:
                 first()
-            reports.append(self._teardown(Outcome.FAILURE))
+            if abandoned is None:
+                reports.append(self._teardown(Outcome.FAILURE))
+            else:
+                self._report = abandoned
+                reports.append(abandoned)
             return True
 
         try:

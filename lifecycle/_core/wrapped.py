@@ -70,7 +70,7 @@ class Attempt:
                 if not self.session._perform(step):  # the main thread is releasing it: not done by us
                     skipped.add(step.entry.key)
 
-            report, _ = execute(owed, perform, Ledger(tuple(dict.fromkeys(s.entry for s in steps))))
+            report = execute(owed, perform)
             self.released |= {
                 r.step.entry.key
                 for r in report.records
