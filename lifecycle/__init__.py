@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from lifecycle._core.errors import (
     AlreadyHeld,
+    AttemptDisagreement,
     ConfigError,
     ForeignResource,
     InvalidTransition,
@@ -79,6 +80,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "TRANSITIONS",
     "AlreadyHeld",
+    "AttemptDisagreement",
     "Callback",
     "CheckpointConfig",
     "CheckpointWriter",

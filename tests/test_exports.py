@@ -34,6 +34,7 @@ EXPORTS: dict[str, list[str]] = {
         "TeardownEvent",
         "TransitionEvent",
         "AlreadyHeld",
+        "AttemptDisagreement",
         "undeclare_resource",
         "teardown",
         "live_resources",

@@ -124,3 +124,42 @@ class ConfigError(LifecycleError, ValueError):
         self.message = message
         self._fields = (field, message)
         super().__init__(f"{field}: {message}")
+
+
+class AttemptDisagreement(LifecycleError):
+    """The ranks could not agree on an attempt number through the rendezvous store within ``timeout_s``.
+
+    ``proposals`` maps each rank of the world to the attempt it last proposed (None:
+    no proposal from it reached the store); ``joined`` is how many ranks had joined the
+    highest proposal. A rank that never came, or came to another store, is named there.
+    """
+
+    def __init__(self, where: str, timeout_s: float, proposals: dict[int, int | None], joined: int) -> None:
+        self.where = where
+        self.timeout_s = timeout_s
+        self.proposals = dict(proposals)
+        self.joined = joined
+        self._fields = (where, timeout_s, self.proposals, joined)
+        by_value: dict[int | None, list[int]] = {}
+        for rank, value in sorted(proposals.items()):
+            by_value.setdefault(value, []).append(rank)
+        shown = "; ".join(
+            f"{'no proposal' if value is None else f'proposed {value}'}: {_ranges(ranks)}"
+            for value, ranks in sorted(by_value.items(), key=lambda item: -1 if item[0] is None else item[0])
+        )
+        super().__init__(
+            f"the ranks did not agree on an attempt through the store at {where} within {timeout_s:g} s "
+            f"({joined} of {len(proposals)} joined the highest); proposals: {shown}"
+        )
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"ranks 0-2, 5"`` (sorted input)."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"rank{'s' if len(ranks) > 1 else ''} {text}"

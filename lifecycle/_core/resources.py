@@ -63,6 +63,7 @@ class StepKind:
     BARRIER: ClassVar[StepKind]
     DESTROY_PROCESS_GROUP: ClassVar[StepKind]
     ABORT_PROCESS_GROUP: ClassVar[StepKind]
+    CLOSE_STORE: ClassVar[StepKind]
     RESTORE_SIGNAL_HANDLERS: ClassVar[StepKind]
 
     @property
@@ -127,6 +128,7 @@ class Resource:
     identity: Callable[[], object] | None = field(default=None, repr=False)
     held_in_frames_of: tuple[str, ...] = ()
 
+    RENDEZVOUS_STORE: ClassVar[Resource]
     PROCESS_GROUP: ClassVar[Resource]
     MODEL_PARALLEL: ClassVar[Resource]
     MICROBATCH_CALCULATOR: ClassVar[Resource]
@@ -255,6 +257,11 @@ def _global(module: str, name: str) -> Callable[[], object]:
     return identity
 
 
+def _store_hosted() -> bool:
+    hosted = _module_attr("lifecycle._torch.store", "HOSTED")
+    return bool(hosted)
+
+
 def _default_group() -> object:
     group = _module_attr("torch.distributed", "group")
     return None if group is None or not _process_group_alive() else getattr(group, "WORLD", None)
@@ -271,7 +278,23 @@ StepKind.DESTROY_MODEL_PARALLEL = StepKind("destroy_model_parallel")
 StepKind.BARRIER = StepKind("barrier", releases=False)
 StepKind.DESTROY_PROCESS_GROUP = StepKind("destroy_process_group")
 StepKind.ABORT_PROCESS_GROUP = StepKind("abort_process_group", unblocks=True)
+StepKind.CLOSE_STORE = StepKind("close_store")
 StepKind.RESTORE_SIGNAL_HANDLERS = StepKind("restore_signal_handlers", abandonable=False)
+
+Resource.RENDEZVOUS_STORE = declare_resource(
+    Resource(
+        "rendezvous_store",
+        order=850,
+        success=(StepKind.CLOSE_STORE,),
+        failure=(StepKind.CLOSE_STORE,),
+        acquired_by=Trigger.INIT_DISTRIBUTED,
+        init=lambda actions: actions.init_store(),
+        release=lambda actions: {StepKind.CLOSE_STORE: actions.close_store},
+        # Rank-local and instant, so the session closes it itself, also under the
+        # restart wrapper (whose path passes a store it keeps: the caller's, left alone).
+        probe=_store_hosted,
+    )
+)
 
 Resource.PROCESS_GROUP = declare_resource(
     Resource(

@@ -21,8 +21,11 @@ class DistributedActions(Protocol):
     ``lifecycle.testing.RecordingActions`` is a recording double.
     """
 
+    def init_store(self) -> Owner:
+        """Open the rendezvous store (or take the caller's)."""
+
     def init_process_group(self) -> Owner:
-        """Create (or find) the default process group."""
+        """Create (or find) the default process group, on the store."""
 
     def init_model_parallel(self) -> Owner:
         """Create (or find) the model-parallel groups and global memory buffer."""
@@ -50,6 +53,9 @@ class DistributedActions(Protocol):
 
     def abort_process_group(self) -> None:
         """Abort every process group without waiting on outstanding collectives (failure)."""
+
+    def close_store(self) -> None:
+        """Drop the rendezvous store it opened (rank-local, after the group)."""
 
 
 class CheckpointWriter(Protocol):

@@ -12,7 +12,7 @@ from pathlib import Path
 from lifecycle._core.machine import dot_source
 from lifecycle._core.ownership import Ledger, LedgerEntry
 from lifecycle._core.plans import Outcome, RestartMode, teardown
-from lifecycle._core.resources import declared_resources
+from lifecycle._core.resources import WrapperRole, declared_resources
 from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge
 
@@ -47,12 +47,15 @@ def _example_ledger(group_owner: Owner, globals_owner: Owner) -> Ledger:
     """One entry per declared kind, in declaration order (two, ``a`` then ``b``, of a named kind).
 
     Kinds acquired by ``init_distributed`` are owned by ``group_owner``, those acquired by
-    ``init_globals`` by ``globals_owner``, the rest by the session.
+    ``init_globals`` by ``globals_owner``, the rest by the session; the restart wrapper
+    owns only the kinds it releases (a session owns the others it acquires).
     """
     owners = {Trigger.INIT_DISTRIBUTED: group_owner, Trigger.INIT_GLOBALS: globals_owner}
     ledger = Ledger()
     for resource in declared_resources():
         owner = Owner.SESSION if resource.acquired_by is None else owners[resource.acquired_by]
+        if owner is Owner.RESTART_WRAPPER and resource.wrapper is not WrapperRole.RELEASES:
+            owner = Owner.SESSION
         for name in ("a", "b") if resource.named else ("",):
             ledger = ledger.acquire(LedgerEntry(resource, owner, name))
     return ledger
@@ -76,8 +79,9 @@ def teardown_table() -> str:
         "`lifecycle.teardown`; do not edit.",
         "",
         f"Every row's ledger holds one of each declared resource kind, in acquisition order: {_holdings()}.",
-        "All are owned by the session except those `init_distributed` acquires (the group) and",
-        "those `init_globals` acquires (the globals), whose owners the row names.",
+        "All are owned by the session except those `init_distributed` acquires (the store and the group)",
+        "and those `init_globals` acquires (the globals), whose owners the row names (the restart",
+        "wrapper owns only what it releases: the group and the globals).",
         "",
         "| group owner | globals owner | restart mode | outcome | steps, in order | left alone |",
         "|---|---|---|---|---|---|",

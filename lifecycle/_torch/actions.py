@@ -29,9 +29,9 @@ from lifecycle._core.ownership import Owner, Resource
 from lifecycle._torch.config import DistributedConfig, ParallelConfig, Rendezvous, validate
 from lifecycle._torch.groups import abort_group, is_registered
 from lifecycle._torch.megatron import MP_GLOBALS, drop_leftover_groups, live_resources, reset_leftovers
-from lifecycle._torch.store import close_hosted_stores, drop_hosted, next_store_prefix, open_store
+from lifecycle._torch.store import agree_attempt, attempt_prefix, generation, next_store_prefix, open_store
 
-__all__ = ["TorchActions", "close_hosted_stores", "live_resources", "next_store_prefix"]
+__all__ = ["TorchActions", "live_resources", "next_store_prefix"]
 
 _ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
@@ -40,10 +40,15 @@ class TorchActions:
     """``DistributedActions`` on real torch.distributed process groups and megatron-core globals.
 
     ``distributed`` says how to create the default group, ``parallel`` how to lay out
-    Megatron's model-parallel state. ``store_prefix`` names this attempt's keys in the
-    rendezvous store; it must differ from every earlier attempt's on the same store
-    (the in-process restart wrapper passes one per iteration), so it serves one group
-    creation. None takes ``next_store_prefix()`` at each creation.
+    Megatron's model-parallel state.
+
+    The rendezvous store: ``init_store`` opens one (rank 0 hosts it, unless torchrun's
+    agent serves it) and ``close_store`` drops it; or the caller passes ``store``, one
+    it keeps across sessions (then lifecycle never closes it). ``store_prefix`` names
+    this attempt's keys in the store; it must differ from every earlier attempt's on the
+    same store (the in-process restart wrapper passes one per iteration), so it serves
+    one group creation. None: the ranks agree on the attempt through the store at each
+    creation (``agree_attempt``) and its prefix is ``attempt_prefix(attempt, generation)``.
 
     Each ``init_*`` returns ``Owner.SESSION`` if it created its resource and
     ``Owner.CALLER`` if it found it already there (after checking that it agrees with
@@ -57,18 +62,29 @@ class TorchActions:
     """
 
     def __init__(
-        self, distributed: DistributedConfig, parallel: ParallelConfig, *, store_prefix: str | None = None
+        self,
+        distributed: DistributedConfig,
+        parallel: ParallelConfig,
+        *,
+        store_prefix: str | None = None,
+        store: Store | None = None,
     ) -> None:
-        """Bind the configuration; acquire nothing (validation happens in ``init_process_group``)."""
+        """Bind the configuration; acquire nothing (validation happens in ``init_store``)."""
         self.distributed = distributed
         self.parallel = parallel
         self._fixed_prefix = store_prefix
         self._fixed_prefix_used = False
         self._prefix: str | None = None
+        self._attempt: int | None = None
         self._created_group = False
-        # The store this object opened; dropped when its group goes, so that a hosted
-        # server stops listening and a client's socket closes.
+        self._kept_store = store
+        # The store in use; whether this object opened it (then close_store drops it, so
+        # a hosted server stops listening and a client's socket closes); whether
+        # init_process_group opened it on its own (then the group's release drops it).
         self._store: Store | None = None
+        self._opened_store = False
+        self._store_with_group = False
+        self._hosts_store = False
         # (hook before init, hook torch installed): init_process_group wraps
         # sys.excepthook on every call, so without restoring it each retry nests one more.
         self._hooks: tuple[_ExceptHook, _ExceptHook] | None = None
@@ -97,6 +113,43 @@ class TorchActions:
         """The store prefix of the group this object created last, or None if it never created one."""
         return self._prefix
 
+    @property
+    def attempt(self) -> int | None:
+        """The attempt the ranks agreed on for the group this object created last (None: none, or not agreed)."""
+        return self._attempt
+
+    # -- the rendezvous store ----------------------------------------------------------
+
+    def init_store(self) -> Owner:
+        """Open the rendezvous store (``Owner.SESSION``), or take the caller's (``Owner.CALLER``).
+
+        The caller's: the ``store`` given to the constructor, or none at all when a
+        default group already exists (the caller's group needs no rendezvous). Otherwise
+        the whole configuration is validated first (``ConfigError`` naming the field),
+        then rank 0 hosts a ``TCPStore`` at ``master_addr:master_port`` (listening on
+        every interface) and the other ranks connect to it, retrying until
+        ``timeout_s``; under torchrun every rank connects to its agent's store. The
+        server hosted here lives until ``close_store`` (and the group made on it) drop it.
+        """
+        if dist.is_initialized() or self._kept_store is not None:
+            self._store = self._kept_store
+            return Owner.CALLER
+        rendezvous = validate(self.distributed, self.parallel)
+        self._store = open_store(rendezvous, timedelta(seconds=self.distributed.timeout_s))
+        self._opened_store = True
+        self._hosts_store = rendezvous.rank == 0 and not rendezvous.use_agent_store
+        return Owner.SESSION
+
+    def close_store(self) -> None:
+        """Drop the store this object opened (a no-op for the caller's); rank-local, never waits.
+
+        A hosted server stops listening once nothing else holds it: a group made on it
+        holds it until the group is destroyed or aborted (released before this).
+        """
+        if self._opened_store:
+            self._store = None
+            self._opened_store = False
+
     # -- the default process group ---------------------------------------------------
 
     def init_process_group(self) -> Owner:
@@ -105,15 +158,14 @@ class TorchActions:
         Found: its world size and rank must agree with the configuration (or the
         environment), else ``ResourceMismatch``. Otherwise the whole configuration is
         validated first (``ConfigError`` naming the field; ``store_prefix`` if the fixed
-        prefix was already used for a group), then a ``TCPStore`` is opened
-        at ``master_addr:master_port`` (rank 0 hosts it, except under torchrun, whose
-        agent already serves it: then every rank is a client), wrapped in a
-        ``PrefixStore`` unique to this attempt, and the group is created on it with
-        ``timeout_s``. A store rank 0 hosts on a fixed port stays up for later attempts
-        in this process, so peers retrying early find it (``close_hosted_stores``
-        releases it). For nccl the CUDA device ``local_rank`` is selected first and
-        bound to the group. If creation raises, the half-made group (if any) is
-        aborted and a store opened for this attempt dropped before the error propagates.
+        prefix was already used for a group), then the store (see ``init_store``; it
+        opens one itself if that was not called, and then the group's release drops
+        it) is wrapped in a ``PrefixStore`` unique to this attempt (agreed by all ranks
+        through the store, unless a fixed ``store_prefix`` was given), and the group is
+        created on it with ``timeout_s``. For nccl the CUDA device ``local_rank`` is
+        selected first and bound to the group. If creation raises, the half-made group
+        (if any) is aborted before the error propagates; ``AttemptDisagreement`` if the
+        ranks do not agree on an attempt within ``timeout_s``.
         """
         if dist.is_initialized():
             self._check_found_group()
@@ -121,26 +173,23 @@ class TorchActions:
             return Owner.CALLER
         rendezvous = validate(self.distributed, self.parallel)
         device = self._select_device(rendezvous)
-        if self._fixed_prefix is None:
-            prefix = next_store_prefix()
-        elif self._fixed_prefix_used:
+        if self._fixed_prefix is not None and self._fixed_prefix_used:
             # A second creation under one prefix could read the first one's keys.
             raise ConfigError(
                 "store_prefix",
                 f"{self._fixed_prefix!r} was already used for a group (one prefix serves one attempt, else the new "
-                "group could read the old one's keys); pass a new one per attempt, or None to take "
-                "next_store_prefix() at each creation",
+                "group could read the old one's keys); pass a new one per attempt, or None to agree on one "
+                "through the store at each creation",
             )
-        else:
-            prefix = self._fixed_prefix
-            self._fixed_prefix_used = True
+        if self._store is None:  # used on its own, without init_store: the group's release drops it
+            self.init_store()
+            self._store_with_group = self._opened_store
         hook_before = sys.excepthook
         try:
-            store = self._create_group(rendezvous, prefix, device)
+            prefix = self._create_group(rendezvous, device)
         except BaseException as exc:
-            self._undo_failed_init(hook_before, exc)
+            self._undo_failed_init(hook_before, exc, rendezvous)
             raise
-        self._store = store
         self._prefix = prefix
         self._created_group = True
         self._hooks = (hook_before, sys.excepthook)
@@ -426,28 +475,50 @@ class TorchActions:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
 
-    def _create_group(self, rendezvous: Rendezvous, prefix: str, device: torch.device | None) -> Store:
-        timeout = timedelta(seconds=self.distributed.timeout_s)
-        store, new_hosted = open_store(rendezvous, timeout)
-        kwargs: dict[str, Any] = {} if device is None else {"device_id": device}
-        try:
-            dist.init_process_group(
-                backend=self.distributed.backend,
-                store=PrefixStore(prefix, store),
+    def _create_group(self, rendezvous: Rendezvous, device: torch.device | None) -> str:
+        """Agree on the attempt (unless the prefix is fixed), then create the group on its prefix; return the prefix."""
+        assert self._store is not None
+        self._attempt = None
+        if self._fixed_prefix is not None:
+            prefix = self._fixed_prefix
+            self._fixed_prefix_used = True
+        elif rendezvous.world_size == 1:
+            prefix = next_store_prefix()  # nobody to agree with
+        else:
+
+            def reopen(seconds_left: float) -> Store:
+                return open_store(rendezvous, timedelta(seconds=seconds_left))
+
+            self._attempt, self._store = agree_attempt(
+                self._store,
                 rank=rendezvous.rank,
                 world_size=rendezvous.world_size,
-                timeout=timeout,
-                **kwargs,
+                generation=generation(),
+                timeout_s=self.distributed.timeout_s,
+                where=f"{rendezvous.master_addr}:{rendezvous.master_port}",
+                reopen=reopen if self._opened_store and not self._hosts_store else None,
             )
-        except BaseException:
-            if new_hosted is not None:  # opened for this attempt only: leave nothing behind
-                drop_hosted(new_hosted, store)
-            del store, new_hosted  # this frame stays in the traceback: it must not keep the store
-            raise
-        return store
+            prefix = attempt_prefix(self._attempt, generation())
+        kwargs: dict[str, Any] = {} if device is None else {"device_id": device}
+        world = dist.distributed_c10d._world
+        if not world.pg_map:
+            # torch names groups by a process-wide count, reset when the default group is
+            # destroyed but not when its creation fails; a rank whose last creation failed
+            # would name its groups one ahead of its peers', and their rendezvous keys
+            # would never meet (measured: both ranks wait for the timeout).
+            world.group_count = 0
+        dist.init_process_group(
+            backend=self.distributed.backend,
+            store=PrefixStore(prefix, self._store),
+            rank=rendezvous.rank,
+            world_size=rendezvous.world_size,
+            timeout=timedelta(seconds=self.distributed.timeout_s),
+            **kwargs,
+        )
+        return prefix
 
-    def _undo_failed_init(self, hook_before: _ExceptHook, exc: BaseException) -> None:
-        """Leave nothing behind after ``init_process_group`` raised: no group, no store, no hook."""
+    def _undo_failed_init(self, hook_before: _ExceptHook, exc: BaseException, rendezvous: Rendezvous) -> None:
+        """Leave nothing behind after ``init_process_group`` raised: no group, no hook (no store it opened itself)."""
         if dist.is_initialized():
             try:
                 abort_group(None)
@@ -456,14 +527,27 @@ class TorchActions:
         installed = sys.excepthook
         if installed is not hook_before and getattr(installed, "__name__", "") == "_distributed_excepthook":
             sys.excepthook = hook_before
+        if isinstance(exc, dist.DistNetworkError) and self._opened_store and not self._hosts_store:
+            host = "torchrun's agent" if rendezvous.use_agent_store else "rank 0"
+            attempt = "" if self._attempt is None else f" of attempt {self._attempt}"
+            exc.add_note(
+                f"lifecycle: the rendezvous store at {rendezvous.master_addr}:{rendezvous.master_port} (hosted by "
+                f"{host}) went away while this rank was in the rendezvous{attempt}: {host} failed or stopped "
+                "during its own setup; its log or journal has the cause"
+            )
+        if self._store_with_group:
+            self._store_with_group = False
+            self.close_store()
         # torch's failed frames still reference the store through their locals; clear
         # those (and only those: never the caller's) so a hosted server stops listening
         # now, not when the exception is collected. The traceback's lines are kept.
         clear_frames_of(exc, ("torch",))
 
     def _forget_group(self) -> None:
-        """After the default group is gone: drop the store, restore ``sys.excepthook``."""
-        self._store = None
+        """After the default group is gone: drop a store opened with it, restore ``sys.excepthook``."""
+        if self._store_with_group:
+            self._store_with_group = False
+            self.close_store()
         self._created_group = False
         if self._hooks is not None:
             before, installed = self._hooks

@@ -1,94 +1,250 @@
-"""Rendezvous stores: the per-attempt key prefix, and the servers this process hosts.
+"""Rendezvous stores: the one a session opens, and the attempt every rank agrees on through it.
 
 A group re-created on a long-lived store must not read an earlier attempt's keys
-(pytorch issue 55967): every attempt gets its own prefix. A server rank 0 hosts on a
-fixed port outlives the attempt that opened it, so that a peer retrying early finds it.
+(pytorch issue 55967), so every attempt has its own key prefix,
+``lifecycle/g<generation>/attempt-<n>``. No rank picks ``n`` alone: a rank that failed
+fast and retried while its peer was still busy would otherwise be attempts ahead of
+it for good. ``agree_attempt`` settles it through the store: each rank proposes its
+own count, all join the highest, and an attempt is used only once every rank has
+joined it. The generation is torchrun's restart count, so workers that torchrun
+restarts on its agent's store (which keeps the old workers' keys) never meet an old
+attempt's keys either.
+
+A store a session opens is its own: ``TorchActions`` drops it when the session
+releases it, and a server it hosts stops listening once its last reference is gone
+(torch 2.13's ``TCPStore`` has no ``close()``). Nothing here outlives the session.
 """
 
 from __future__ import annotations
 
-import itertools
+import os
 import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
-from torch.distributed import Store, TCPStore  # type: ignore[attr-defined]  # re-exported at runtime
+from torch.distributed import DistNetworkError, Store, TCPStore  # type: ignore[attr-defined]  # re-exported at runtime
 
+from lifecycle._core.errors import AttemptDisagreement
 from lifecycle._torch.config import Rendezvous
 
-_attempts = itertools.count()
 _lock = threading.Lock()
 
-# Stores this process hosts, by (address, port), kept across attempts. A retry must
-# find rank 0's server where it was: a peer that fails fast may connect for its next
-# attempt before rank 0 has torn the previous one down, and if rank 0 then closed that
-# server and opened a new one, the peer's connection would die under it. Attempts keep
-# their keys apart by prefix, so one long-lived server serves them all (as torchrun's
-# agent store does).
-_hosted: dict[tuple[str, int], TCPStore] = {}
+HOSTED: weakref.WeakSet[TCPStore] = weakref.WeakSet()
+"""The store servers this process hosts for lifecycle, while anything holds them (the live probe reads it)."""
+_next_proposal = 0  # this process's count of attempts: its proposal for the next one
+
+_POLL_FIRST_S = 0.002
+_POLL_MAX_S = 0.1
+_BIND_RETRY_S = 0.05
+
+
+def generation(env: Mapping[str, str] | None = None) -> int:
+    """torchrun's restart count of this worker group (``TORCHELASTIC_RESTART_COUNT``), 0 outside torchrun."""
+    env = os.environ if env is None else env
+    raw = env.get("TORCHELASTIC_RESTART_COUNT", "")
+    return int(raw) if raw.isdigit() else 0
+
+
+def attempt_prefix(attempt: int, generation: int = 0) -> str:
+    """The store prefix of ``attempt`` in ``generation``: ``lifecycle/g<generation>/attempt-<attempt>``."""
+    return f"lifecycle/g{generation}/attempt-{attempt}"
+
+
+def local_proposal() -> int:
+    """This process's proposal for its next attempt: one more than the last it made or joined (0 at first)."""
+    with _lock:
+        return _next_proposal
+
+
+def _note_attempt(attempt: int) -> None:
+    """Remember that this process made (or joined) ``attempt``: its next proposal is above it."""
+    global _next_proposal
+    with _lock:
+        _next_proposal = max(_next_proposal, attempt + 1)
 
 
 def next_store_prefix() -> str:
-    """Return the store prefix of this process's next rendezvous attempt: ``lifecycle/attempt-<n>``.
+    """Take this process's next attempt without agreement, and return its prefix (generation included).
 
-    Each call returns a new one (a process-wide counter), so a group re-created after a
-    destroy never reads a previous attempt's keys from a long-lived store (pytorch issue
-    55967). Every rank must make the same number of attempts for the prefixes to agree;
-    otherwise pass ``store_prefix`` to ``TorchActions`` explicitly.
+    For a world of one, or a caller that agrees on attempts by other means; ranks that
+    use it must make exactly the same attempts. ``TorchActions`` agrees through the
+    store instead (``agree_attempt``).
     """
+    global _next_proposal
     with _lock:
-        return f"lifecycle/attempt-{next(_attempts)}"
+        attempt, _next_proposal = _next_proposal, _next_proposal + 1
+    return attempt_prefix(attempt, generation())
 
 
-def close_hosted_stores() -> int:
-    """Drop the rendezvous stores this process hosts for later attempts; return how many.
+def open_store(rendezvous: Rendezvous, timeout: timedelta) -> TCPStore:
+    """Open the rendezvous store: rank 0 hosts the server, unless torchrun's agent serves it; the others connect.
 
-    A store hosted on a fixed port is kept from one attempt to the next so that peers
-    can reconnect to it (see ``TorchActions``); call this when no further session will
-    run in this process and the port should be released. Groups still using a store
-    keep it alive until they are destroyed.
-    """
-    with _lock:
-        count = len(_hosted)
-        _hosted.clear()
-    return count
-
-
-def open_store(rendezvous: Rendezvous, timeout: timedelta) -> tuple[Store, tuple[str, int] | None]:
-    """Open (or reuse) the rendezvous store; also return its hosting key if this call started hosting it.
-
-    Rank 0 hosts the server unless torchrun's agent serves it. A server hosted on a fixed
-    port is kept for later attempts (see ``close_hosted_stores``); pass the key to
-    ``drop_hosted`` if the attempt that opened it fails.
+    The server listens on every interface at ``master_port`` (``TCPStore`` binds to all
+    of them; ``master_addr`` only tells clients where to connect). A client retries
+    connecting until ``timeout``, then raises; so does the host binding the port while
+    another process's server (the host of the previous attempt, if ranks moved) still
+    holds it. The caller owns what is returned: the
+    server stops listening when the last reference to it goes.
     """
     hosts = rendezvous.rank == 0 and not rendezvous.use_agent_store
-    # Port 0 (a world of one) has no peer to reconnect: a fresh server each time.
-    key = (rendezvous.master_addr, rendezvous.master_port) if hosts and rendezvous.master_port else None
-    if key is not None:
-        with _lock:
-            cached = _hosted.get(key)
-        if cached is not None:
-            cached.set_timeout(timeout)
-            return cached, None
-    store = TCPStore(
-        rendezvous.master_addr,
-        rendezvous.master_port,
-        rendezvous.world_size,
-        is_master=hosts,
-        timeout=timeout,
-        # The group's own rendezvous waits for every peer (bounded by the timeout).
-        wait_for_workers=False,
-        # Share a server this process already hosts on the port (e.g. torch's own
-        # env:// store) instead of failing to bind; prefixes keep the keys apart.
-        multi_tenant=key is not None,
-    )
-    if key is not None:
-        with _lock:
-            _hosted[key] = store
-    return store, key
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        try:
+            store = TCPStore(
+                rendezvous.master_addr,
+                rendezvous.master_port,
+                rendezvous.world_size,
+                is_master=hosts,
+                timeout=timeout,
+                # The group's own rendezvous waits for every peer (bounded by the timeout).
+                wait_for_workers=False,
+                # Share a server this process already hosts on the port (e.g. torch's own env://
+                # store) instead of failing to bind; the attempt prefixes keep the keys apart.
+                multi_tenant=hosts and rendezvous.master_port != 0,
+            )
+            break
+        except DistNetworkError as exc:
+            # The previous attempt's host (another process, when ranks moved) may still be
+            # tearing its server down: the port frees within its teardown.
+            if not (hosts and "EADDRINUSE" in str(exc)) or time.monotonic() >= deadline:
+                raise
+            time.sleep(_BIND_RETRY_S)
+    if hosts:
+        HOSTED.add(store)
+    return store
 
 
-def drop_hosted(key: tuple[str, int], store: Store) -> None:
-    """Stop keeping ``store`` for later attempts if it is still the one hosted under ``key``."""
-    with _lock:
-        if _hosted.get(key) is store:
-            del _hosted[key]
+def agree_attempt(
+    store: Store,
+    *,
+    rank: int,
+    world_size: int,
+    proposal: int | None = None,
+    generation: int = 0,
+    timeout_s: float,
+    where: str,
+    reopen: Callable[[float], Store] | None = None,
+) -> tuple[int, Store]:
+    """Agree with every rank on the attempt number to use next; return it and the store it was agreed on.
+
+    Each rank proposes ``proposal`` (default: ``local_proposal()``), raised to above any
+    attempt already agreed on this store in this ``generation``; all ranks join the
+    highest proposal, and the attempt is decided once all ``world_size`` ranks are
+    joined to it at one time (a rank never leaves a decided attempt). A rank that is
+    behind joins the one ahead; this process's later proposals are above the result.
+    Costs a few store operations per rank, polled with backoff.
+
+    If the store's server goes away (its host tore down the previous attempt) and
+    ``reopen`` is given, a new connection from ``reopen(seconds_left)`` takes its place
+    and the rank proposes again there. Raises ``AttemptDisagreement`` naming each rank's
+    proposal if the ranks do not meet within ``timeout_s`` (``where`` names the store).
+    """
+    agreement = _Agreement(store, reopen, f"lifecycle/g{generation}", rank, world_size)
+    del store, reopen  # held by ``agreement`` only, which drops them if this raises
+    try:
+        attempt = agreement.run(local_proposal() if proposal is None else proposal, timeout_s, where)
+        assert agreement.store is not None
+        return attempt, agreement.store
+    finally:
+        # The frames of a failure's traceback must not keep a hosted server listening.
+        agreement.store = agreement.reopen = None
+
+
+class _Agreement:
+    """One rank's side of ``agree_attempt``; it alone holds the store, so dropping it here drops it everywhere."""
+
+    def __init__(
+        self, store: Store, reopen: Callable[[float], Store] | None, ns: str, rank: int, world_size: int
+    ) -> None:
+        self.store: Store | None = store
+        self.reopen = reopen
+        self.ns = ns
+        self.rank = rank
+        self.world_size = world_size
+
+    def _store(self) -> Store:
+        assert self.store is not None
+        return self.store
+
+    def read(self, key: str) -> str | None:
+        """The value of ``key`` in the namespace, or None if it is not set (never waits for it)."""
+        key = f"{self.ns}/{key}"
+        if not self._store().check([key]):
+            return None
+        return bytes(self._store().get(key)).decode()
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the counter ``key``; return its new value."""
+        return int(self._store().add(f"{self.ns}/{key}", amount))
+
+    def propose(self, value: int) -> None:
+        """Record this rank's proposal (read only to name the ranks if they do not meet)."""
+        self._store().set(f"{self.ns}/proposal/{self.rank}", str(value))
+
+    def raise_to(self, key: str, value: int) -> int:
+        """Atomically raise the integer under ``key`` to at least ``value``; return what it is then."""
+        current = self.read(key) or ""
+        while not current or int(current) < value:
+            result = bytes(self._store().compare_set(f"{self.ns}/{key}", current, str(value))).decode()
+            if result == str(value):
+                return value
+            current = result
+        return int(current)
+
+    def run(self, mine: int, timeout_s: float, where: str) -> int:
+        """Propose ``mine`` and poll until the ranks meet; see ``agree_attempt``."""
+        deadline = time.monotonic() + timeout_s
+        pause = _POLL_FIRST_S
+        joined: int | None = None
+        while True:
+            try:
+                if joined is None:
+                    mine = max(mine, int(self.read("floor") or 0))
+                    self.propose(mine)
+                    joined = self.raise_to("max", mine)
+                    count = self.add(f"joined/{joined}", 1)
+                else:
+                    count = self.add(f"joined/{joined}", 0)
+                if count < self.world_size and int(self.read("max") or 0) > joined:
+                    joined, count = self.move_up(joined)
+                if count >= self.world_size:
+                    self.raise_to("floor", joined + 1)
+                    _note_attempt(joined)
+                    return joined
+            except DistNetworkError:
+                if self.reopen is None:
+                    raise
+                # The new server has none of our keys: propose again there.
+                self.store, joined = self.reopen(max(deadline - time.monotonic(), 0.1)), None
+            if time.monotonic() >= deadline:
+                raise self.disagreement(joined, timeout_s, where)
+            time.sleep(pause)
+            pause = min(pause * 1.5, _POLL_MAX_S)
+
+    def move_up(self, joined: int) -> tuple[int, int]:
+        """Leave ``joined`` for the highest proposal, unless every rank was joined to it: then it stands.
+
+        Returns the attempt joined now and its count of joined ranks.
+        """
+        if self.add(f"joined/{joined}", -1) + 1 >= self.world_size:
+            # Every rank was joined here just now, so some rank may have decided on it already.
+            return joined, self.add(f"joined/{joined}", 1)
+        highest = int(self.read("max") or 0)
+        self.propose(highest)
+        return highest, self.add(f"joined/{highest}", 1)
+
+    def disagreement(self, joined: int | None, timeout_s: float, where: str) -> AttemptDisagreement:
+        """The error for ranks that did not meet; leaves the attempt this rank had joined (best effort)."""
+        proposals: dict[int, int | None] = dict.fromkeys(range(self.world_size))
+        count = 0
+        try:
+            if joined is not None:
+                count = self.add(f"joined/{joined}", -1) + 1
+            for peer in range(self.world_size):
+                value = self.read(f"proposal/{peer}")
+                proposals[peer] = None if value is None else int(value)
+        except Exception:  # noqa: BLE001 - the store may be gone; report what is known
+            pass
+        return AttemptDisagreement(where, timeout_s, proposals, count)

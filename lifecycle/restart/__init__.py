@@ -30,6 +30,7 @@ from nvidia_resiliency_ext.inprocess.abort import Abort
 from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 from nvidia_resiliency_ext.inprocess.finalize import Finalize
 from nvidia_resiliency_ext.inprocess.initialize import RetryController
+from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
 from lifecycle._core.errors import ConfigError, ForeignResource
 from lifecycle._core.executor import raise_failures
@@ -39,7 +40,8 @@ from lifecycle._core.seams import DistributedActions
 from lifecycle._core.session import Session
 from lifecycle._core.wrapped import ATTEMPTS, teardown_table, wrapper_plan
 from lifecycle._torch.actions import TorchActions
-from lifecycle._torch.config import LOOPBACK
+from lifecycle._torch.config import LOOPBACK, validate
+from lifecycle._torch.store import open_store
 from lifecycle._training.callbacks import Callback
 from lifecycle._training.config import PretrainConfig
 from lifecycle._training.pretrain import BatchProvider, ForwardStepFunc, ModelProvider, PretrainResult, pretrain
@@ -319,7 +321,10 @@ def wrapped_pretrain(
     restarts the Wrapper's ``RestartAbort`` propagates. ``config.fault`` fires in every
     iteration, so it exhausts the restarts: inject a one-off fault with a callback.
     ``actions`` builds the actions of each iteration from its store prefix; None:
-    ``TorchActions`` of the config (``config.distributed``, ``config.parallel``).
+    ``TorchActions`` of the config (``config.distributed``, ``config.parallel``) on one
+    rendezvous store opened before the Wrapper starts and kept for all its iterations
+    (rank 0 hosts it at the group's port), each iteration under its own prefix; it is
+    dropped when this call returns or raises.
     """
     distributed = config.distributed
     if store_port is None and distributed.master_port is not None:
@@ -329,9 +334,11 @@ def wrapped_pretrain(
         config, distributed=dataclasses.replace(distributed, rank=None, world_size=None)
     )
 
+    kept: Store | None = None
+
     def iteration_actions(prefix: str | None) -> DistributedActions:
         if actions is None:
-            return TorchActions(per_iteration.distributed, per_iteration.parallel, store_prefix=prefix)
+            return TorchActions(per_iteration.distributed, per_iteration.parallel, store_prefix=prefix, store=kept)
         assert prefix is not None  # under the Wrapper, every iteration has one
         return actions(prefix)
 
@@ -349,11 +356,19 @@ def wrapped_pretrain(
 
     with _restored_env(tuple(seed_env)):
         os.environ.update({key: str(value) for key, value in seed_env.items() if value is not None})
-        return run(
-            job,
-            max_restarts=max_restarts,
-            store_port=store_port,
-            store_host=distributed.master_addr,
-            group_timeout_s=distributed.timeout_s,
-            **wrapper_kwargs,
-        )
+        if actions is None:
+            # One store for every iteration (as Megatron-Bridge keeps one): a failed
+            # iteration's teardown never takes the peers' rendezvous server with it.
+            rendezvous = validate(per_iteration.distributed, per_iteration.parallel)
+            kept = open_store(rendezvous, datetime.timedelta(seconds=distributed.timeout_s))
+        try:
+            return run(
+                job,
+                max_restarts=max_restarts,
+                store_port=store_port,
+                store_host=distributed.master_addr,
+                group_timeout_s=distributed.timeout_s,
+                **wrapper_kwargs,
+            )
+        finally:
+            kept = None  # the server stops listening with its last reference

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from lifecycle._core.ownership import Owner, Resource
 
 _INIT = {
+    "init_store": Resource.RENDEZVOUS_STORE,
     "init_process_group": Resource.PROCESS_GROUP,
     "init_model_parallel": Resource.MODEL_PARALLEL,
     "init_microbatch_calculator": Resource.MICROBATCH_CALCULATOR,
@@ -56,6 +57,10 @@ class RecordingActions(_Recorder):
         self._record(name)
         return Owner.CALLER if _INIT[name] in self.caller_owns else Owner.SESSION
 
+    def init_store(self) -> Owner:
+        """Record; report the store opened or the caller's."""
+        return self._acquire("init_store")
+
     def init_process_group(self) -> Owner:
         """Record; report the group created or found."""
         return self._acquire("init_process_group")
@@ -95,6 +100,10 @@ class RecordingActions(_Recorder):
     def abort_process_group(self) -> None:
         """Record the release."""
         self._record("abort_process_group")
+
+    def close_store(self) -> None:
+        """Record the release."""
+        self._record("close_store")
 
 
 class RecordingCheckpoints(_Recorder):

@@ -11,6 +11,7 @@ import pytest
 from lifecycle._core import errors
 from lifecycle._core.errors import (
     AlreadyHeld,
+    AttemptDisagreement,
     ConfigError,
     ForeignResource,
     InvalidTransition,
@@ -37,6 +38,7 @@ EXAMPLES: list[LifecycleError] = [
     MissingResource("process_group", "rank needs the default process group"),
     AlreadyHeld("signal_handlers", "this session already holds it"),
     ConfigError("store_prefix", "'p' was already used for a group"),
+    AttemptDisagreement("10.0.0.1:29500", 5.0, {0: 2, 1: None, 2: 2, 3: 0}, 1),
 ]
 
 COPIES: dict[str, Callable[[LifecycleError], object]] = {

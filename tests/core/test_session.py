@@ -44,7 +44,7 @@ def test_a_full_run_releases_everything_in_the_canonical_order() -> None:
     with Session(actions) as session:
         run_to_training(session, actions)
     assert session.state is State.CLOSED
-    assert actions.calls[4:] == [
+    assert actions.calls[5:] == [
         "finalize_checkpoints",
         "release:b",
         "release:a",
@@ -53,6 +53,7 @@ def test_a_full_run_releases_everything_in_the_canonical_order() -> None:
         "destroy_model_parallel",
         "barrier",
         "destroy_process_group",
+        "close_store",
     ]
     assert session.ledger.held() == ()
 
@@ -108,7 +109,7 @@ def test_the_original_exception_propagates_with_a_note_per_failed_step() -> None
     assert len(original.__notes__) == 2
     assert "destroy_rerun_state_machine" in original.__notes__[0] and "OSError: rerun" in original.__notes__[0]
     assert "destroy_model_parallel" in original.__notes__[1]
-    assert actions.calls[-1] == "abort_process_group"  # the later steps still ran
+    assert actions.calls[-2:] == ["abort_process_group", "close_store"]  # the later steps still ran
     assert session.state is State.FAILED
     assert [f.step.kind for f in session.report.failed] == [  # type: ignore[union-attr]
         StepKind.DESTROY_RERUN_STATE_MACHINE,
@@ -128,7 +129,7 @@ def test_interrupts_take_the_failure_path_and_propagate(interrupt: BaseException
     assert info.value is interrupt
     assert session.state is State.FAILED
     assert not set(actions.calls) & COLLECTIVES
-    assert actions.calls[-1] == "abort_process_group"
+    assert actions.calls[-2:] == ["abort_process_group", "close_store"]
 
 
 def test_a_failing_success_step_switches_to_the_failure_plan() -> None:
@@ -142,16 +143,22 @@ def test_a_failing_success_step_switches_to_the_failure_plan() -> None:
     # The success plan's failure, then the failure plan's retry of what was still held.
     assert [f.step.kind for f in info.value.failures] == [StepKind.DESTROY_MODEL_PARALLEL] * 2
     assert session.state is State.FAILED
-    assert actions.calls[-3:] == ["destroy_model_parallel", "destroy_model_parallel", "abort_process_group"]
+    assert actions.calls[-4:] == [
+        "destroy_model_parallel",
+        "destroy_model_parallel",
+        "abort_process_group",
+        "close_store",
+    ]
     assert "barrier" not in actions.calls and "destroy_process_group" not in actions.calls
     assert session.ledger.held() == (session.ledger.entry(Resource.MODEL_PARALLEL),)
     report = session.report
     assert report is not None and report.outcome is Outcome.FAILURE
-    assert [(str(r.step), r.outcome.value) for r in report.records][-4:] == [
+    assert [(str(r.step), r.outcome.value) for r in report.records][-5:] == [
         ("destroy_microbatch_calculator", "success"),
         ("destroy_model_parallel", "success"),
         ("destroy_model_parallel", "failure"),
         ("abort_process_group", "failure"),
+        ("close_store", "failure"),
     ]
 
 
@@ -183,7 +190,7 @@ def test_a_failure_during_acquisition_keeps_what_was_acquired_before_it() -> Non
         session.init_distributed()
         session.init_globals()
     assert session.state is State.FAILED
-    assert actions.calls[3:] == ["destroy_model_parallel", "abort_process_group"]
+    assert actions.calls[4:] == ["destroy_model_parallel", "abort_process_group", "close_store"]
 
 
 def test_caller_owned_resources_are_used_and_never_released() -> None:
@@ -198,12 +205,15 @@ def test_caller_owned_resources_are_used_and_never_released() -> None:
 
 
 def test_inprocess_refuses_a_caller_created_group_before_acquiring_anything() -> None:
-    """Under in-process restart a group that already exists is refused, and nothing is recorded."""
-    actions = RecordingActions(caller_owns=[Resource.PROCESS_GROUP])
+    """Under in-process restart a group that already exists is refused; the session holds nothing of its own."""
+    # A group that exists needs no rendezvous: the store is the caller's too (as TorchActions reports it).
+    actions = RecordingActions(caller_owns=[Resource.RENDEZVOUS_STORE, Resource.PROCESS_GROUP])
     session = Session(actions, restart_mode=RestartMode.INPROCESS)
     with pytest.raises(LifecycleError, match="in-process restart"):
         session.init_distributed()
-    assert session.ledger.entries == () and session.state is State.UNINITIALIZED
+    assert [e.resource for e in session.ledger.entries] == [Resource.RENDEZVOUS_STORE]
+    assert session.ledger.owner(Resource.RENDEZVOUS_STORE) is Owner.CALLER
+    assert session.state is State.UNINITIALIZED
 
 
 def test_inprocess_failure_defers_group_and_globals_to_the_wrapper() -> None:
@@ -213,7 +223,7 @@ def test_inprocess_failure_defers_group_and_globals_to_the_wrapper() -> None:
     run_to_training(session, actions)
     assert session.ledger.owner(Resource.PROCESS_GROUP) is Owner.RESTART_WRAPPER
     report = session.fail(RuntimeError("x"))
-    assert actions.calls[4:] == ["abort_checkpoints", "release:b", "release:a"]
+    assert actions.calls[5:] == ["abort_checkpoints", "release:b", "release:a", "close_store"]
     assert report.deferred_to_wrapper
     assert "iteration=2" in session.journal[0].detail and "inprocess" in session.journal[0].detail
 
@@ -278,7 +288,7 @@ def test_an_interruption_during_teardown_is_raised_after_every_step_ran() -> Non
     with pytest.raises(KeyboardInterrupt) as info:
         session.fail(original)
     assert info.value is interrupt and interrupt.__cause__ is original
-    assert actions.calls[-1] == "abort_process_group" and session.state is State.FAILED
+    assert actions.calls[-2:] == ["abort_process_group", "close_store"] and session.state is State.FAILED
 
 
 def test_an_interruption_during_success_teardown_is_raised_after_the_failure_edge() -> None:
@@ -315,7 +325,7 @@ def test_an_interrupt_inside_a_step_is_raised_after_teardown_from_the_group_of_t
     assert actions.calls.count("user released") == 1
     # The failure plan ran on past the interrupted step: model-parallel state and the group were released.
     assert actions.calls.index("destroy_model_parallel") > actions.calls.index("destroy_microbatch_calculator")
-    assert actions.calls[-1] == "abort_process_group" and "barrier" not in actions.calls
+    assert actions.calls[-2:] == ["abort_process_group", "close_store"] and "barrier" not in actions.calls
     held = {entry.resource for entry in session.ledger.held()}
     assert session.state is State.FAILED and held == {Resource.RERUN_STATE_MACHINE, Resource.MICROBATCH_CALCULATOR}
 

@@ -54,7 +54,12 @@ def test_a_ctrl_c_during_the_failure_teardown_waits_until_the_session_is_final()
         session.fail(error)
     assert type(info.value) is KeyboardInterrupt
     assert session.state is State.FAILED and session.ledger.held() == ()
-    assert actions.calls[-3:] == ["destroy_microbatch_calculator", "destroy_model_parallel", "abort_process_group"]
+    assert actions.calls[-4:] == [
+        "destroy_microbatch_calculator",
+        "destroy_model_parallel",
+        "abort_process_group",
+        "close_store",
+    ]
 
 
 def test_a_second_ctrl_c_abandons_the_rest_of_the_teardown_and_the_session_still_ends_failed() -> None:
@@ -66,10 +71,11 @@ def test_a_second_ctrl_c_abandons_the_rest_of_the_teardown_and_the_session_still
     assert session.state is State.FAILED and session.journal[-1].dest is State.FAILED
     report = session.report
     assert report is not None
-    assert [str(step) for step in report.abandoned] == ["destroy_model_parallel", "abort_process_group"]
+    assert [str(step) for step in report.abandoned] == ["destroy_model_parallel", "abort_process_group", "close_store"]
     assert "abort_process_group" not in actions.calls
     held = {entry.resource.value for entry in session.ledger.held()}
-    assert held == {"microbatch_calculator", "model_parallel", "process_group"}  # for the next session to reclaim
+    # For the next session to reclaim (the store goes with the group that holds it).
+    assert held == {"microbatch_calculator", "model_parallel", "process_group", "rendezvous_store"}
 
 
 def test_a_ctrl_c_during_close_waits_and_a_second_abandons_it() -> None:
@@ -79,7 +85,7 @@ def test_a_ctrl_c_during_close_waits_and_a_second_abandons_it() -> None:
     session.finish()
     with pytest.raises(KeyboardInterrupt):
         session.close()
-    assert session.state is State.CLOSED and once.calls[-1] == "destroy_process_group"
+    assert session.state is State.CLOSED and once.calls[-2:] == ["destroy_process_group", "close_store"]
     twice = InterruptingActions(at=("destroy_rerun_state_machine", "destroy_model_parallel"))
     session = live(Session(twice))
     session.finish()
@@ -89,6 +95,7 @@ def test_a_ctrl_c_during_close_waits_and_a_second_abandons_it() -> None:
     assert session.report is not None and [str(s) for s in session.report.abandoned] == [
         "barrier",
         "destroy_process_group",
+        "close_store",
     ]
 
 
@@ -100,7 +107,11 @@ def test_a_ctrl_c_while_user_code_runs_is_raised_at_once() -> None:
         live(session)
         signal.raise_signal(signal.SIGINT)
         ran_after.append(True)
-    assert ran_after == [] and session.state is State.FAILED and actions.calls[-1] == "abort_process_group"
+    assert (
+        ran_after == []
+        and session.state is State.FAILED
+        and actions.calls[-2:] == ["abort_process_group", "close_store"]
+    )
 
 
 def test_a_deferred_sigterm_reaches_the_previous_handler_once_final() -> None:

@@ -193,7 +193,11 @@ def test_the_session_never_releases_the_group_on_the_failure_path(world_of_one: 
     assert {c.name for c in by_wrapper(probe, 0)} >= {"_abort_process_group"}
     assert all(c.thread.startswith("MonitorThread") for c in by_wrapper(probe, 0) if c.name == "_abort_process_group")
     report = job.sessions[0].report
-    assert report is not None and {step.kind for step in report.ran} == {StepKind.ABORT_CHECKPOINTS}
+    # Only what is rank-local and not the Wrapper's: the checkpoints, and the store the session opened.
+    assert report is not None and {step.kind for step in report.ran} == {
+        StepKind.ABORT_CHECKPOINTS,
+        StepKind.CLOSE_STORE,
+    }
     assert {"barrier", "destroy_process_group"} <= {c.name for c in by_session(probe, 1)}  # the probe sees them
     assert_nothing_left(world_of_one)
 
@@ -282,12 +286,14 @@ def test_a_caller_created_group_is_refused_up_front(world_of_one: WorldOfOne) ->
             with pytest.raises(ForeignResource, match="created by the caller") as refused:
                 session.init_distributed()
             assert refused.value.resource == "process_group"
-            outcome.update(state=session.state, entries=session.ledger.entries, globals=megatron_left())
+            owners = {entry.owner for entry in session.ledger.entries}
+            outcome.update(state=session.state, owners=owners, globals=megatron_left())
         finally:
             dist.destroy_process_group()
 
     restart.run(job, max_restarts=0, group_timeout_s=GROUP_TIMEOUT_S, **FAST)
-    assert outcome == {"state": State.UNINITIALIZED, "entries": (), "globals": []}
+    # The caller's group needs no store: the session opened none, and holds nothing of its own.
+    assert outcome == {"state": State.UNINITIALIZED, "owners": {Owner.CALLER}, "globals": []}
     assert_nothing_left(world_of_one)
 
 

@@ -255,7 +255,11 @@ def test_the_journal_records_transitions_teardown_and_outcome(tmp_path: Path) ->
     assert (end0["state"], end0["final_step"], end0["error"]) == ("failed", 2, str_fault(Phase.EVAL, 2))
     assert (end1["state"], end1["exit_reason"], end1["final_step"]) == ("closed", "iterations", 3)
     teardown0 = [r["step"] for r in records if r["kind"] == "teardown" and r["attempt"] == 0]
-    assert "barrier" not in teardown0 and teardown0[-2:] == ["abort_process_group", "restore_signal_handlers"]
+    assert "barrier" not in teardown0 and teardown0[-3:] == [
+        "abort_process_group",
+        "close_store",
+        "restore_signal_handlers",
+    ]
 
 
 def str_fault(phase: Phase, step: int) -> str:
