@@ -139,6 +139,11 @@ class Session:
         return self._driver.state
 
     @property
+    def actions(self) -> DistributedActions:
+        """The actions this session drives: what it does to torch.distributed and Megatron-core."""
+        return self._actions
+
+    @property
     def ledger(self) -> Ledger:
         """The ownership ledger (an immutable snapshot): which ``Owner`` holds each acquired ``Resource``."""
         return self._ledger
@@ -411,14 +416,17 @@ class Session:
                 logger.warning("session observer %r failed on %s; ignored", observer, event, exc_info=True)
 
     def _acquire_declared(self, trigger: Trigger, site: str) -> None:
-        for resource in declared_resources():
-            if resource.acquired_by is not trigger:
-                continue
-            assert resource.init is not None and resource.release is not None  # declare_resource() checks
-            releases = _checked(resource, resource.release(self._actions))  # before it exists: nothing to undo
+        acquired = [resource for resource in declared_resources() if resource.acquired_by is trigger]
+        # What earlier sessions left of these kinds goes first, all of it, in release
+        # order (a group before its store): an init must not see a leftover of a kind
+        # acquired before it as the caller's (the store's init takes a live group for one).
+        for resource in reversed(acquired):
             left = LEFTOVERS.take(resource)
             if left is not None and left.is_live():
                 self._reclaim(left)
+        for resource in acquired:
+            assert resource.init is not None and resource.release is not None  # declare_resource() checks
+            releases = _checked(resource, resource.release(self._actions))  # before it exists: nothing to undo
             owner = resource.init(self._actions)
             if self.restart_mode is RestartMode.INPROCESS and resource.wrapper is WrapperRole.RELEASES:
                 if owner is Owner.CALLER:

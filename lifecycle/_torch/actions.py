@@ -29,7 +29,14 @@ from lifecycle._core.ownership import Owner, Resource
 from lifecycle._torch.config import DistributedConfig, ParallelConfig, Rendezvous, validate
 from lifecycle._torch.groups import abort_group, is_registered
 from lifecycle._torch.megatron import MP_GLOBALS, drop_leftover_groups, live_resources, reset_leftovers
-from lifecycle._torch.store import agree_attempt, attempt_prefix, generation, next_store_prefix, open_store
+from lifecycle._torch.store import (
+    agree_attempt,
+    attempt_prefix,
+    generation,
+    next_store_prefix,
+    open_store,
+    rendezvoused_through,
+)
 
 __all__ = ["TorchActions", "live_resources", "next_store_prefix"]
 
@@ -485,20 +492,18 @@ class TorchActions:
         elif rendezvous.world_size == 1:
             prefix = next_store_prefix()  # nobody to agree with
         else:
-
-            def reopen(seconds_left: float) -> Store:
-                return open_store(rendezvous, timedelta(seconds=seconds_left))
-
-            self._attempt, self._store = agree_attempt(
+            self._attempt = agree_attempt(
                 self._store,
                 rank=rendezvous.rank,
                 world_size=rendezvous.world_size,
                 generation=generation(),
                 timeout_s=self.distributed.timeout_s,
                 where=f"{rendezvous.master_addr}:{rendezvous.master_port}",
-                reopen=reopen if self._opened_store and not self._hosts_store else None,
             )
             prefix = attempt_prefix(self._attempt, generation())
+        # From here this session's rendezvous uses the store's server: the next session
+        # must wait for the host's next one, even if this one fails before the group exists.
+        rendezvoused_through(self._store)
         kwargs: dict[str, Any] = {} if device is None else {"device_id": device}
         world = dist.distributed_c10d._world
         if not world.pg_map:

@@ -209,6 +209,21 @@ def _then(first: Any, second: Any) -> Any:
     return first if second is None else Compose(second, first)
 
 
+def _refuse_foreign_state() -> None:
+    """Raise ``ForeignResource`` if a process group or Megatron-core globals exist already."""
+    found = [resource for resource in live_resources() if resource.wrapper is WrapperRole.RELEASES]
+    if found:
+        # The Wrapper owns the failure path of the group and the globals, and creates
+        # nothing itself: each iteration's session must create them (NVRx's own check
+        # only says "enforce_value(not torch.distributed.is_initialized())").
+        names = ", ".join(resource.value for resource in found)
+        raise ForeignResource(
+            names,
+            "in-process restart needs a process with no process group or Megatron-core globals; "
+            "found these, created by the caller: release them, or run without the Wrapper",
+        )
+
+
 def run(
     job: Callable[[CallWrapper], T],
     *,
@@ -233,17 +248,7 @@ def run(
     ``RANK`` and ``WORLD_SIZE`` are as they were before (the Wrapper rewrites them) and
     no attempt stays registered.
     """
-    found = [resource for resource in live_resources() if resource.wrapper is WrapperRole.RELEASES]
-    if found:
-        # The Wrapper owns the failure path of the group and the globals, and creates
-        # nothing itself: each iteration's session must create them (NVRx's own check
-        # only says "enforce_value(not torch.distributed.is_initialized())").
-        names = ", ".join(resource.value for resource in found)
-        raise ForeignResource(
-            names,
-            "in-process restart needs a process with no process group or Megatron-core globals; "
-            "found these, created by the caller: release them, or run without the Wrapper",
-        )
+    _refuse_foreign_state()
     wrapper = make_wrapper(
         max_restarts=max_restarts,
         store_port=store_port,
@@ -305,7 +310,7 @@ def wrapped_pretrain(
     store_port: int | None = None,
     model_provider: ModelProvider | None = None,
     batch_provider: BatchProvider | None = None,
-    actions: Callable[[str], DistributedActions] | None = None,
+    actions: Callable[[str, Store], DistributedActions] | None = None,
     **wrapper_kwargs: Any,
 ) -> PretrainResult:
     """Run ``pretrain`` under the Wrapper: a failure on any rank restarts it on every rank, in the same processes.
@@ -320,11 +325,12 @@ def wrapped_pretrain(
     Returns the ``PretrainResult`` of the successful iteration; after ``max_restarts``
     restarts the Wrapper's ``RestartAbort`` propagates. ``config.fault`` fires in every
     iteration, so it exhausts the restarts: inject a one-off fault with a callback.
-    ``actions`` builds the actions of each iteration from its store prefix; None:
-    ``TorchActions`` of the config (``config.distributed``, ``config.parallel``) on one
-    rendezvous store opened before the Wrapper starts and kept for all its iterations
-    (rank 0 hosts it at the group's port), each iteration under its own prefix; it is
-    dropped when this call returns or raises.
+    One rendezvous store is opened before the Wrapper starts and kept for all its
+    iterations (rank 0 hosts it at the group's port), each iteration under its own
+    prefix; it is dropped when this call returns or raises. ``actions`` builds the
+    actions of each iteration from its store prefix and that store (they must use it
+    and not close it); None: ``TorchActions`` of the config (``config.distributed``,
+    ``config.parallel``).
     """
     distributed = config.distributed
     if store_port is None and distributed.master_port is not None:
@@ -337,10 +343,10 @@ def wrapped_pretrain(
     kept: Store | None = None
 
     def iteration_actions(prefix: str | None) -> DistributedActions:
+        assert prefix is not None and kept is not None  # under the Wrapper, every iteration has both
         if actions is None:
             return TorchActions(per_iteration.distributed, per_iteration.parallel, store_prefix=prefix, store=kept)
-        assert prefix is not None  # under the Wrapper, every iteration has one
-        return actions(prefix)
+        return actions(prefix, kept)
 
     def job(call_wrapper: CallWrapper) -> PretrainResult:
         session = session_for(call_wrapper, iteration_actions)
@@ -356,11 +362,13 @@ def wrapped_pretrain(
 
     with _restored_env(tuple(seed_env)):
         os.environ.update({key: str(value) for key, value in seed_env.items() if value is not None})
-        if actions is None:
-            # One store for every iteration (as Megatron-Bridge keeps one): a failed
-            # iteration's teardown never takes the peers' rendezvous server with it.
-            rendezvous = validate(per_iteration.distributed, per_iteration.parallel)
-            kept = open_store(rendezvous, datetime.timedelta(seconds=distributed.timeout_s))
+        # Refused before the store opens: a host refusing at once would leave its
+        # peers retrying a connection to a server that is gone, for the whole timeout.
+        _refuse_foreign_state()
+        # One store for every iteration (as Megatron-Bridge keeps one): a failed
+        # iteration's teardown never takes the peers' rendezvous server with it.
+        rendezvous = validate(per_iteration.distributed, per_iteration.parallel)
+        kept = open_store(rendezvous, datetime.timedelta(seconds=distributed.timeout_s))
         try:
             return run(
                 job,

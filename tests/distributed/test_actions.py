@@ -10,7 +10,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -301,6 +301,49 @@ def test_fifty_fail_then_retry_cycles_do_not_grow_threads_or_fds() -> None:
     )
     assert per_cycle < 1.0, f"{per_cycle * 1000:.0f} ms a cycle"
     assert sys.excepthook is hook  # the excepthook torch wraps at each group creation is restored
+
+
+def test_a_group_and_store_left_by_an_interrupted_teardown_are_reclaimed_not_adopted() -> None:
+    """Ctrl-C in the teardown leaves group and store; the next session releases both first, owns its new ones."""
+    port = free_port()
+    config = DistributedConfig(world_size=1, rank=0, master_addr="127.0.0.1", master_port=port, timeout_s=20)
+
+    class Interrupted(TorchActions):
+        """Ctrl-C lands in each release, once (a later session's reclaim then succeeds)."""
+
+        pending: ClassVar[set[str]] = {"abort_process_group", "close_store"}
+
+        def abort_process_group(self) -> None:
+            self._interrupt("abort_process_group")
+            super().abort_process_group()
+
+        def close_store(self) -> None:
+            self._interrupt("close_store")
+            super().close_store()
+
+        def _interrupt(self, step: str) -> None:
+            if step in self.pending:
+                self.pending.discard(step)
+                raise KeyboardInterrupt(f"during {step}")
+
+    first = Session(Interrupted(config, ParallelConfig()))
+    first.init_distributed()
+    with pytest.raises(KeyboardInterrupt):
+        first.fail(RuntimeError("boom"))
+    assert dist.is_initialized() and Resource.RENDEZVOUS_STORE in live_resources()
+    second = Session(TorchActions(config, ParallelConfig()))
+    with second:
+        second.init_distributed()
+        # Old code: the store's init saw the leftover group, so the new store was "the caller's".
+        assert second.ledger.owner(Resource.RENDEZVOUS_STORE) is Owner.SESSION
+        assert second.ledger.owner(Resource.PROCESS_GROUP) is Owner.SESSION
+        assert [str(record.step) for record in second.reclaimed] == ["abort_process_group", "close_store"]
+        second.init_globals()
+        second.start_training()
+    assert second.state is State.CLOSED
+    del first
+    gc.collect()
+    assert alive() == NOTHING_ALIVE and port not in listening() and not live_resources()
 
 
 def test_each_session_on_a_fixed_port_hosts_its_own_store_and_closes_it() -> None:

@@ -23,7 +23,7 @@ import itertools
 from dataclasses import dataclass
 
 POINTS = (
-    "pg_init",  # inside init_process_group, before the group exists
+    "pg_init",  # at the start of the distributed init, before the store and the group exist
     "globals_init",  # inside init_globals, after model-parallel state, before the microbatch calculator
     "setup",  # in the model provider (model/optimizer setup)
     "step",  # train step 2

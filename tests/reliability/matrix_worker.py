@@ -91,6 +91,7 @@ RELEASED_BY = {  # each release action of DistributedActions, and the init whose
     "destroy_model_parallel": "init_model_parallel",
     "destroy_process_group": "init_process_group",
     "abort_process_group": "init_process_group",
+    "close_store": "init_store",
 }
 
 
@@ -325,10 +326,20 @@ class FaultyActions:
             raise
         self.releases.append(RELEASED_BY[name])
 
-    def init_process_group(self) -> Owner:
-        """The next session starts: the failure path of the previous one is over."""
+    def init_store(self) -> Owner:
+        """The next session starts: the failure path of the previous one is over.
+
+        The ``pg_init`` fault fires here, before the store opens: a rank 0 that hosted
+        the store and failed at once would leave peers that had not connected yet
+        retrying a refused connection for the store timeout (torch cannot tell a host
+        that is gone from one not up yet), which no lifecycle can shorten.
+        """
         self.probe.failing = False
         self.probe.fire("pg_init")
+        return self._init("init_store")
+
+    def init_process_group(self) -> Owner:
+        """Delegated."""
         return self._init("init_process_group")
 
     def init_model_parallel(self) -> Owner:
@@ -371,6 +382,10 @@ class FaultyActions:
         """Delegated; a failure path is running."""
         self.probe.failing = True
         self._release("abort_process_group")
+
+    def close_store(self) -> None:
+        """Delegated."""
+        self._release("close_store")
 
 
 class WatchedSession(Session):
@@ -489,8 +504,9 @@ def run_cell(cell: Cell, rank: int, ports: tuple[int, int, int, int], base: Path
                     # As wrapped_pretrain's own: rank and world size come from the Wrapper's environment.
                     distributed = dataclasses.replace(config.distributed, rank=None, world_size=None)
 
-                    def actions_for(prefix: str) -> DistributedActions:
-                        return probe.make_actions(TorchActions(distributed, config.parallel, store_prefix=prefix))
+                    def actions_for(prefix: str, store: dist.Store) -> DistributedActions:
+                        inner = TorchActions(distributed, config.parallel, store_prefix=prefix, store=store)
+                        return probe.make_actions(inner)
 
                     outcome = wrapped_pretrain(
                         config, max_restarts=1, store_port=ports[2], actions=actions_for, **hooks, **FAST

@@ -9,6 +9,8 @@ MASTER_PORT set. Each rank writes one JSON object to ``OUT_DIR/rank<rank>.json``
 - ``host-fails``: rank 0, which hosts the store, fails inside the group's creation; rank
   1 is waiting in the rendezvous. Then both retry with the roles swapped (the process
   that was rank 1 is rank 0 and hosts on the same port), and close.
+- ``host-lingers``: rank 1 closes its first session and starts its second while rank
+  0 still holds its first session's store; both second sessions must close.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from lifecycle.testing import sockets
 
 SETUP_S = 6.0  # rank 0's first setup, longer than rank 1's timeout
 SHORT_TIMEOUT_S = 4.0
+LINGER_S = 2.0  # how long rank 0 keeps its first session's store after rank 1 closed its own
 
 
 class InjectedFault(RuntimeError):
@@ -107,11 +110,30 @@ def host_fails(rank: int, port: int) -> dict[str, Any]:
     return {"first": first, "second": second}
 
 
+def host_lingers(rank: int, port: int) -> dict[str, Any]:
+    """Rank 1 closes and starts its next session while rank 0 still holds its first session's store."""
+    config = DistributedConfig(world_size=2, rank=rank, master_addr="127.0.0.1", master_port=port, timeout_s=20.0)
+    close_store = TorchActions.close_store
+
+    def slow_close_store(actions: TorchActions) -> None:
+        time.sleep(LINGER_S)  # a slow teardown: rank 1 has closed and started its next session
+        close_store(actions)
+
+    if rank == 0:
+        TorchActions.close_store = slow_close_store  # type: ignore[method-assign]
+    try:
+        sessions = [attempt(config, lambda actions: None)]
+    finally:
+        TorchActions.close_store = close_store  # type: ignore[method-assign]
+    sessions.append(attempt(config, lambda actions: None))
+    return {"sessions": sessions, "listening_after": listening(port)}
+
+
 def main() -> None:
     """Run the scenario named by argv[1]; write this rank's result to argv[2]/rank<rank>.json."""
     scenario, out = sys.argv[1], Path(sys.argv[2])
     rank, port = int(os.environ["RANK"]), int(os.environ["MASTER_PORT"])
-    result = {"behind": behind, "host-fails": host_fails}[scenario](rank, port)
+    result = {"behind": behind, "host-fails": host_fails, "host-lingers": host_lingers}[scenario](rank, port)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 
