@@ -84,22 +84,29 @@ class CheckpointConfig:
     is written in the background during the next step and committed after it. A final
     checkpoint is saved whenever the loop ends without failing (steps done, or a
     requested exit). ``async_save`` False waits for each save to be committed before
-    training continues. ``resume``: start from the latest complete checkpoint in
-    ``dir`` if there is one.
+    training continues. ``resume``: start from the checkpoint every rank agrees on
+    (the latest one that is complete and intact on every rank; see
+    ``lifecycle.checkpoint.load_checkpoint``) if there is one. ``keep_last``: after each
+    commit keep only that many complete steps, the newest verified one always among
+    them (None: keep everything). ``dir`` is created and probed (a file written, fsynced
+    and removed) at setup, before training.
     """
 
     dir: str | None = None
     interval: int = 0
     async_save: bool = True
     resume: bool = False
+    keep_last: int | None = None
 
     def __post_init__(self) -> None:
-        """Reject intervals below 0 and checkpoint options without a directory."""
+        """Reject intervals below 0, ``keep_last`` below 1 and checkpoint options without a directory."""
         _int_at_least("checkpoint.interval", self.interval, 0)
+        if self.keep_last is not None:
+            _int_at_least("checkpoint.keep_last", self.keep_last, 1)
         if self.dir is not None and not self.dir:
             raise ConfigError("checkpoint.dir", "must not be empty (use None for no checkpoints)")
-        if self.dir is None and (self.interval or self.resume):
-            raise ConfigError("checkpoint.dir", "interval and resume need a checkpoint directory")
+        if self.dir is None and (self.interval or self.resume or self.keep_last is not None):
+            raise ConfigError("checkpoint.dir", "interval, resume and keep_last need a checkpoint directory")
 
 
 @dataclass(frozen=True, slots=True)

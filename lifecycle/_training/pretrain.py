@@ -100,8 +100,11 @@ def pretrain(
     are appended as they happen: the run's start, each transition and teardown step,
     each training step and evaluation, and in the end the outcome. Its ``run_id`` is
     ``lifecycle._core.journal.run_id()`` (``LIFECYCLE_RUN_ID``, else torchrun's run id);
-    its attempt is ``attempt`` with the session's restart mode and iteration. A journal
-    error is logged as a warning, never raised.
+    its attempt is ``attempt`` with the session's restart mode and iteration, and
+    torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``): a worker that torchrun
+    restarts labels its calls from ``attempt`` 0 again, under the next restart count.
+    The move to ``dist_ready`` records the attempt the ranks agreed on and the group's
+    store prefix. A journal error is logged as a warning, never raised.
 
     Returns a ``PretrainResult`` once the session is ``closed``. A requested exit
     (SIGTERM, ``exit.max_duration_s``, ``session.request_exit``) is not a failure: every
@@ -199,7 +202,9 @@ class _Run:
             attempt=attempt,
             restart_mode=session.restart_mode.value,
             iteration=session.iteration,
+            restart_count=_journal.restart_count(),
         )
+        # The session's actions say, once the group exists, which attempt the ranks agreed on.
         self.journal = RunJournal(config.journal_dir, origin, self.world_size, session)
         if self.journal.enabled:
             session.add_observer(self.journal.observe)
@@ -280,7 +285,8 @@ class _Run:
         checkpointer = None
         start_step = 0
         if config.checkpoint.dir is not None:
-            checkpointer = AsyncCheckpointer(config.checkpoint.dir)
+            # Probes the folder: an unusable one fails here, before training, naming the OS error.
+            checkpointer = AsyncCheckpointer(config.checkpoint.dir, keep_last=config.checkpoint.keep_last)
             session.track_checkpoints(checkpointer)
             if config.checkpoint.resume:
                 start_step = self.load(config.checkpoint.dir)
@@ -311,9 +317,12 @@ class _Run:
         }
 
     def load(self, directory: str) -> int:
-        """Load the latest complete checkpoint under ``directory``; return its step (0 if there is none)."""
+        """Load the checkpoint every rank agrees on under ``directory``; return its step (0 if there is none).
+
+        Collective over the default group: all ranks load the same step or all start from 0.
+        """
         state = self.state(0)
-        step = load_checkpoint(directory, state)  # safe loader: weights_only, checksummed
+        step = load_checkpoint(directory, state)  # agreed by every rank; weights_only, checksummed
         if step is None:
             return 0
         self.model.load_state_dict(state["model"])

@@ -1,12 +1,8 @@
 """Asynchronous checkpoints that can be finalized collectively or aborted rank-locally.
 
-Layout under ``directory``::
-
-    step_0000000002/rank00000-<token>.pt   one shard per rank and save attempt
-    step_0000000002/manifest.json          commit record: written only by finalize()
-    latest                                 JSON marker naming the committed step
-
-A step folder without a valid manifest is a partial checkpoint and is never returned.
+The on-disk layout is in ``lifecycle.checkpoint.layout``; resuming (by agreement of
+every rank) in ``lifecycle.checkpoint.loader``; what a commit removes in
+``lifecycle.checkpoint.hygiene``.
 
 Why not ``torch.distributed.checkpoint.async_save``: measured here (torch 2.13, gloo,
 2 ranks) its background thread runs ``gather_object``, ``scatter_object_list`` and
@@ -21,10 +17,9 @@ happens in ``finalize()``, on the caller's thread.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import os
-import re
 import secrets
 import threading
 import warnings
@@ -37,8 +32,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lifecycle._core.errors import LifecycleError, ResourceMismatch, ResourceRefused, StaleResource
-from lifecycle._core.ownership import Resource
+from lifecycle._core import journal
+from lifecycle.checkpoint import hygiene
+from lifecycle.checkpoint.errors import (
+    CheckpointError,
+    CheckpointMismatch,
+    StaleCheckpointer,
+    os_error_text,
+)
+from lifecycle.checkpoint.layout import (
+    FORMAT,
+    MANIFEST,
+    MARKER,
+    fsync_dir,
+    probe_directory,
+    sha256,
+    shard_name,
+    step_dir,
+    write_atomic,
+)
+from lifecycle.checkpoint.loader import latest_checkpoint, load_checkpoint
 
 __all__ = [
     "AsyncCheckpointer",
@@ -49,57 +62,23 @@ __all__ = [
     "load_checkpoint",
 ]
 
-_MARKER = "latest"
-_MANIFEST = "manifest.json"
-_STEP_RE = re.compile(r"step_(\d+)")
-_FORMAT = 1
+_TEXT_WORDS = 64
+"""int64 words of error text each rank carries in the commit's collectives (512 bytes)."""
+ROW = 8 + _TEXT_WORDS
+"""Length of the int64 row each rank contributes to finalize's all_gather."""
+VERDICT = 1 + _TEXT_WORDS
+"""Length of the int64 verdict rank 0 broadcasts: committed or not, and why not."""
 
 
-class CheckpointError(LifecycleError):
-    """A checkpoint could not be saved, committed or loaded; the message names the path."""
+def _encode(text: str) -> torch.Tensor:
+    raw = text.encode()[: _TEXT_WORDS * 8]
+    buf = bytearray(_TEXT_WORDS * 8)
+    buf[: len(raw)] = raw
+    return torch.frombuffer(buf, dtype=torch.int64).clone()
 
 
-class StaleCheckpointer(CheckpointError, StaleResource):
-    """This checkpointer was aborted and refuses to save again; nothing was done: create a new one.
-
-    A ``StaleResource`` for ``async_checkpoint`` (``detail`` names the directory), and a
-    ``CheckpointError``.
-    """
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(Resource.ASYNC_CHECKPOINT.value, detail)
-        self._fields = (detail,)
-
-
-_RESUME_REMEDY = (
-    "resume with the model, optimizer and world size the checkpoint was saved with, or load from another directory"
-)
-
-
-class CheckpointMismatch(CheckpointError, ResourceMismatch):
-    """The checkpoint at ``path`` does not fit this run; nothing was loaded.
-
-    ``what`` is ``found`` in the checkpoint but ``wanted`` in this run: an entry of
-    ``state_dict`` (its dtype and shape, its type, or keys the checkpoint lacks), or
-    the world size. A ``ResourceMismatch`` for ``async_checkpoint``, and a
-    ``CheckpointError``; unlike a corrupt or unreadable checkpoint, another attempt
-    with the same configuration refuses it again.
-    """
-
-    def __init__(self, path: str, what: str, found: object, wanted: object) -> None:
-        self.path = path
-        self.found = found
-        self.wanted = wanted
-        self.what = what
-        self.remedy = _RESUME_REMEDY
-        # Not ResourceMismatch's wording: what disagrees is a checkpoint, not the configuration.
-        ResourceRefused.__init__(
-            self,
-            Resource.ASYNC_CHECKPOINT.value,
-            f"{path} does not fit this run: {what}: {found} in the checkpoint, {wanted} in this run; "
-            f"nothing was loaded; {_RESUME_REMEDY}",
-        )
-        self._fields = (path, what, found, wanted)
+def _decode(words: torch.Tensor) -> str:
+    return words.numpy().tobytes().rstrip(b"\0").decode(errors="replace")
 
 
 class _Shard:
@@ -117,43 +96,6 @@ class _Pending:
         self.token = token
         self.future: Future[_Shard] = Future()
         self.abandoned = threading.Event()
-
-
-def _step_dir(directory: Path, step: int) -> Path:
-    return directory / f"step_{step:010d}"
-
-
-def _shard_name(rank: int, token: int) -> str:
-    # Unique per save attempt, so a late write from an abandoned save can never
-    # overwrite a shard that a newer writer committed for the same step.
-    return f"rank{rank:05d}-{token:016x}.pt"
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes a rename durable; without it a crash can forget the new name.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _sha256(path: Path) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.digest()
 
 
 def _stage(value: Any, where: str) -> Any:
@@ -185,7 +127,17 @@ class AsyncCheckpointer:
     The process group is resolved once, here: ``process_group``, else the default
     group if one exists, else none (single process, no collectives). A writer whose
     group was destroyed cannot commit; a retry must create a new writer. At most one
-    save is in flight. Not thread-safe: call it from the training thread.
+    save is in flight. ``save`` and ``finalize`` belong to the training thread;
+    ``abort`` may be called from any thread, at any time (a lock orders it against
+    ``finalize``, which works on a snapshot of the group taken under that lock).
+
+    The constructor creates ``directory`` and writes, fsyncs and removes a probe file
+    in it: a folder that cannot hold checkpoints (not a directory, not writable, a
+    read-only file system) raises ``CheckpointError`` naming the path and the OS error
+    here, before training. ``keep_last``: after each commit rank 0 keeps only that many
+    complete steps (the one just committed always among them); None keeps all. What a
+    commit removes, and only in a directory this run owns, is in
+    ``lifecycle.checkpoint.hygiene``.
     """
 
     def __init__(
@@ -193,8 +145,12 @@ class AsyncCheckpointer:
         directory: str | os.PathLike[str],
         *,
         process_group: dist.ProcessGroup | None = None,
+        keep_last: int | None = None,
     ) -> None:
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+            raise ValueError(f"keep_last must be None or an int >= 1, got {keep_last!r}")
         self.directory = Path(directory)
+        self.keep_last = keep_last
         if process_group is None and dist.is_available() and dist.is_initialized():
             process_group = dist.group.WORLD
         # A weak reference: torch's registry keeps the group alive while it exists. Holding
@@ -205,8 +161,12 @@ class AsyncCheckpointer:
         self._group_ref = None if process_group is None else weakref.ref(process_group)
         self._rank = dist.get_rank(process_group) if process_group is not None else 0
         self._world = dist.get_world_size(process_group) if process_group is not None else 1
+        probe_directory(self.directory, self._rank)
+        self._lock = threading.Lock()  # orders abort() (any thread) against save()/finalize()
         self._pending: _Pending | None = None
+        self._finalizing: _Pending | None = None
         self._aborted = False
+        self._owner: str | None = None  # the directory's owner run id, once rank 0 read or wrote it
         # Test seam: called in the writer thread before writing (e.g. to hold a save in flight).
         self._before_write: Callable[[], object] | None = None
 
@@ -222,53 +182,70 @@ class AsyncCheckpointer:
         training. If a previous save is still in flight it is finalized first, which is
         COLLECTIVE: all ranks must then call save() together. Raises StaleCheckpointer (a
         CheckpointError) after abort(), TypeError for values the safe loader could not
-        read back.
+        read back, CheckpointError naming the folder and the OS error if the step folder
+        cannot be created. The first save of a run on rank 0 claims the directory (its
+        owner file) if no run owns it yet.
         """
-        if self._aborted:
-            raise StaleCheckpointer(
-                f"the checkpointer for {self.directory} was aborted and never saves again; create a new one"
-            )
+        self._refuse_if_aborted()
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if self._pending is not None:
             self.finalize()
         staged = _stage(state_dict, "state_dict")
-        folder = _step_dir(self.directory, step)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = step_dir(self.directory, step)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create checkpoint folder {folder}: {os_error_text(exc)}") from exc
+        if self._rank == 0 and self._owner is None:
+            self._owner = hygiene.claim(self.directory, journal.run_id())
         pending = _Pending(step, secrets.randbits(62))
-        hook = self._before_write
+        with self._lock:
+            self._refuse_if_aborted()
+            self._pending = pending  # from here on, abort() reaches this save
         # A daemon thread: it only touches local files, never a peer, and an abandoned
         # one must not keep the interpreter alive. If it is killed mid-write only a
-        # hidden tmp file is left, which nothing reads.
+        # hidden tmp file is left, which nothing reads and the next commit removes.
         threading.Thread(
             target=self._write,
-            args=(pending, staged, folder, hook),
+            args=(pending, staged, folder, self._before_write),
             name=f"lifecycle-ckpt-step{step}-rank{self._rank}",
             daemon=True,
         ).start()
-        self._pending = pending
+
+    def _refuse_if_aborted(self) -> None:
+        if self._aborted:
+            raise StaleCheckpointer(
+                f"the checkpointer for {self.directory} was aborted and never saves again; create a new one"
+            )
 
     def _write(self, pending: _Pending, staged: Any, folder: Path, hook: Callable[[], object] | None) -> None:
-        name = _shard_name(self._rank, pending.token)
-        final = folder / name
+        name = shard_name(self._rank, pending.token)
+        final, tmp = folder / name, folder / f".{name}.tmp"
         try:
             if hook is not None:
                 hook()
             if pending.abandoned.is_set():
                 raise CheckpointError(f"save of {final} was aborted before it started")
-            tmp = folder / f".{name}.tmp"
-            with open(tmp, "wb") as f:
-                torch.save(staged, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-            _fsync_dir(folder)
+            try:
+                with open(tmp, "wb") as f:
+                    torch.save(staged, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+                fsync_dir(folder)
+            except Exception as exc:
+                # torch.save turns a failed write into a RuntimeError; the OSError is its context.
+                raise CheckpointError(
+                    f"rank {self._rank} could not write its shard {final}: {os_error_text(exc)}"
+                ) from exc
             if pending.abandoned.is_set():
-                # Nobody will ever list this file in a manifest; drop it.
-                final.unlink(missing_ok=True)
                 raise CheckpointError(f"save of {final} was aborted")
-            pending.future.set_result(_Shard(final.stat().st_size, _sha256(final)))
+            pending.future.set_result(_Shard(final.stat().st_size, sha256(final)))
         except BaseException as exc:  # noqa: BLE001 - always resolve the future, or finalize() waits forever
+            for leftover in (tmp, final):  # nobody will ever list them in a manifest
+                with contextlib.suppress(OSError):  # the error below already says what went wrong
+                    leftover.unlink(missing_ok=True)
             if not isinstance(exc, Exception):
                 exc = CheckpointError(f"writer of {final} stopped: {exc!r}")
             # The traceback holds this frame: `pending` (whose future holds the error) and
@@ -279,20 +256,32 @@ class AsyncCheckpointer:
     def finalize(self) -> int | None:
         """Success path, COLLECTIVE: wait for the in-flight save, then commit it as latest.
 
-        Every rank calls it. Each rank reports its own write (ok or failed) in one
-        all_gather, so a rank whose write failed still joins and all ranks raise the
-        same CheckpointError instead of hanging. Only when all ranks succeeded does rank
-        0 write the manifest and then the ``latest`` marker (write-tmp + os.replace); a
-        broadcast tells the other ranks whether that worked. Returns the committed step,
-        or None if nothing was in flight (then no collective runs). Idempotent. If a
-        peer is gone the collective fails after the group timeout at most, or as soon as
-        the peer destroys its group; the save is then abandoned and never committed.
+        Every rank calls it. Each rank reports its own write (ok, or the error with its
+        OS error text and path) in one all_gather, so a rank whose write failed still
+        joins and all ranks raise the same CheckpointError, which quotes every failed
+        rank's error, instead of hanging. Only when all ranks succeeded does rank 0 check
+        that every listed shard is present with its size (from its own view of the
+        folder), write the manifest and then the ``latest`` marker (write-tmp +
+        os.replace), and clean up (``lifecycle.checkpoint.hygiene``); a broadcast tells
+        the other ranks whether that worked, with rank 0's error text. Returns the
+        committed step, or None if nothing was in flight or the writer was aborted (then
+        no collective runs). Idempotent. It runs on the snapshot of the group taken when
+        it starts: an abort() from another thread never turns it into a single-process
+        commit; an abort that lands before the all_gather fails the commit on every
+        rank. If a peer is gone the collective fails after the group timeout at most, or
+        as soon as the peer destroys its group; the save is then abandoned, never
+        committed.
         """
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return None
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is None or self._aborted:
+                return None
+            self._finalizing = pending
+            # The snapshot is the weak reference itself: no frame of this call holds the
+            # group (a failed commit's traceback, kept by the caller, would keep its sockets open).
+            group_ref = self._group_ref
         try:
-            return self._finalize(pending)
+            return self._finalize(pending, group_ref)
         except CheckpointError:
             pending.abandoned.set()
             raise
@@ -306,253 +295,145 @@ class AsyncCheckpointer:
             # failure path); the save can no longer be committed by anyone.
             pending.abandoned.set()
             raise
+        finally:
+            with self._lock:
+                self._finalizing = None
 
-    def _finalize(self, pending: _Pending) -> int:
+    def _finalize(self, pending: _Pending, group_ref: weakref.ref[dist.ProcessGroup] | None) -> int:
         shard: _Shard | None = None
         local_error: Exception | None = None
         try:
             shard = pending.future.result()  # local disk only, never a peer
         except Exception as exc:  # noqa: BLE001 - reported to all ranks below, so none hangs
             local_error = exc
-        mine = torch.zeros(8, dtype=torch.int64)
+        if shard is not None and self._aborted:
+            local_error = CheckpointError(f"rank {self._rank} aborted the save while finalizing it")
+            shard = None
+        mine = torch.zeros(ROW, dtype=torch.int64)
         mine[0], mine[1], mine[2] = int(shard is not None), pending.step, pending.token
         if shard is not None:
             mine[3] = shard.size
-            mine[4:] = torch.frombuffer(bytearray(shard.sha256), dtype=torch.int64)
-        everyone = self._all_gather(mine)
+            mine[4:8] = torch.frombuffer(bytearray(shard.sha256), dtype=torch.int64)
+        else:
+            mine[8:] = _encode(str(local_error))
+        everyone = self._all_gather(mine, group_ref)
         failed = [r for r, row in enumerate(everyone) if not row[0]]
         if failed:
+            why = "; ".join(_decode(everyone[r][8:]) or f"rank {r}: no report" for r in failed)
             raise CheckpointError(
                 f"checkpoint step {pending.step} in {self.directory} not committed: "
-                f"ranks {failed} failed to write their shard"
+                f"ranks {failed} failed to write their shard: {why}"
             ) from local_error
         if any(int(row[1]) != pending.step for row in everyone):
             raise CheckpointError(
                 f"ranks disagree on the step to commit in {self.directory}: {[int(row[1]) for row in everyone]}"
             )
-        committed = torch.ones(1, dtype=torch.int64)
+        verdict = torch.zeros(VERDICT, dtype=torch.int64)
+        verdict[0] = 1
         commit_error: Exception | None = None
         if self._rank == 0:
             try:
                 self._commit(pending.step, everyone)
             except Exception as exc:  # noqa: BLE001 - peers learn of it by the broadcast
-                committed.zero_()
+                verdict[0] = 0
+                verdict[1:] = _encode(str(exc))
                 commit_error = exc
-        group = self._live_group()
-        if group is not None:
-            dist.broadcast(committed, group_src=0, group=group)
-        if not committed.item():
-            raise CheckpointError(f"rank 0 could not commit step {pending.step} in {self.directory}") from commit_error
+        if group_ref is not None:
+            dist.broadcast(verdict, group_src=0, group=self._group_of(group_ref))
+        if not verdict[0].item():
+            raise CheckpointError(
+                f"rank 0 could not commit step {pending.step} in {self.directory}: {_decode(verdict[1:])}"
+            ) from commit_error
         return pending.step
 
-    def _all_gather(self, mine: torch.Tensor) -> list[torch.Tensor]:
-        if self._group_ref is None:
+    def _all_gather(self, mine: torch.Tensor, group_ref: weakref.ref[dist.ProcessGroup] | None) -> list[torch.Tensor]:
+        if group_ref is None:  # a writer made without a group: a world of one, never a larger one
             return [mine]
-        group = self._live_group()
+        # Zeros, not empty: a row a peer never filled reads as "write failed".
+        out = [torch.zeros_like(mine) for _ in range(self._world)]
+        dist.all_gather(out, mine, group=self._group_of(group_ref))
+        return out
+
+    def _group_of(self, group_ref: weakref.ref[dist.ProcessGroup]) -> dist.ProcessGroup:
+        """The live group behind ``group_ref``, for one call; CheckpointError once it was destroyed."""
+        group = group_ref()
         try:
             if group is None:
                 raise ValueError("the group object was freed")
             dist.get_rank(group)
-        except (ValueError, RuntimeError) as exc:
+        except (ValueError, RuntimeError):
             # A destroyed group object can still run a one-rank collective locally;
             # a writer that outlived its group must not commit through it.
             raise CheckpointError(
                 f"process group of the checkpointer for {self.directory} was destroyed; "
                 "finalize() must run before the group is destroyed"
-            ) from exc
-        # Zeros, not empty: a row a peer never filled reads as "write failed".
-        out = [torch.zeros_like(mine) for _ in range(self._world)]
-        dist.all_gather(out, mine, group=group)
-        return out
-
-    def _live_group(self) -> dist.ProcessGroup | None:
-        """The writer's group while it exists; None without one, or once it was freed."""
-        return None if self._group_ref is None else self._group_ref()
+            ) from None
+        return group
 
     def _commit(self, step: int, everyone: list[torch.Tensor]) -> None:
-        folder = _step_dir(self.directory, step)
+        if len(everyone) != self._world:
+            raise CheckpointError(f"{len(everyone)} shard reports for a world of {self._world}")
+        with self._lock:
+            if self._aborted:
+                raise CheckpointError(f"rank 0 aborted the save of step {step} while finalizing it")
+        folder = step_dir(self.directory, step)
         shards = [
             {
                 "rank": r,
-                "file": _shard_name(r, int(row[2])),
+                "file": shard_name(r, int(row[2])),
                 "bytes": int(row[3]),
-                "sha256": row[4:].numpy().tobytes().hex(),
+                "sha256": row[4:8].numpy().tobytes().hex(),
             }
             for r, row in enumerate(everyone)
         ]
-        manifest = {"format": _FORMAT, "step": step, "world_size": self._world, "shards": shards}
+        unseen = []
+        for s in shards:
+            path = folder / str(s["file"])
+            try:
+                size = path.stat().st_size
+            except OSError as exc:
+                unseen.append(f"{path} ({os_error_text(exc)})")
+                continue
+            if size != s["bytes"]:
+                unseen.append(f"{path} ({size} bytes, rank {s['rank']} wrote {s['bytes']})")
+        if unseen:
+            raise CheckpointError(
+                f"checkpoint step {step} in {self.directory} not committed: rank 0 does not see "
+                f"{len(unseen)} of the {len(shards)} shards: {', '.join(unseen)}; every rank must write to "
+                "the same shared folder"
+            )
+        manifest = {"format": FORMAT, "step": step, "world_size": self._world, "shards": shards}
         # Manifest first: it is the commit record. The marker is only a pointer to it.
-        _write_atomic(folder / _MANIFEST, json.dumps(manifest, indent=1).encode())
-        _write_atomic(self.directory / _MARKER, json.dumps({"step": step}).encode())
+        write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+        write_atomic(self.directory / MARKER, json.dumps({"step": step}).encode())
+        # Before the broadcast releases the peers: none can have started its next save,
+        # whose folder would otherwise look partial here.
+        try:
+            hygiene.clean(self.directory, step, journal.run_id(), self.keep_last)
+        except Exception as exc:  # noqa: BLE001 - the step is committed; cleaning is best effort
+            warnings.warn(
+                f"checkpoint step {step} in {self.directory} committed, but cleaning up failed: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def abort(self) -> None:
-        """Failure path, RANK-LOCAL: abandon the in-flight save; it is never committed.
+        """Failure path, RANK-LOCAL, from any thread: abandon the in-flight save; it is never committed.
 
-        Never calls a collective and never waits: it only flags the save, so a late
-        completion of the writer thread (a daemon, which cannot hold up interpreter exit)
-        deletes its own file instead of reporting it. Commits happen only in finalize(),
-        which this writer refuses from now on (save() raises, finalize() returns None).
-        Idempotent. The last committed checkpoint stays the latest.
+        Never calls a collective and never waits for one (it takes the writer's lock,
+        which is never held across a collective or a write): it only flags the save, so
+        the writer thread (a daemon, which cannot hold up interpreter exit) deletes its
+        file and tmp file instead of reporting them. If finalize() is running in another
+        thread, its save is flagged too: unless rank 0 already started writing the
+        manifest, no rank commits it. Commits happen only in finalize(), which this
+        writer refuses from now on (save() raises, finalize() returns None). Idempotent.
+        The last committed checkpoint stays the latest.
         """
-        self._aborted = True
-        self._group_ref = None
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.abandoned.set()
-
-
-def _read_manifest(folder: Path, step: int) -> dict[str, Any]:
-    """Return the folder's manifest if the checkpoint is complete; else raise CheckpointError."""
-    path = folder / _MANIFEST
-    try:
-        manifest = json.loads(path.read_bytes())
-        shards = manifest["shards"]
-        if manifest["format"] != _FORMAT or manifest["step"] != step:
-            raise ValueError("format or step does not match")
-        if [s["rank"] for s in shards] != list(range(manifest["world_size"])):
-            raise ValueError("shards do not list ranks 0..world_size-1")
-        for s in shards:
-            name = s["file"]
-            if not isinstance(name, str) or Path(name).name != name:
-                raise ValueError(f"invalid file name {name!r}")  # never read outside the folder
-            shard = folder / name
-            if not shard.is_file() or shard.stat().st_size != s["bytes"]:
-                raise CheckpointError(f"shard {shard} is missing or has the wrong size")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"no valid manifest at {path}: {exc}") from exc
-    return dict(manifest)
-
-
-def _step_folders(directory: Path) -> list[int]:
-    found = (_STEP_RE.fullmatch(p.name) for p in directory.iterdir() if p.is_dir())
-    return sorted((int(m.group(1)) for m in found if m), reverse=True)
-
-
-def latest_checkpoint(directory: str | os.PathLike[str]) -> tuple[int, Path] | None:
-    """Return (step, folder) of the newest COMMITTED checkpoint, or None if there is none.
-
-    The ``latest`` marker decides. A step folder counts only with a valid manifest whose
-    shards all exist with their recorded sizes, so a partial or truncated checkpoint is
-    never returned. If the marker is missing, corrupt, or names such a checkpoint, this
-    warns (naming the directory) and falls back to the newest complete one.
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return None
-    problem = None
-    try:
-        step = json.loads((directory / _MARKER).read_bytes())["step"]
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise TypeError(f"step is {step!r}")
-        _read_manifest(_step_dir(directory, step), step)
-        return step, _step_dir(directory, step)
-    except FileNotFoundError:
-        pass  # no marker yet; a crash may still have left a committed manifest
-    except (CheckpointError, OSError, ValueError, KeyError, TypeError) as exc:
-        problem = exc
-    for step in _step_folders(directory):
-        try:
-            _read_manifest(_step_dir(directory, step), step)
-        except CheckpointError:
-            continue
-        why = f"marker is unusable ({problem})" if problem else "marker is missing"
-        warnings.warn(
-            f"checkpoint directory {directory}: {why}; using step {step}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return step, _step_dir(directory, step)
-    if problem is not None:
-        warnings.warn(
-            f"checkpoint directory {directory}: marker is unusable ({problem}) and no complete checkpoint exists",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    return None
-
-
-def _plan(
-    shard: Path,
-    target: Any,
-    source: Any,
-    where: str,
-    copies: list[tuple[torch.Tensor, torch.Tensor]],
-    sets: list[tuple[dict[Any, Any], Any, Any]],
-) -> None:
-    """Validate the whole restore before touching `target` (so it is never half-restored)."""
-    missing = [k for k in target if k not in source]
-    if missing:
-        raise CheckpointMismatch(str(shard), f"keys {missing} of {where}", "absent", "present")
-    for k, new in source.items():
-        old = target.get(k)
-        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
-            if old.shape != new.shape or old.dtype != new.dtype:
-                raise CheckpointMismatch(
-                    str(shard), f"{where}[{k!r}]", f"{new.dtype}{list(new.shape)}", f"{old.dtype}{list(old.shape)}"
-                )
-            copies.append((old, new))
-        elif isinstance(old, dict) and isinstance(new, dict):
-            _plan(shard, old, new, f"{where}[{k!r}]", copies, sets)
-        elif isinstance(old, (torch.Tensor, dict)):
-            # Replacing it would leave the object it belongs to (a module) unrestored.
-            raise CheckpointMismatch(str(shard), f"{where}[{k!r}]", type(new).__name__, type(old).__name__)
-        else:
-            sets.append((target, k, new))
-
-
-def load_checkpoint(
-    directory: str | os.PathLike[str], state_dict: dict[str, Any], *, rank: int | None = None
-) -> int | None:
-    """Load the latest committed checkpoint into `state_dict` in place; return its step.
-
-    Returns None (state_dict untouched) if there is no committed checkpoint. Tensors
-    present in both are copied into the existing tensors (so ``model.state_dict()``
-    entries update the model); other values are replaced or added, so call
-    ``optimizer.load_state_dict(state_dict[...])`` afterwards. `rank` defaults to this
-    process's default-group rank (0 without one). Uses ``torch.load(weights_only=True)``:
-    never unpickles arbitrary objects. A shard whose checksum or format is wrong raises
-    CheckpointError naming the path; a checkpoint that does not fit this run (a tensor's
-    dtype or shape, a value's type, keys it lacks, no shard for this rank) raises
-    CheckpointMismatch (a CheckpointError) with what differs; both before state_dict is
-    modified. It does not fall back rank-locally, because ranks could then resume from
-    different steps.
-    """
-    found = latest_checkpoint(directory)
-    if found is None:
-        return None
-    step, folder = found
-    world: int | None = None
-    if rank is None:
-        in_group = dist.is_available() and dist.is_initialized()
-        rank = dist.get_rank() if in_group else 0
-        world = dist.get_world_size() if in_group else None
-    manifest = _read_manifest(folder, step)
-    if rank < 0:
-        raise CheckpointError(f"checkpoint {folder} has no shard for rank {rank}: a rank cannot be negative")
-    if rank >= len(manifest["shards"]):
-        wanted = world if world is not None else f"at least {rank + 1}"
-        what = f"world size (no shard for rank {rank})"
-        raise CheckpointMismatch(str(folder), what, len(manifest["shards"]), wanted)
-    entry = manifest["shards"][rank]
-    path = folder / entry["file"]
-    try:
-        digest = _sha256(path).hex()
-    except OSError as exc:
-        raise CheckpointError(f"cannot read shard {path}: {exc}") from exc
-    if digest != entry["sha256"]:
-        raise CheckpointError(f"shard {path} is corrupt: checksum does not match {folder / _MANIFEST}")
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"cannot load shard {path}: {exc}") from exc
-    if not isinstance(loaded, dict):
-        raise CheckpointError(f"shard {path} does not hold a dict")
-    copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-    sets: list[tuple[dict[Any, Any], Any, Any]] = []
-    _plan(path, state_dict, loaded, "state_dict", copies, sets)
-    with torch.no_grad():
-        for old, new in copies:
-            old.copy_(new)
-    for container, key, value in sets:
-        container[key] = value
-    return step
+        with self._lock:
+            self._aborted = True
+            self._group_ref = None
+            pending, self._pending = self._pending, None
+            finalizing = self._finalizing
+        for save in (pending, finalizing):
+            if save is not None:
+                save.abandoned.set()

@@ -24,8 +24,14 @@ from support.launch import run_workers
 from support.probes import TORCH_COLLECTIVES, TorchCalls
 
 from lifecycle import ResourceMismatch, StaleResource
-from lifecycle.checkpoint import AsyncCheckpointer, CheckpointError, latest_checkpoint, load_checkpoint
-from lifecycle.checkpoint.writer import CheckpointMismatch, StaleCheckpointer
+from lifecycle.checkpoint import (
+    AsyncCheckpointer,
+    CheckpointError,
+    CheckpointMismatch,
+    StaleCheckpointer,
+    latest_checkpoint,
+    load_checkpoint,
+)
 
 
 def _trained(seed: int) -> tuple[torch.nn.Linear, torch.optim.AdamW]:
@@ -266,17 +272,34 @@ def test_a_truncated_shard_makes_latest_fall_back(tmp_path: Path) -> None:
     assert torch.equal(new_model.weight, model_1.weight)
 
 
-def test_a_corrupt_shard_errors_naming_the_path_and_leaves_state_untouched(tmp_path: Path) -> None:
-    """A same-size bit flip fails the checksum: CheckpointError names the shard; nothing is restored."""
-    _commit(tmp_path, 1, seed=1)
-    shard = _only_shard(tmp_path / "step_0000000001")
+def _flip_a_byte(shard: Path) -> None:
+    """Corrupt ``shard`` in place: same size, one byte flipped."""
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
+
+
+def test_a_corrupt_shard_falls_back_with_a_warning_naming_it(tmp_path: Path) -> None:
+    """A same-size bit flip fails the checksum: the previous step loads, a warning names the shard (was: an error)."""
+    model_1 = _commit(tmp_path, 1, seed=1)
+    _commit(tmp_path, 2, seed=2)
+    shard = _only_shard(tmp_path / "step_0000000002")
+    _flip_a_byte(shard)
+    new_model, _, target = _fresh()
+    with pytest.warns(RuntimeWarning, match=f"step 2 is unusable: shard {shard} is corrupt.*resuming from step 1"):
+        assert load_checkpoint(tmp_path, target) == 1
+    assert torch.equal(new_model.weight, model_1.weight)
+
+
+def test_a_corrupt_only_checkpoint_starts_from_scratch_and_leaves_state_untouched(tmp_path: Path) -> None:
+    """With no intact step left, load warns naming the shard, returns None and restores nothing."""
+    _commit(tmp_path, 1, seed=1)
+    shard = _only_shard(tmp_path / "step_0000000001")
+    _flip_a_byte(shard)
     new_model, _, target = _fresh()
     before = {k: v.clone() for k, v in new_model.state_dict().items()}
-    with pytest.raises(CheckpointError, match=str(shard)):
-        load_checkpoint(tmp_path, target)
+    with pytest.warns(RuntimeWarning, match=f"{shard} is corrupt.*starting from scratch"):
+        assert load_checkpoint(tmp_path, target) is None
     assert all(torch.equal(v, before[k]) for k, v in new_model.state_dict().items())
 
 
@@ -285,7 +308,7 @@ class _NotATensor:
 
 
 def test_load_never_unpickles_arbitrary_objects(tmp_path: Path) -> None:
-    """A committed shard holding a custom object is refused by the weights_only loader."""
+    """A committed shard holding a custom object is refused by the weights_only loader (a warning, nothing loaded)."""
     _commit(tmp_path, 1, seed=1)
     folder = tmp_path / "step_0000000001"
     shard = _only_shard(folder)
@@ -293,8 +316,8 @@ def test_load_never_unpickles_arbitrary_objects(tmp_path: Path) -> None:
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["shards"][0].update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match=f"cannot load shard {shard}"):
-        load_checkpoint(tmp_path, {"model": {}})
+    with pytest.warns(RuntimeWarning, match=f"cannot load shard {shard}"):
+        assert load_checkpoint(tmp_path, {"model": {}}) is None
     with pytest.raises(TypeError, match="_NotATensor"):
         AsyncCheckpointer(tmp_path / "other").save(1, {"x": _NotATensor()})
 

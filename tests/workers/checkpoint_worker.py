@@ -10,9 +10,11 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,12 @@ def _report(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 
+def _close() -> None:
+    """Leave together: a rank destroying its group while its peer still tears down can abort in gloo."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def both_finalize(directory: str) -> None:
     """Both ranks save and finalize step 1, then each loads its own shard back."""
     _init(20)
@@ -42,6 +50,94 @@ def both_finalize(directory: str) -> None:
     target = {"w": torch.zeros(3)}
     loaded = load_checkpoint(directory, target, rank=RANK)
     _report(committed=committed, loaded=loaded, w=target["w"].tolist())
+
+
+def _two_steps(directory: str) -> None:
+    """Both ranks commit steps 2 and 4 into the shared ``directory``; rank r's tensor holds 10 * step + r."""
+    writer = AsyncCheckpointer(directory)
+    for step in (2, 4):
+        writer.save(step, {"w": torch.full((3,), 10.0 * step + RANK)})
+        writer.finalize()
+
+
+def _flip_own_shard(folder: Path) -> None:
+    (shard,) = folder.glob(f"rank{RANK:05d}-*.pt")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))  # same size: only the checksum can tell
+
+
+def _load_reporting(directory: str) -> None:
+    """Load into a fresh state dict (collectively, over the default group); report step, tensor, warnings."""
+    target = {"w": torch.zeros(3)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            loaded, error = load_checkpoint(directory, target), None
+        except CheckpointError as exc:
+            loaded, error = None, f"{type(exc).__name__}: {exc}"
+    _report(
+        loaded=loaded,
+        w=target["w"].tolist(),
+        error=error,
+        warnings=[str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+    )
+
+
+def stale_view(directory: str, copy: str, stale_rank: str) -> None:
+    """Steps 2 and 4 commit; rank ``stale_rank`` then resumes from a copy of the folder that lacks step 4."""
+    _init(20)
+    _two_steps(directory)
+    if RANK == 0:
+        shutil.copytree(directory, copy)
+        shutil.rmtree(Path(copy) / "step_0000000004")
+        (Path(copy) / "latest").write_text(json.dumps({"step": 2}))
+    dist.barrier()
+    _load_reporting(copy if int(stale_rank) == RANK else directory)
+    _close()
+
+
+def corrupt_shard(directory: str, steps: str) -> None:
+    """Steps 2 and 4 commit; rank 1 flips a byte of its shard of each of ``steps``; both resume together."""
+    _init(20)
+    _two_steps(directory)
+    if RANK == 1:
+        for step in steps.split(","):
+            _flip_own_shard(Path(directory) / f"step_{int(step):010d}")
+    dist.barrier()
+    _load_reporting(directory)
+    _close()
+
+
+def mismatch(directory: str) -> None:
+    """Steps 2 and 4 commit; rank 1 resumes into a state dict of another shape: both ranks refuse."""
+    _init(20)
+    _two_steps(directory)
+    target = {"w": torch.zeros(3 if RANK == 0 else 5)}
+    try:
+        load_checkpoint(directory, target)
+        error = None
+    except CheckpointError as exc:
+        error = {"type": type(exc).__name__, "what": getattr(exc, "what", None), "text": str(exc)}
+    _report(error=error, w=target["w"].tolist())
+    _close()
+
+
+def own_folders(directory: str, other: str, big_rank: str = "-1") -> None:
+    """Rank 0 saves step 1 in ``directory``, rank 1 in ``other`` (the same folder, or one rank 0 cannot see).
+
+    Rank ``big_rank`` saves 4 MiB (to overflow a small file system); the others 12 bytes.
+    """
+    _init(20)
+    size = (1 << 20) if int(big_rank) == RANK else 3
+    writer = AsyncCheckpointer(directory if RANK == 0 else other)
+    writer.save(1, {"w": torch.ones(size)})
+    try:
+        committed, error = writer.finalize(), None
+    except CheckpointError as exc:
+        committed, error = None, str(exc)
+    _report(committed=committed, error=error)
+    _close()
 
 
 def peer_aborts(directory: str, timeout: str, peer_destroys: str) -> None:
@@ -78,5 +174,12 @@ def peer_aborts(directory: str, timeout: str, peer_destroys: str) -> None:
 
 
 if __name__ == "__main__":
-    scenarios = {"both_finalize": both_finalize, "peer_aborts": peer_aborts}
+    scenarios = {
+        "both_finalize": both_finalize,
+        "peer_aborts": peer_aborts,
+        "stale_view": stale_view,
+        "corrupt_shard": corrupt_shard,
+        "mismatch": mismatch,
+        "own_folders": own_folders,
+    }
     scenarios[sys.argv[1]](*sys.argv[2:])

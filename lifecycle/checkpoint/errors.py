@@ -1,0 +1,82 @@
+"""The errors of ``lifecycle.checkpoint``, and how a storage fault becomes one."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from lifecycle._core.errors import LifecycleError, ResourceMismatch, ResourceRefused, StaleResource
+from lifecycle._core.ownership import Resource
+
+__all__ = ["CheckpointError", "CheckpointMismatch", "StaleCheckpointer", "os_error_text", "storage_error"]
+
+
+class CheckpointError(LifecycleError):
+    """A checkpoint could not be saved, committed or loaded; the message names the path."""
+
+
+class StaleCheckpointer(CheckpointError, StaleResource):
+    """This checkpointer was aborted and refuses to save again; nothing was done: create a new one.
+
+    A ``StaleResource`` for ``async_checkpoint`` (``detail`` names the directory), and a
+    ``CheckpointError``.
+    """
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(Resource.ASYNC_CHECKPOINT.value, detail)
+        self._fields = (detail,)
+
+
+_RESUME_REMEDY = (
+    "resume with the model, optimizer and world size the checkpoint was saved with, or load from another directory"
+)
+
+
+class CheckpointMismatch(CheckpointError, ResourceMismatch):
+    """The checkpoint at ``path`` does not fit this run; nothing was loaded.
+
+    ``what`` is ``found`` in the checkpoint but ``wanted`` in this run: an entry of
+    ``state_dict`` (its dtype and shape, its type, or keys the checkpoint lacks), or
+    the world size. A ``ResourceMismatch`` for ``async_checkpoint``, and a
+    ``CheckpointError``; unlike a corrupt or unreadable checkpoint, another attempt
+    with the same configuration refuses it again.
+    """
+
+    def __init__(self, path: str, what: str, found: object, wanted: object) -> None:
+        self.path = path
+        self.found = found
+        self.wanted = wanted
+        self.what = what
+        self.remedy = _RESUME_REMEDY
+        # Not ResourceMismatch's wording: what disagrees is a checkpoint, not the configuration.
+        ResourceRefused.__init__(
+            self,
+            Resource.ASYNC_CHECKPOINT.value,
+            f"{path} does not fit this run: {what}: {found} in the checkpoint, {wanted} in this run; "
+            f"nothing was loaded; {_RESUME_REMEDY}",
+        )
+        self._fields = (path, what, found, wanted)
+
+
+def os_error_text(exc: BaseException) -> str:
+    """The OS error behind ``exc`` as ``"[Errno 28 ENOSPC] No space left on device"``; else ``repr``-like text.
+
+    Follows ``__cause__`` and ``__context__``: ``torch.save`` reports a failed write as a
+    ``RuntimeError`` whose context is the ``OSError``.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            code = current.errno
+            name = errno.errorcode.get(code, "?")
+            return f"[Errno {code} {name}] {current.strerror or os.strerror(code)}"
+        current = current.__cause__ or current.__context__
+    return f"{type(exc).__name__}: {exc}"
+
+
+def storage_error(action: str, path: Path, exc: BaseException) -> CheckpointError:
+    """A ``CheckpointError`` saying which ``action`` on ``path`` failed and the OS error text behind ``exc``."""
+    return CheckpointError(f"cannot {action} {path}: {os_error_text(exc)}")
