@@ -53,6 +53,7 @@ __all__ = [
     "journal_path",
     "load",
     "read",
+    "restart_count",
     "run_id",
 ]
 
@@ -79,6 +80,17 @@ def run_id(env: Mapping[str, str] | None = None) -> str:
     if elastic and env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return f"torchrun-{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
     return _LOCAL_RUN_ID
+
+
+def restart_count(env: Mapping[str, str] | None = None) -> int:
+    """How many times torchrun has restarted this worker group: ``TORCHELASTIC_RESTART_COUNT``, 0 if unset or bad.
+
+    Each restart starts new worker processes; journals record the count in their
+    ``Origin`` so a run's restarts read as its successive attempts.
+    """
+    env = os.environ if env is None else env
+    raw = env.get("TORCHELASTIC_RESTART_COUNT", "").strip()
+    return int(raw) if raw.isdigit() else 0
 
 
 def journal_path(directory: str | os.PathLike[str], rank: int) -> Path:

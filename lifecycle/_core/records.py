@@ -1,11 +1,12 @@
 """Journal records, schema version 2: typed, frozen, one JSON object per line. Writer and reader share them.
 
 Every record's JSON object holds ``version`` (2), ``kind``, the fields of its
-``Origin`` (``run_id``, ``rank``, ``attempt``, ``restart_mode``, ``iteration``) and its
-own fields:
+``Origin`` (``run_id``, ``rank``, ``attempt``, ``restart_mode``, ``iteration``,
+``restart_count``) and its own fields:
 
 - ``run`` (``RunStart``): ``world_size``, ``pid``, ``host``, ``start``.
-- ``transition`` (``Transition``): ``source``, ``dest``, ``trigger``, ``start``, ``end``, ``detail``.
+- ``transition`` (``Transition``): ``source``, ``dest``, ``trigger``, ``start``, ``end``, ``detail``,
+  ``agreed_attempt``, ``store_prefix``.
 - ``teardown`` (``TeardownStep``): ``outcome``, ``step``, ``resource``, ``owner``, ``start``, ``end``, ``error``,
   ``note``.
 - ``left`` (``Left``): ``resource``, ``owner``, ``reason``, ``site`` (held, and not released by this
@@ -20,6 +21,12 @@ when it finished; both are taken when the event happens (a transition's or teard
 step's ``start`` is its ``end`` less its duration on the monotonic clock). The only
 ``None`` times are those of records converted from version 1 journals, which kept none.
 Version 1 records (no ``version`` field) are converted by ``from_v1``.
+
+A field added to version 2 later has a default, which a record written before it
+reads as (``restart_count`` 0; ``agreed_attempt`` and ``store_prefix`` None); a reader
+ignores fields it does not know. Neither changes the version: only a change that an
+older reader would misread (a field renamed, removed or given another meaning, a new
+record kind) makes version 3.
 """
 
 from __future__ import annotations
@@ -65,7 +72,11 @@ class Origin:
     ``run_id``: the job's id, the same on every rank and across launcher restarts (see
     ``lifecycle._core.journal.run_id``). ``rank``: the writer's global rank. ``attempt``:
     the ``pretrain`` call's attempt number; ``restart_mode`` and ``iteration``: its
-    session's (``iteration`` counts in-process restarts).
+    session's (``iteration`` counts in-process restarts). ``restart_count``: how many
+    times torchrun had restarted the writer's worker group when the writer started
+    (``TORCHELASTIC_RESTART_COUNT``; 0 outside torchrun, and in records written before
+    the field existed). A restarted worker is a new process whose ``attempt`` starts at
+    0 again: ``(restart_count, attempt)`` orders the attempts of one run.
     """
 
     run_id: str
@@ -73,6 +84,7 @@ class Origin:
     attempt: int
     restart_mode: str
     iteration: int
+    restart_count: int = 0
 
 
 class _Record:
@@ -110,7 +122,13 @@ class RunStart(_Record):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Transition(_Record):
-    """The session moved ``source`` → ``dest`` by ``trigger``; its work (a teardown too) ran ``start``..``end``."""
+    """The session moved ``source`` → ``dest`` by ``trigger``; its work (a teardown too) ran ``start``..``end``.
+
+    On the move to ``dist_ready`` (``init_distributed``), ``agreed_attempt`` is the
+    attempt number the ranks agreed on through the rendezvous store and ``store_prefix``
+    the key prefix of the group created on it; None where not known (another move, a
+    caller's own group, actions that do not say, a fixed prefix with no agreement).
+    """
 
     kind: ClassVar[str] = "transition"
     origin: Origin
@@ -120,6 +138,8 @@ class Transition(_Record):
     start: float
     end: float
     detail: str = ""
+    agreed_attempt: int | None = None
+    store_prefix: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

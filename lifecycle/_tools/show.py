@@ -1,7 +1,10 @@
 """``python -m lifecycle show JOURNAL...``: a run's timeline, and the diagram of the path it took.
 
 The timeline lists, per attempt and per rank, every transition and teardown step with
-its time relative to the start of the run. The diagrams are the lifecycle diagrams of
+its time relative to the start of the run. The attempts of a run are ordered by
+torchrun's restart count, then by ``pretrain``'s attempt number: the workers torchrun
+restarts count their attempts from 0 again, and show numbers them on from the
+attempts before (``attempt 2 (torchrun restart 1)``). The diagrams are the lifecycle diagrams of
 ``lifecycle._tools.diagrams`` (generated from ``TRANSITIONS``) with the edges the run took
 highlighted: one Mermaid and one Graphviz file per attempt, rendered to SVG and PNG
 when Graphviz's ``dot`` is installed.
@@ -23,8 +26,8 @@ from lifecycle._core.states import State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge
 from lifecycle._tools import diagrams as _diagrams
 
-Attempt = tuple[str, int, str, int]
-"""An attempt's identity: run id, attempt number, restart mode, iteration."""
+Attempt = tuple[str, int, int, str, int]
+"""An attempt's identity: run id, torchrun restart count, attempt number, restart mode, iteration."""
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -47,6 +50,10 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
             events.append((r.start, text))
         elif isinstance(r, Transition):
             text = f"{r.source} → {r.dest}  [{r.trigger}, {_ms(r.end - r.start)}]"
+            if r.agreed_attempt is not None:
+                text += f"  agreed attempt {r.agreed_attempt}"
+            if r.store_prefix is not None:
+                text += f"  store prefix {r.store_prefix}"
             why = f"  {_short(r.detail)}" if r.detail and r.dest == State.FAILED.value else ""
             events.append((r.start, text + why))
         elif isinstance(r, TeardownStep):
@@ -86,12 +93,53 @@ def _summary(call: list[Record]) -> str:
 
 
 def _by_attempt(records: Iterable[Record]) -> dict[Attempt, dict[int, list[Record]]]:
-    """Records grouped by attempt (in order of first appearance), then by rank."""
+    """Records grouped by attempt, then by rank.
+
+    Runs come in order of first appearance; a run's attempts by (torchrun restart
+    count, attempt number), then in order of first appearance (in-process iterations).
+    """
     grouped: dict[Attempt, dict[int, list[Record]]] = {}
     for r in records:
         o = r.origin
-        grouped.setdefault((o.run_id, o.attempt, o.restart_mode, o.iteration), {}).setdefault(o.rank, []).append(r)
-    return {attempt: dict(sorted(ranks.items())) for attempt, ranks in grouped.items()}
+        key = (o.run_id, o.restart_count, o.attempt, o.restart_mode, o.iteration)
+        grouped.setdefault(key, {}).setdefault(o.rank, []).append(r)
+    runs = list(dict.fromkeys(run_id for run_id, *_ in grouped))
+    order = sorted(grouped, key=lambda key: (runs.index(key[0]), key[1], key[2]))  # stable: iterations keep order
+    return {key: dict(sorted(grouped[key].items())) for key in order}
+
+
+def _numbers(attempts: Iterable[Attempt]) -> dict[Attempt, int]:
+    """The number show gives each attempt: its own until torchrun restarts, then one more than the run's last.
+
+    Within a run, in the order given (``_by_attempt``'s): ``max(attempt, previous + 1)``
+    per distinct (restart count, attempt), so a run that torchrun never restarted keeps
+    its attempt numbers, and a restarted worker's attempt 0 follows the attempts before.
+    """
+    numbers: dict[Attempt, int] = {}
+    last: dict[str, tuple[tuple[int, int], int]] = {}  # per run: the last (restart count, attempt) and its number
+    for key in attempts:
+        run_id, restarts, attempt = key[:3]
+        seen = last.get(run_id)
+        if seen is not None and seen[0] == (restarts, attempt):
+            number = seen[1]
+        else:
+            number = attempt if seen is None else max(attempt, seen[1] + 1)
+        last[run_id] = ((restarts, attempt), number)
+        numbers[key] = number
+    return numbers
+
+
+def _label(key: Attempt, number: int, restarted: bool) -> str:
+    """``attempt N``, noting the torchrun restart (in a ``restarted`` run), the call's own number, the restart mode."""
+    _, restarts, attempt, mode, iteration = key
+    notes = []
+    if restarted:
+        notes.append(f"torchrun restart {restarts}")
+    if restarts > 0 and attempt > 0:  # a restarted worker's first call is its attempt 0: said only otherwise
+        notes.append(f"pretrain attempt {attempt}")
+    if mode != "ordinary" or iteration != 0:
+        notes.append(f"restart mode {mode}, iteration {iteration}")
+    return f"attempt {number}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _split_calls(records: list[Record]) -> list[list[Record]]:
@@ -115,14 +163,17 @@ def timeline_lines(records: list[Record]) -> list[str]:
     lines: list[str] = []
     run_id = None
     t0 = 0.0
-    for (rid, attempt, mode, iteration), ranks in _by_attempt(records).items():
+    grouped = _by_attempt(records)
+    numbers = _numbers(grouped)
+    restarted = {key[0] for key in grouped if key[1] > 0}
+    for key, ranks in grouped.items():
+        rid = key[0]
         if rid != run_id:
             run_id = rid
             starts = [t for r in records if r.origin.run_id == rid for t, _ in _events([r])]
             t0 = min(starts, default=0.0)
             lines.append(f"run {rid}")
-        plain = mode == "ordinary" and iteration == 0
-        lines.append(f"attempt {attempt}" + ("" if plain else f" (restart mode {mode}, iteration {iteration})"))
+        lines.append(_label(key, numbers[key], rid in restarted))
         for rank, rank_records in ranks.items():
             for call in _split_calls(rank_records):
                 lines.append(f"  rank {rank}: {_summary(call)}")
@@ -165,19 +216,27 @@ def taken_edges(records: Iterable[Record]) -> frozenset[Edge]:
 def write_diagrams(records: list[Record], out: Path) -> list[Path]:
     """Write, per attempt, ``attempt<N>.mmd`` and ``attempt<N>.dot`` (plus ``.svg``, ``.png`` if ``dot`` exists).
 
-    Each highlights the edges any rank took in that attempt. With several run ids the
-    names start ``<run id>-``. Returns the paths written.
+    ``N`` is the attempt's number in the timeline (torchrun's restarts numbered on);
+    each diagram highlights the edges any rank took in that attempt (in any of its
+    in-process iterations). With several run ids the names start ``<run id>-``.
+    Returns the paths written.
     A rendering failure is reported on stderr and skipped: the sources are still written.
     """
     out.mkdir(parents=True, exist_ok=True)
     dot_exe = shutil.which("dot")
     written: list[Path] = []
     grouped = _by_attempt(records)
-    several = len({run_id for run_id, *_ in grouped}) > 1
-    for (run_id, attempt, *_), ranks in grouped.items():
-        taken = taken_edges(r for rank_records in ranks.values() for r in rank_records)
+    numbers = _numbers(grouped)
+    attempts: dict[tuple[str, int], list[Record]] = {}
+    for key, ranks in grouped.items():
+        attempts.setdefault((key[0], numbers[key]), []).extend(
+            r for rank_records in ranks.values() for r in rank_records
+        )
+    several = len({run_id for run_id, _ in attempts}) > 1
+    for (run_id, number), attempt_records in attempts.items():
+        taken = taken_edges(attempt_records)
         prefix = re.sub(r"[^A-Za-z0-9._-]", "_", run_id) + "-" if several else ""
-        mmd = out / f"{prefix}attempt{attempt}.mmd"
+        mmd = out / f"{prefix}attempt{number}.mmd"
         mmd.write_text(_diagrams.mermaid(taken), encoding="utf-8")
         source = mmd.with_suffix(".dot")
         source.write_text(_diagrams.dot(taken), encoding="utf-8")

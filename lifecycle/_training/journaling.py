@@ -15,6 +15,7 @@ from lifecycle._core import journal as _journal
 from lifecycle._core.errors import describe
 from lifecycle._core.journal import JournalWriter, Left, Origin, Record, RunStart, TeardownStep, Transition
 from lifecycle._core.session import ReclaimEvent, Session, SessionEvent, TransitionEvent
+from lifecycle._core.states import State
 
 logger = logging.getLogger("lifecycle.pretrain")
 
@@ -24,7 +25,10 @@ class RunJournal:
 
     ``origin`` labels every record. Opening writes the ``RunStart`` (``start`` = now);
     ``observe`` is the session observer that writes transitions, teardown steps and, once
-    the session is final, what its teardown left alone. No method raises ``Exception``.
+    the session is final, what its teardown left alone. On the move to ``dist_ready`` the
+    session's actions' ``attempt`` and ``store_prefix`` (read with
+    ``getattr``, None when they have none, as ``TorchActions`` has) are recorded as the
+    transition's ``agreed_attempt`` and ``store_prefix``. No method raises ``Exception``.
     """
 
     def __init__(self, directory: str | None, origin: Origin, world_size: int, session: Session) -> None:
@@ -65,6 +69,7 @@ class RunJournal:
         origin = self.origin
         if isinstance(event, TransitionEvent):
             entry = event.entry
+            agreed, prefix = self._group_identity() if entry.dest is State.DIST_READY else (None, None)
             self.write(
                 Transition(
                     origin=origin,
@@ -74,6 +79,8 @@ class RunJournal:
                     start=event.start,
                     end=event.end,
                     detail=entry.detail,
+                    agreed_attempt=agreed,
+                    store_prefix=prefix,
                 )
             )
             report = self._session.report
@@ -116,6 +123,18 @@ class RunJournal:
                 error=None if record.error is None else describe(record.error),
                 note=note,
             )
+        )
+
+    def _group_identity(self) -> tuple[int | None, str | None]:
+        """The actions' agreed ``attempt`` and ``store_prefix``, each None unless the actions hold one of its type."""
+        try:
+            attempt = getattr(self._session.actions, "attempt", None)
+            prefix = getattr(self._session.actions, "store_prefix", None)
+        except Exception:  # noqa: BLE001 - a journal must never replace the run's own outcome
+            return None, None
+        return (
+            attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+            prefix if isinstance(prefix, str) else None,
         )
 
     def close(self) -> None:

@@ -25,14 +25,16 @@ from lifecycle._core.journal import (
     Transition,
     load,
     read,
+    restart_count,
     run_id,
 )
 from lifecycle._core.records import V1_RUN_ID, parse
 from lifecycle._core.session import Session, SessionEvent, TransitionEvent
 from lifecycle._core.states import State
+from lifecycle._training.journaling import RunJournal
 from lifecycle.testing import RecordingActions
 
-ORIGIN = Origin(run_id="job-7", rank=1, attempt=2, restart_mode="inprocess", iteration=3)
+ORIGIN = Origin(run_id="job-7", rank=1, attempt=2, restart_mode="inprocess", iteration=3, restart_count=1)
 
 
 def start(at: float = 100.0, origin: Origin = ORIGIN) -> RunStart:
@@ -45,7 +47,8 @@ def one_of_each() -> list[Record]:
     return [
         start(),
         Transition(origin=ORIGIN, source="uninitialized", dest="dist_ready", trigger="init_distributed",
-                   start=100.1, end=100.2, detail="restart_mode=inprocess iteration=3"),
+                   start=100.1, end=100.2, detail="restart_mode=inprocess iteration=3", agreed_attempt=4,
+                   store_prefix="lifecycle/g1/attempt-4"),
         Step(origin=ORIGIN, step=1, loss=3.25, start=100.3, end=100.4),
         Eval(origin=ORIGIN, step=1, loss=3.5, start=100.4, end=100.5),
         TeardownStep(origin=ORIGIN, outcome="failure", step="abort_process_group", resource="process_group",
@@ -70,8 +73,10 @@ def test_every_record_kind_round_trips_through_the_writer_and_reader(tmp_path: P
     assert all(json.loads(line)["version"] == VERSION for line in lines)
     assert json.loads(lines[2]) | {} == {
         "version": 2, "kind": "step", "run_id": "job-7", "rank": 1, "attempt": 2, "restart_mode": "inprocess",
-        "iteration": 3, "step": 1, "loss": 3.25, "start": 100.3, "end": 100.4,
+        "iteration": 3, "restart_count": 1, "step": 1, "loss": 3.25, "start": 100.3, "end": 100.4,
     }  # fmt: skip
+    moved = json.loads(lines[1])
+    assert (moved["agreed_attempt"], moved["store_prefix"]) == (4, "lifecycle/g1/attempt-4")
     assert read([tmp_path]) == records
     assert {type(r) for r in records} == {RunStart, Transition, Step, Eval, TeardownStep, Left, RunEnd}
 
@@ -161,6 +166,53 @@ def test_a_version_1_file_is_still_read(tmp_path: Path) -> None:
     assert isinstance(end, RunEnd) and (end.state, end.final_step, end.end) == ("failed", 2, None)
 
 
+def test_a_version_2_record_written_before_the_restart_fields_reads_them_as_their_defaults() -> None:
+    """Records without restart_count / agreed_attempt / store_prefix read as 0 / None; unknown fields are ignored."""
+    old = {"version": 2, "kind": "transition", "run_id": "r", "rank": 0, "attempt": 1, "restart_mode": "ordinary",
+           "iteration": 0, "source": "uninitialized", "dest": "dist_ready", "trigger": "init_distributed",
+           "start": 1.0, "end": 2.0, "detail": ""}  # fmt: skip
+    record = parse(old)
+    assert isinstance(record, Transition) and record.origin == Origin("r", 0, 1, "ordinary", 0, restart_count=0)
+    assert (record.agreed_attempt, record.store_prefix) == (None, None)
+    assert parse(old | {"field_of_a_later_writer": [1]}) == record
+    with pytest.raises(ValueError, match="field 'restart_count' must be int"):
+        parse(old | {"restart_count": "1"})
+
+
+def test_the_restart_count_is_torchruns_and_zero_outside_it() -> None:
+    """TORCHELASTIC_RESTART_COUNT is the restart count; absent or not a count, it is 0."""
+    assert restart_count({"TORCHELASTIC_RESTART_COUNT": "2"}) == 2
+    assert restart_count({}) == restart_count({"TORCHELASTIC_RESTART_COUNT": ""}) == 0
+    assert restart_count({"TORCHELASTIC_RESTART_COUNT": "-1"}) == 0
+
+
+class _AgreedActions(RecordingActions):
+    """Recording actions that, like ``TorchActions``, say which attempt and store prefix their group used."""
+
+    attempt = 3
+    store_prefix = "lifecycle/g1/attempt-3"
+
+
+@pytest.mark.parametrize(
+    ("actions", "expected"), [(_AgreedActions(), (3, "lifecycle/g1/attempt-3")), (RecordingActions(), (None, None))]
+)
+def test_the_move_to_dist_ready_records_the_attempt_and_prefix_the_actions_agreed_on(
+    tmp_path: Path, actions: RecordingActions, expected: tuple[int | None, str | None]
+) -> None:
+    """The dist_ready transition carries the actions' attempt and store prefix (None without them); no other does."""
+    session = Session(actions)
+    journal = RunJournal(str(tmp_path), ORIGIN, 2, session)
+    session.add_observer(journal.observe)
+    with session:
+        session.init_distributed()
+        session.init_globals()
+        session.start_training()
+    journal.close()
+    moves = [(r.dest, r.agreed_attempt, r.store_prefix) for r in read([tmp_path]) if isinstance(r, Transition)]
+    assert moves[0] == ("dist_ready", *expected)
+    assert {(a, p) for _, a, p in moves[1:]} == {(None, None)} and moves[-1][0] == "closed"
+
+
 def test_the_run_id_comes_from_the_launcher_else_torchrun_else_this_process() -> None:
     """LIFECYCLE_RUN_ID wins, then TORCHELASTIC_RUN_ID unless "none", then the torchrun store, else per process."""
     assert run_id({"LIFECYCLE_RUN_ID": "a", "TORCHELASTIC_RUN_ID": "b"}) == "a"
@@ -187,7 +239,12 @@ def test_a_session_observer_sees_each_transition_and_teardown_step_as_it_happens
     session.add_observer(observe)
     session.init_distributed()
     session.fail(RuntimeError("boom"))
-    assert seen == ["uninitialized->dist_ready", "failure:abort_process_group (2 calls so far)", "dist_ready->failed"]
+    assert seen == [
+        "uninitialized->dist_ready",
+        "failure:abort_process_group (3 calls so far)",
+        "failure:close_store (4 calls so far)",
+        "dist_ready->failed",
+    ]
 
 
 def test_a_failing_observer_never_changes_the_outcome(caplog: pytest.LogCaptureFixture) -> None:
@@ -202,5 +259,5 @@ def test_a_failing_observer_never_changes_the_outcome(caplog: pytest.LogCaptureF
         session.init_distributed()
         session.init_globals()
         session.start_training()
-    assert session.state is State.CLOSED and actions.calls[-2:] == ["barrier", "destroy_process_group"]
+    assert session.state is State.CLOSED and actions.calls[-3:] == ["barrier", "destroy_process_group", "close_store"]
     assert "disk full" in caplog.text

@@ -15,8 +15,8 @@ from support.configs import config_of_one
 from support.journals import v1_failed_call
 
 from lifecycle import FaultInjection, InjectedFault, Phase, pretrain
-from lifecycle._core.journal import read
-from lifecycle._tools.show import final_states, show_main
+from lifecycle._core.journal import Origin, Record, RunEnd, RunStart, Step, Transition, read
+from lifecycle._tools.show import final_states, show_main, timeline_lines, write_diagrams
 
 
 def test_show_prints_the_timeline_and_highlights_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,6 +74,50 @@ def test_show_reads_a_version_1_journal(tmp_path: Path, capsys: pytest.CaptureFi
     assert "+0.900s  dist_ready → failed" in printed and "+1.000s      teardown abort_process_group" in printed
     assert "class uninitialized,dist_ready,failed taken" in (tmp_path / "attempt0.mmd").read_text()
     assert final_states(read([path])) == {0: "failed"}
+
+
+def _restarted_call(rank: int, restarts: int, attempt: int, at: float, *, killed: bool) -> list[Record]:
+    """One rank's call in torchrun restart ``restarts``: start, group (attempt, prefix), a step, maybe an end."""
+    origin = Origin("job", rank, attempt, "ordinary", 0, restart_count=restarts)
+    records: list[Record] = [
+        RunStart(origin=origin, world_size=2, pid=100 + restarts, host="h", start=at),
+        Transition(origin=origin, source="uninitialized", dest="dist_ready", trigger="init_distributed", start=at,
+                   end=at + 0.1, agreed_attempt=attempt, store_prefix=f"lifecycle/g{restarts}/attempt-{attempt}"),
+        Step(origin=origin, step=restarts * 2 + 1, loss=2.0, start=at + 0.2, end=at + 0.3),
+    ]  # fmt: skip
+    if not killed:
+        records += [
+            Transition(origin=origin, source="dist_ready", dest="closed", trigger="close", start=at + 0.4,
+                       end=at + 0.5),
+            RunEnd(origin=origin, state="closed", exit_reason="iterations", final_step=4, checkpoint_step=4,
+                   error=None, end=at + 0.6),
+        ]  # fmt: skip
+    return records
+
+
+def test_show_presents_torchrun_restarts_as_successive_attempts_of_one_run(tmp_path: Path) -> None:
+    """Restart counts 0, 0, 1, 2 (each new worker's attempt from 0) read as attempts 0-3, in order, one diagram each."""
+    calls = [  # out of order on purpose: restarts are ordered by (restart count, attempt), not by appearance
+        *(_restarted_call(rank, 2, 0, 30.0, killed=False) for rank in (0, 1)),
+        *(_restarted_call(rank, 0, 0, 10.0, killed=rank == 1) for rank in (0, 1)),
+        *(_restarted_call(rank, 1, 0, 20.0, killed=rank == 0) for rank in (0, 1)),
+        *(_restarted_call(rank, 0, 1, 15.0, killed=rank == 1) for rank in (0, 1)),
+    ]
+    lines = timeline_lines([r for call in calls for r in call])
+    headers = [line for line in lines if not line.startswith(" ")]
+    assert headers == [
+        "run job",
+        "attempt 0 (torchrun restart 0)",
+        "attempt 1 (torchrun restart 0)",
+        "attempt 2 (torchrun restart 1)",
+        "attempt 3 (torchrun restart 2)",
+    ]
+    third = lines[lines.index("attempt 2 (torchrun restart 1)") :]
+    assert (
+        third[1].startswith("  rank 0: no end record (killed?)") and "store prefix lifecycle/g1/attempt-0" in third[3]
+    )
+    written = {path.name for path in write_diagrams([r for call in calls for r in call], tmp_path)}
+    assert {name for name in written if name.endswith(".mmd")} == {f"attempt{n}.mmd" for n in range(4)}
 
 
 if __name__ == "__main__":
