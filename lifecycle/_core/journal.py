@@ -3,14 +3,16 @@
 The records (schema version 2, and how version 1 files are read) are in
 ``lifecycle._core.records``, re-exported here. ``JournalWriter`` appends to a rank's
 file; ``read`` / ``load`` return typed records. A process killed mid-write leaves a
-torn last line: the next writer starts on a fresh line, and the reader skips the torn
-line and reports it instead of rejecting the file.
+torn line: the next writer (a torchrun restart, a retry) starts on a fresh line after
+it, and the reader skips the torn line, wherever it is, and reports it instead of
+rejecting the file. In a folder, only ``rank<R>.jsonl`` files are journals.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -143,67 +145,130 @@ class JournalWriter:
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """What ``load`` read: the records in file order, and ``"path:line"`` of each torn line it skipped."""
+    """What ``load`` read.
+
+    ``records``: the records in file order. ``torn``: ``"path:line"`` of each torn line
+    it skipped. ``ignored``: a note (``"path: ..."``) on each ``*.jsonl`` file in a given
+    folder that was not read although it looks like a journal (its name is not
+    ``rank<R>.jsonl``).
+    """
 
     records: tuple[Record, ...]
     torn: tuple[str, ...]
+    ignored: tuple[str, ...] = ()
 
 
-def _decode(line: bytes, v1_run: dict[str, Any] | None) -> list[Record]:
-    """The records of one journal line (a v1 line may stand for several); ``ValueError`` if it holds none."""
+_JOURNAL_NAME = re.compile(r"rank(0|[1-9][0-9]*)\.jsonl")
+"""The name of a journal file in a folder: ``rank<R>.jsonl`` (``journal_path``'s)."""
+
+
+class _Torn(Exception):
+    """A line that is the start of a record cut off by its writer's death: skipped, not an error."""
+
+
+def _cut_off(text: str, error: json.JSONDecodeError) -> bool:
+    """Whether ``text``, which ``error`` says is no JSON, is a JSON object cut off before it closed.
+
+    The parser of a cut-off object runs out of input: it fails in an unterminated
+    string, or within the last few characters (a cut literal such as ``-Infinit``).
+    """
+    body = text.strip()
+    if not body.startswith("{") or error.msg == "Extra data":
+        return False
+    return error.msg.startswith("Unterminated string") or error.pos >= len(body) - 10
+
+
+def _decode(line: bytes, v1_run: dict[str, Any] | None) -> tuple[list[Record], dict[str, Any]]:
+    """The records of one journal line (a v1 line may stand for several) and its JSON object.
+
+    ``_Torn`` if the line is a record cut off mid-write (by its end: a cut UTF-8
+    character or an unclosed JSON object); ``ValueError`` saying what is wrong otherwise.
+    """
     try:
-        data = json.loads(line.decode("utf-8"))
-    except ValueError as exc:
-        raise ValueError(f"not a JSON record: {exc}") from None
-    if isinstance(data, dict) and "version" not in data:
-        return from_v1(data, v1_run)
-    return [parse(data)]
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data" and exc.end == len(line) and line.lstrip().startswith(b"{"):
+            raise _Torn from None  # the last character was cut: the record is cut too
+        raise ValueError(f"not UTF-8 text: byte 0x{line[exc.start]:02x} at column {exc.start + 1}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if _cut_off(text, exc):
+            raise _Torn from None
+        raise ValueError(f"not a journal record: not JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError("not a journal record: JSON nested too deeply") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"not a journal record: a JSON {type(data).__name__}, not an object")
+    if "version" not in data:
+        return from_v1(data, v1_run), data
+    return [parse(data)], data
 
 
 def _load_file(path: Path, records: list[Record], torn: list[str]) -> None:
-    lines = path.read_bytes().split(b"\n")  # the last item is b"" unless the last line is torn
+    """Append the records of the journal at ``path``; note its torn lines; ``ValueError`` ``path:line: ...``."""
     v1_run: dict[str, Any] | None = None
-    bad: tuple[int, ValueError] | None = None  # an unreadable line; torn if the next writer's RunStart follows
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(path.read_bytes().split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
-            decoded = _decode(line, v1_run)
-        except ValueError as exc:
-            if bad is not None:
-                break
-            bad = (number, exc)
+            decoded, data = _decode(line, v1_run)
+        except _Torn:
+            torn.append(f"{path}:{number}")
             continue
-        if bad is not None:
-            if not isinstance(decoded[0], RunStart) or decoded[0].origin.run_id == V1_RUN_ID:
-                break
-            torn.append(f"{path}:{bad[0]}")
-            bad = None
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: {exc}") from None
         if decoded[0].origin.run_id == V1_RUN_ID and isinstance(decoded[0], RunStart):
-            v1_run = json.loads(line)
+            v1_run = data
         records += decoded
-    if bad is not None:
-        if bad[0] == len(lines):  # the last line, with no newline after it
-            torn.append(f"{path}:{bad[0]}")
-        else:
-            raise ValueError(f"{path}:{bad[0]}: {bad[1]}")
+
+
+def _looks_like_a_journal(path: Path) -> bool:
+    """Whether the first line of ``path`` (at most 1 MiB of it) is a journal record, v2 or v1."""
+    try:
+        with open(path, "rb") as file:
+            first = file.readline(1 << 20)
+        _decode(first, None)
+    except (OSError, ValueError, _Torn):
+        return False
+    return True
+
+
+def _journals_in(folder: Path, ignored: list[str]) -> list[Path]:
+    """The ``rank<R>.jsonl`` files of ``folder`` by rank; a note in ``ignored`` on each other journal-like file."""
+    journals: dict[int, Path] = {}
+    for path in sorted(folder.iterdir()):
+        named = _JOURNAL_NAME.fullmatch(path.name)
+        if named and path.is_file():
+            journals[int(named.group(1))] = path
+        elif path.suffix == ".jsonl" and path.is_file() and _looks_like_a_journal(path):
+            ignored.append(
+                f"{path}: ignored: it looks like a journal, but only rank<R>.jsonl files of a folder are read"
+                " (name the file to read it)"
+            )
+    return [journals[rank] for rank in sorted(journals)]
 
 
 def load(paths: Iterable[str | os.PathLike[str]]) -> Loaded:
-    """Every record of the journals at ``paths`` (a folder stands for its ``*.jsonl`` files), v1 files included.
+    """Every record of the journals at ``paths``, v1 files included.
 
-    A line that holds no record is skipped and listed in ``torn`` when it is torn: the
-    file's last line with no newline after it, or a line right before a writer's
-    ``RunStart`` (a later writer started on a fresh line after it). Any other such line
-    raises ``ValueError`` naming its file and line.
+    A file is read whatever its name; a folder stands for its ``rank<R>.jsonl`` files,
+    in rank order (its other ``*.jsonl`` files are not read; ``ignored`` notes those
+    whose first line is a journal record). A torn line, anywhere in a file, is skipped
+    and listed in ``torn``: a record cut off by its writer's death (an unclosed JSON
+    object, or a cut UTF-8 character at its end); a restarted writer appends after it
+    on a fresh line. Any other line that holds no record raises ``ValueError``
+    ``"path:line: ..."``: not UTF-8, not JSON, or a record that breaks the schema
+    (``field 'x' ...``). ``OSError`` if a path cannot be read.
     """
     records: list[Record] = []
     torn: list[str] = []
+    ignored: list[str] = []
     for given in paths:
         given = Path(given)
-        for path in sorted(given.glob("*.jsonl")) if given.is_dir() else [given]:
+        for path in _journals_in(given, ignored) if given.is_dir() else [given]:
             _load_file(path, records, torn)
-    return Loaded(tuple(records), tuple(torn))
+    return Loaded(tuple(records), tuple(torn), tuple(ignored))
 
 
 def read(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:

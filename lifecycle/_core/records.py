@@ -53,16 +53,31 @@ _TYPES: dict[str, tuple[type, ...]] = {
 
 
 def _value(data: Mapping[str, Any], field: dataclasses.Field[Any]) -> Any:
-    """``data[field.name]`` checked against the field's type (its default when absent); ``ValueError`` if wrong."""
+    """``data[field.name]`` checked against the field's type (its default when absent).
+
+    ``ValueError`` ``field 'x' ...`` if it is missing, of another type, or text that
+    cannot be written as UTF-8.
+    """
     if field.name not in data:
         if field.default is not dataclasses.MISSING:
             return field.default
-        raise ValueError(f"missing field {field.name!r}")
+        raise ValueError(f"field {field.name!r} is missing")
     value = data[field.name]
     allowed = _TYPES[str(field.type)]
     if not isinstance(value, allowed) or isinstance(value, bool):
-        raise ValueError(f"field {field.name!r} must be {field.type}, got {value!r}")
+        raise ValueError(f"field {field.name!r} must be {field.type}, got {_brief(value)}")
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: JSON can spell it (\udcff), no output can print it
+            raise ValueError(f"field {field.name!r} is not valid text: {exc.reason} at character {exc.start}") from None
     return float(value) if float in allowed and isinstance(value, int) else value
+
+
+def _brief(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a hostile field may be long)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,30 +235,51 @@ KINDS: dict[str, type[Record]] = {c.kind: c for c in (RunStart, Transition, Tear
 
 
 def parse(data: object) -> Record:
-    """The version 2 record in the decoded JSON ``data``; ``ValueError`` saying what is wrong with it."""
+    """The version 2 record in the decoded JSON ``data``.
+
+    ``ValueError`` saying what is wrong with it, ``field 'x' ...`` where a field is
+    (missing, of the wrong type, an unknown ``kind`` or ``version``).
+    """
     if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    if data.get("version") != VERSION:
-        raise ValueError(f"journal version {data.get('version')!r} is not supported (known: 1, {VERSION})")
-    cls = KINDS.get(str(data.get("kind")))
+        raise ValueError(f"not a journal record: a JSON {type(data).__name__}, not an object")
+    version = data.get("version")
+    if version != VERSION or isinstance(version, bool):
+        raise ValueError(
+            f"field 'version' is {_brief(version)}: journal version {_brief(version)} is not supported"
+            f" (known: 1, {VERSION})"
+        )
+    if "kind" not in data:
+        raise ValueError("field 'kind' is missing")
+    kind = data["kind"]
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ValueError(f"unknown record kind {data.get('kind')!r}")
+        raise ValueError(f"field 'kind' is {_brief(kind)}: unknown record kind (known: {', '.join(KINDS)})")
     return cls.from_json(data)
+
+
+def _number(data: Mapping[str, Any], key: str) -> float:
+    """``data[key]``, a number (``KeyError`` if absent); ``ValueError`` ``field 'key' ...`` if of another type."""
+    value = data[key]
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"field {key!r} must be float, got {_brief(value)}")
+    return float(value)
 
 
 def from_v1(data: object, run: Mapping[str, Any] | None) -> list[Record]:
     """The version 2 records for version 1 record ``data``; ``run`` is the file's last v1 ``run`` record before it.
 
     A v1 ``end`` record becomes its ``Step`` and ``Eval`` records (no times) and a
-    ``RunEnd``. ``ValueError`` if ``data`` is not a v1 record.
+    ``RunEnd``. ``ValueError`` (``field 'x' ...`` where a field is to blame) if ``data``
+    is not a v1 record.
     """
-    if not isinstance(data, dict) or "kind" not in data:
-        raise ValueError("not a journal record")
+    if not isinstance(data, dict):
+        raise ValueError(f"not a journal record: a JSON {type(data).__name__}, not an object")
+    if "kind" not in data:
+        raise ValueError("field 'kind' is missing: not a journal record (nor field 'version')")
     run = data if data["kind"] == "run" else (run or {})
     origin = {
         "run_id": V1_RUN_ID,
-        "rank": data.get("rank"),
-        "attempt": data.get("attempt"),
+        **{key: data[key] for key in ("rank", "attempt") if key in data},
         "restart_mode": run.get("restart_mode", "ordinary"),
         "iteration": run.get("iteration", 0),
     }
@@ -251,18 +287,23 @@ def from_v1(data: object, run: Mapping[str, Any] | None) -> list[Record]:
     both = {**data, **origin}
     try:
         if kind == "transition":  # v1: ``at`` when the state changed
-            return [Transition.from_json({**both, "start": data["at"] - data["duration_s"], "end": data["at"]})]
+            at, took = _number(data, "at"), _number(data, "duration_s")
+            return [Transition.from_json({**both, "start": at - took, "end": at})]
         if kind == "teardown":  # v1: ``at`` when the step started
-            return [TeardownStep.from_json({**both, "start": data["at"], "end": data["at"] + data["duration_s"]})]
+            at, took = _number(data, "at"), _number(data, "duration_s")
+            return [TeardownStep.from_json({**both, "start": at, "end": at + took})]
         if kind == "end":
             out: list[Record] = []
             for cls, key in ((Step, "losses"), (Eval, "eval_losses")):
-                out += [
-                    cls.from_json({**origin, "step": s, "loss": v, "start": None, "end": None}) for s, v in data[key]
-                ]
+                pairs = data[key]
+                if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+                    raise ValueError(f"field {key!r} must be a list of [step, loss] pairs, got {_brief(pairs)}")
+                out += [cls.from_json({**origin, "step": s, "loss": v, "start": None, "end": None}) for s, v in pairs]
             return [*out, RunEnd.from_json({**both, "end": None})]
         if kind in ("run", "left"):
             return [KINDS[kind].from_json(both)]
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"bad version 1 {kind!r} record: {exc!r}") from None
-    raise ValueError(f"unknown version 1 record kind {kind!r}")
+    except KeyError as exc:
+        raise ValueError(f"field {exc.args[0]!r} is missing (a version 1 {kind!r} record)") from None
+    except TypeError as exc:
+        raise ValueError(f"bad version 1 {_brief(kind)} record: {exc}") from None
+    raise ValueError(f"field 'kind' is {_brief(kind)}: unknown version 1 record kind")

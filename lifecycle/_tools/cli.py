@@ -1,4 +1,9 @@
-"""``python -m lifecycle``: the command line (demo, show, diagrams)."""
+"""``python -m lifecycle``: the command line (demo, show, diagrams).
+
+A closed stdout (``python -m lifecycle show DIR | head``) ends a command quietly:
+the rest of its output is dropped, no ``BrokenPipeError`` traceback, exit code 141
+(128 + SIGPIPE, what a shell reports for a tool that a closed pipe stopped).
+"""
 
 from __future__ import annotations
 
@@ -38,8 +43,20 @@ def _diagrams(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command named by ``argv[0]``; return the process exit code."""
-    args = sys.argv[1:] if argv is None else argv
+    """Run the command named by ``argv[0]``; return the process exit code (141 if stdout closed early)."""
+    try:
+        code = _run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader of stdout has gone: end quietly
+        from lifecycle._tools import show as _show
+
+        _show.drop_stdout()
+        return _show.CLOSED_PIPE
+    return code
+
+
+def _run(args: list[str]) -> int:
+    """The command named by ``args[0]``, run; its exit code."""
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2

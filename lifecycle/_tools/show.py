@@ -8,11 +8,19 @@ attempts before (``attempt 2 (torchrun restart 1)``). The diagrams are the lifec
 ``lifecycle._tools.diagrams`` (generated from ``TRANSITIONS``) with the edges the run took
 highlighted: one Mermaid and one Graphviz file per attempt, rendered to SVG and PNG
 when Graphviz's ``dot`` is installed.
+
+Real-world journals: torn lines are skipped with a note naming file and line; a line
+that breaks the schema ends ``show`` with ``file:line: field 'x' ...`` (exit 2), never a
+traceback; journals of different runs, and of jobs that shared a run id, are shown as
+separate runs with a warning, never merged; a closed stdout (``| head``) ends it quietly
+(see ``show_main``).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import re
 import shutil
 import subprocess
@@ -26,8 +34,12 @@ from lifecycle._core.states import State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge
 from lifecycle._tools import diagrams as _diagrams
 
-Attempt = tuple[str, int, int, str, int]
-"""An attempt's identity: run id, torchrun restart count, attempt number, restart mode, iteration."""
+CLOSED_PIPE = 141
+"""The exit code of a command whose stdout was closed before it was done (128 + SIGPIPE); ``cli`` uses it too."""
+
+Attempt = tuple[str, int, int, int, str, int]
+"""An attempt's identity: run id, job (0, or more where jobs shared the run id), torchrun restart count, attempt
+number, restart mode, iteration."""
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -92,46 +104,103 @@ def _summary(call: list[Record]) -> str:
     return head
 
 
-def _by_attempt(records: Iterable[Record]) -> dict[Attempt, dict[int, list[Record]]]:
+def _jobs(records: list[Record]) -> list[int]:
+    """For each record, the job of its run id it belongs to: 0, unless jobs shared the run id.
+
+    Two jobs share a run id when, say, both ran under torchrun at one address without
+    an ``--rdzv-id``. A job is told from the next by a rank starting an attempt (the
+    same restart count, attempt, restart mode and iteration) that it already started:
+    walking a run id's ``RunStart`` records by start time, each such repeat begins the
+    next job. A record belongs to the job of its rank's last ``RunStart`` before it.
+    """
+    starts: dict[str, list[tuple[float, int, RunStart]]] = {}
+    for index, r in enumerate(records):
+        if isinstance(r, RunStart):
+            starts.setdefault(r.origin.run_id, []).append((r.start, index, r))
+    job_of_start: dict[int, int] = {}
+    for run_starts in starts.values():
+        job, seen = 0, set[tuple[int, int, int, str, int]]()
+        for _, index, r in sorted(run_starts, key=lambda s: (s[0], s[1])):
+            o = r.origin
+            key = (o.rank, o.restart_count, o.attempt, o.restart_mode, o.iteration)
+            if key in seen:
+                job, seen = job + 1, set()
+            seen.add(key)
+            job_of_start[index] = job
+    jobs: list[int] = []
+    current: dict[tuple[str, int], int] = {}  # (run id, rank): the job of the rank's last start
+    for index, r in enumerate(records):
+        where = (r.origin.run_id, r.origin.rank)
+        if index in job_of_start:
+            current[where] = job_of_start[index]
+        jobs.append(current.get(where, 0))
+    return jobs
+
+
+def _by_attempt(records: list[Record]) -> dict[Attempt, dict[int, list[Record]]]:
     """Records grouped by attempt, then by rank.
 
-    Runs come in order of first appearance; a run's attempts by (torchrun restart
-    count, attempt number), then in order of first appearance (in-process iterations).
+    Runs come in order of first appearance, the jobs of a shared run id in turn (see
+    ``_jobs``); a job's attempts by (torchrun restart count, attempt number), then in
+    order of first appearance (in-process iterations).
     """
     grouped: dict[Attempt, dict[int, list[Record]]] = {}
-    for r in records:
+    for r, job in zip(records, _jobs(records), strict=True):
         o = r.origin
-        key = (o.run_id, o.restart_count, o.attempt, o.restart_mode, o.iteration)
+        key = (o.run_id, job, o.restart_count, o.attempt, o.restart_mode, o.iteration)
         grouped.setdefault(key, {}).setdefault(o.rank, []).append(r)
     runs = list(dict.fromkeys(run_id for run_id, *_ in grouped))
-    order = sorted(grouped, key=lambda key: (runs.index(key[0]), key[1], key[2]))  # stable: iterations keep order
+    order = sorted(grouped, key=lambda key: (runs.index(key[0]), *key[1:4]))  # stable: iterations keep order
     return {key: dict(sorted(grouped[key].items())) for key in order}
+
+
+def run_warnings(records: list[Record]) -> list[str]:
+    """What to warn of before a timeline: journals of several runs, or of several jobs that shared a run id.
+
+    Either way each run (job) is shown on its own, never as attempts of one run.
+    """
+    ids = list(dict.fromkeys(r.origin.run_id for r in records))
+    warnings = []
+    if len(ids) > 1:
+        warnings.append(
+            f"these journals are of {len(ids)} different runs ({', '.join(ids)}): each is shown as a run of its own"
+        )
+    jobs: dict[str, set[int]] = {}
+    for r, job in zip(records, _jobs(records), strict=True):
+        jobs.setdefault(r.origin.run_id, set()).add(job)
+    for run_id, its_jobs in jobs.items():
+        if len(its_jobs) > 1:
+            warnings.append(
+                f"run id {run_id} was used by {len(its_jobs)} jobs (a rank started the same attempt again):"
+                " each is shown as a run of its own, in order of start time"
+            )
+    return warnings
 
 
 def _numbers(attempts: Iterable[Attempt]) -> dict[Attempt, int]:
     """The number show gives each attempt: its own until torchrun restarts, then one more than the run's last.
 
-    Within a run, in the order given (``_by_attempt``'s): ``max(attempt, previous + 1)``
+    Within a run (a job), in the order given (``_by_attempt``'s): ``max(attempt, previous + 1)``
     per distinct (restart count, attempt), so a run that torchrun never restarted keeps
     its attempt numbers, and a restarted worker's attempt 0 follows the attempts before.
     """
     numbers: dict[Attempt, int] = {}
-    last: dict[str, tuple[tuple[int, int], int]] = {}  # per run: the last (restart count, attempt) and its number
+    last: dict[tuple[str, int], tuple[tuple[int, int], int]] = {}  # per job: the last (restarts, attempt), its number
     for key in attempts:
-        run_id, restarts, attempt = key[:3]
-        seen = last.get(run_id)
+        run_id, job, restarts, attempt = key[:4]
+        seen = last.get((run_id, job))
         if seen is not None and seen[0] == (restarts, attempt):
             number = seen[1]
         else:
             number = attempt if seen is None else max(attempt, seen[1] + 1)
-        last[run_id] = ((restarts, attempt), number)
+        last[(run_id, job)] = ((restarts, attempt), number)
         numbers[key] = number
     return numbers
 
 
 def _label(key: Attempt, number: int, restarted: bool) -> str:
     """``attempt N``, noting the torchrun restart (in a ``restarted`` run), the call's own number, the restart mode."""
-    _, restarts, attempt, mode, iteration = key
+    _, _, restarts, attempt, mode, iteration = key
     notes = []
     if restarted:
         notes.append(f"torchrun restart {restarts}")
@@ -155,25 +224,31 @@ def _split_calls(records: list[Record]) -> list[list[Record]]:
 def timeline_lines(records: list[Record]) -> list[str]:
     """The timeline: per run id, per attempt, per rank, every event with its time since the run's first event.
 
+    Runs of different run ids are shown one after the other, never merged; so are
+    jobs that shared a run id (``run X (job 2 of 2 with this run id)``; see ``_jobs``).
+
     Each rank's line says how its call ended, or, without an end record (a killed or
     hung rank), the state it reached and the last training step it recorded.
     """
     if not records:
         return ["(no journal records)"]
     lines: list[str] = []
-    run_id = None
+    run: tuple[str, int] | None = None
     t0 = 0.0
     grouped = _by_attempt(records)
     numbers = _numbers(grouped)
-    restarted = {key[0] for key in grouped if key[1] > 0}
+    restarted = {key[:2] for key in grouped if key[2] > 0}
+    jobs = {run_id: 1 + max(key[1] for key in grouped if key[0] == run_id) for run_id, *_ in grouped}
     for key, ranks in grouped.items():
-        rid = key[0]
-        if rid != run_id:
-            run_id = rid
-            starts = [t for r in records if r.origin.run_id == rid for t, _ in _events([r])]
+        if key[:2] != run:
+            run = key[:2]
+            rid, job = run
+            starts = [
+                t for k, rs in grouped.items() if k[:2] == run for calls in rs.values() for t, _ in _events(calls)
+            ]
             t0 = min(starts, default=0.0)
-            lines.append(f"run {rid}")
-        lines.append(_label(key, numbers[key], rid in restarted))
+            lines.append(f"run {rid}" + (f" (job {job + 1} of {jobs[rid]} with this run id)" if jobs[rid] > 1 else ""))
+        lines.append(_label(key, numbers[key], key[:2] in restarted))
         for rank, rank_records in ranks.items():
             for call in _split_calls(rank_records):
                 lines.append(f"  rank {rank}: {_summary(call)}")
@@ -218,7 +293,8 @@ def write_diagrams(records: list[Record], out: Path) -> list[Path]:
 
     ``N`` is the attempt's number in the timeline (torchrun's restarts numbered on);
     each diagram highlights the edges any rank took in that attempt (in any of its
-    in-process iterations). With several run ids the names start ``<run id>-``.
+    in-process iterations). With several run ids the names start ``<run id>-``; where
+    jobs shared a run id, then ``job<J>-`` (1, 2, ...).
     Returns the paths written.
     A rendering failure is reported on stderr and skipped: the sources are still written.
     """
@@ -227,15 +303,17 @@ def write_diagrams(records: list[Record], out: Path) -> list[Path]:
     written: list[Path] = []
     grouped = _by_attempt(records)
     numbers = _numbers(grouped)
-    attempts: dict[tuple[str, int], list[Record]] = {}
+    attempts: dict[tuple[str, int, int], list[Record]] = {}
     for key, ranks in grouped.items():
-        attempts.setdefault((key[0], numbers[key]), []).extend(
+        attempts.setdefault((key[0], key[1], numbers[key]), []).extend(
             r for rank_records in ranks.values() for r in rank_records
         )
-    several = len({run_id for run_id, _ in attempts}) > 1
-    for (run_id, number), attempt_records in attempts.items():
+    several = len({run_id for run_id, _, _ in attempts}) > 1
+    shared = {run_id for run_id, job, _ in attempts if job > 0}
+    for (run_id, job, number), attempt_records in attempts.items():
         taken = taken_edges(attempt_records)
         prefix = re.sub(r"[^A-Za-z0-9._-]", "_", run_id) + "-" if several else ""
+        prefix += f"job{job + 1}-" if run_id in shared else ""
         mmd = out / f"{prefix}attempt{number}.mmd"
         mmd.write_text(_diagrams.mermaid(taken), encoding="utf-8")
         source = mmd.with_suffix(".dot")
@@ -256,13 +334,39 @@ def write_diagrams(records: list[Record], out: Path) -> list[Path]:
     return written
 
 
+def drop_stdout() -> None:
+    """Send the rest of stdout to ``os.devnull`` (after a ``BrokenPipeError``), so no later flush raises."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def print_or_drop(text: str) -> bool:
+    """Print ``text`` to stdout and flush; False, with stdout dropped (``drop_stdout``), if the reader has gone."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        drop_stdout()
+        return False
+    return True
+
+
 def show_main(argv: list[str]) -> int:
     """``show JOURNAL... [--out DIR]``: print the timeline, write the diagrams; return the exit code.
 
-    A JOURNAL may be a ``rank<R>.jsonl`` file or a folder of them, version 2 or 1. A
-    torn line (its writer killed mid-write) is skipped and noted on stderr. Diagrams go
-    to ``--out`` (default: the folder of the first journal). Exit code 0, or 2 when a
-    journal cannot be read or holds no record.
+    A JOURNAL may be a journal file (read whatever its name) or a folder, which stands
+    for its ``rank<R>.jsonl`` files (other ``*.jsonl`` files in it that look like
+    journals are noted on stderr and not read), version 2 or 1. A torn line (its
+    writer killed mid-write), wherever it is, is skipped and noted on stderr with its
+    file and line. Journals of different runs, or of jobs that shared a run id, are
+    shown as separate runs, with a warning on stderr. Diagrams go to ``--out``
+    (default: the folder of the first journal).
+
+    Exit code 0; 2 when a journal cannot be read (``file:line: ...``: not UTF-8, not
+    JSON, a record that breaks the schema, ``field 'x' ...``), holds no record, or the
+    diagrams cannot be written; 141 (128 + SIGPIPE, what a shell reports for a tool a
+    closed pipe stopped) when stdout was closed early (``show ... | head``): the
+    rest of the output is dropped quietly and the diagrams are still written.
     """
     parser = argparse.ArgumentParser(
         prog="python -m lifecycle show",
@@ -271,23 +375,35 @@ def show_main(argv: list[str]) -> int:
     parser.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL", help="rank<R>.jsonl files or folders")
     parser.add_argument("--out", type=Path, help="where to write the diagrams (default: next to the journal)")
     args = parser.parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 must not end the report
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     try:
         loaded = _journal.load(args.journals)
     except (OSError, ValueError) as exc:
         print(f"cannot read the journal: {exc}", file=sys.stderr)
         return 2
+    for note in loaded.ignored:
+        print(note, file=sys.stderr)
     for where in loaded.torn:
         print(f"{where}: torn line skipped (its writer was killed mid-write?)", file=sys.stderr)
     records = list(loaded.records)
     if not records:
         print(f"no journal records in {', '.join(map(str, args.journals))}", file=sys.stderr)
         return 2
-    print("\n".join(timeline_lines(records)))
+    for warning in run_warnings(records):
+        print(f"warning: {warning}", file=sys.stderr)
+    closed = not print_or_drop("\n".join(timeline_lines(records)))
     first = args.journals[0]
     out = args.out if args.out is not None else (first if first.is_dir() else first.parent)
-    for path in write_diagrams(records, out):
-        print(f"wrote {path}")
-    return 0
+    try:
+        written = write_diagrams(records, out)
+    except OSError as exc:
+        print(f"cannot write the diagrams to {out}: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        closed = not print_or_drop(f"wrote {path}") or closed
+    return CLOSED_PIPE if closed else 0
 
 
 if __name__ == "__main__":

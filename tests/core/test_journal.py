@@ -6,6 +6,7 @@ The journal modules are private; this file pins them on purpose (the schema is w
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -121,32 +122,104 @@ def test_a_torn_last_line_is_read_up_to_the_last_whole_record(tmp_path: Path) ->
     assert loaded.torn == (f"{path}:4",)
 
 
-def test_a_broken_line_in_the_middle_names_its_file_and_line(tmp_path: Path) -> None:
-    """A line that is not a record, followed by a record that is no writer's start, raises naming file:line."""
+def _journal_text(records: list[Record]) -> str:
+    """``records`` as a journal's lines, each ending in a newline."""
+    return "".join(json.dumps(record.to_json()) + "\n" for record in records)
+
+
+def test_a_torn_line_anywhere_is_skipped_and_listed(tmp_path: Path) -> None:
+    """A record cut off mid-write is skipped wherever it is: mid-file, before a record that is no writer's start,
+    as the last line with a newline after it, cut inside a UTF-8 character. The old reader rejected each file whole."""
+    records = one_of_each()
+    whole = [json.dumps(r.to_json()) for r in records]
+    arrow = json.dumps(records[1].to_json() | {"detail": "a → b"}, ensure_ascii=False).encode()
+    lines = [
+        whole[0].encode(),
+        whole[1][:50].encode(),  # cut; the next line is a Step, no writer's RunStart
+        whole[2].encode(),
+        arrow[: arrow.index("→".encode()) + 1],  # cut inside the arrow's 3 bytes
+        whole[3].encode(),
+        whole[4][: len(whole[4]) // 2].encode(),  # the last line, cut, then a newline (an editor, a copy)
+    ]
+    path = tmp_path / "rank1.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    loaded = load([path])
+    assert list(loaded.records) == [records[0], records[2], records[3]]
+    assert loaded.torn == (f"{path}:2", f"{path}:4", f"{path}:6")
+
+
+def test_a_whole_line_that_is_no_record_names_its_file_and_line(tmp_path: Path) -> None:
+    """Text that is not JSON, not UTF-8, nested past the parser's depth or not an object raises ValueError naming
+    file:line (the old reader let the nesting out as a RecursionError)."""
     path = tmp_path / "rank0.jsonl"
     good = json.dumps(start().to_json())
-    step = json.dumps(Step(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0).to_json())
-    path.write_text(f"{good}\ngarbage\n{step}\n")
-    with pytest.raises(ValueError, match=rf"{path}:2: not a JSON record"):
-        read([path])
-    path.write_text(f"{good}\ngarbage\n")  # the last line, but whole: not torn
-    with pytest.raises(ValueError, match=rf"{path}:2"):
-        read([path])
+    for line, message in [
+        (b"garbage", "not a journal record: not JSON"),
+        (b'{"version": 2} trailing', "not a journal record: not JSON"),
+        (b'{"version": 2, "host": "\xff"}', "not UTF-8 text: byte 0xff at column 25"),
+        (b"[" * 100_000, "not a journal record: JSON nested too deeply"),
+        (b"[1, 2]", "not a journal record: a JSON list, not an object"),
+    ]:
+        path.write_bytes(good.encode() + b"\n" + line + b"\n" + good.encode() + b"\n")
+        with pytest.raises(ValueError, match=rf"^{path}:2: {message}"):
+            read([path])
+
+
+def test_a_folder_stands_for_its_rank_files_only(tmp_path: Path) -> None:
+    """A folder's rank<R>.jsonl files are read in rank order; its other *.jsonl are not, a note naming those that
+    look like journals; a file given by name is read whatever its name. The old reader read every *.jsonl."""
+    for rank in (10, 2):
+        (tmp_path / f"rank{rank}.jsonl").write_text(_journal_text([start(float(rank), replace(ORIGIN, rank=rank))]))
+    copy = tmp_path / "rank2-old.jsonl"
+    copy.write_text(_journal_text([start(1.0)]))
+    (tmp_path / "metrics.jsonl").write_text('{"loss": 1.5}\n')
+    (tmp_path / "rank3.jsonl.bak").write_text("anything\n")
+    loaded = load([tmp_path])
+    assert [r.origin.rank for r in loaded.records] == [2, 10]
+    assert loaded.ignored == (
+        f"{copy}: ignored: it looks like a journal, but only rank<R>.jsonl files of a folder are read"
+        " (name the file to read it)",
+    )
+    assert read([copy]) == [start(1.0)]
 
 
 def test_a_record_with_a_bad_field_or_version_is_rejected(tmp_path: Path) -> None:
-    """A missing field, a field of the wrong type, an unknown kind or version each raise ValueError."""
+    """A missing field, a wrong type, an unknown kind or version, unprintable text: ValueError "field 'x' ..."."""
     data = Step(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0).to_json()
     assert parse(data) == Step(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0)
     for bad, message in [
-        ({k: v for k, v in data.items() if k != "loss"}, "missing field 'loss'"),
-        (data | {"step": "one"}, "field 'step' must be int"),
-        (data | {"kind": "nope"}, "unknown record kind"),
-        (data | {"version": 3}, "version 3 is not supported"),
+        ({k: v for k, v in data.items() if k != "loss"}, "field 'loss' is missing"),
+        (data | {"step": "one"}, "field 'step' must be int, got 'one'"),
+        ({k: v for k, v in data.items() if k != "kind"}, "field 'kind' is missing"),
+        (data | {"kind": "nope"}, "field 'kind' is 'nope': unknown record kind"),
+        (data | {"kind": ["step"]}, r"field 'kind' is \['step'\]: unknown record kind"),
+        (data | {"version": 3}, "field 'version' is 3: journal version 3 is not supported"),
         (data | {"rank": None}, "field 'rank' must be int"),
+        (data | {"run_id": "\udcff"}, "field 'run_id' is not valid text: surrogates not allowed"),
     ]:
         with pytest.raises(ValueError, match=message):
             parse(bad)
+    path = tmp_path / "rank0.jsonl"
+    path.write_text(_journal_text([start()]) + json.dumps(data | {"step": 2.5}) + "\n")
+    with pytest.raises(ValueError, match=rf"^{path}:2: field 'step' must be int, got 2.5$"):
+        read([path])
+
+
+def test_a_version_1_record_with_a_bad_field_names_it(tmp_path: Path) -> None:
+    """A v1 record missing a field or with a field of the wrong type raises "file:line: field 'x' ..."."""
+    run, transition, *_, end = v1_failed_call()
+    path = tmp_path / "rank0.jsonl"
+    for bad, message in [
+        ({k: v for k, v in transition.items() if k != "at"}, "field 'at' is missing"),
+        (transition | {"at": "noon"}, "field 'at' must be float, got 'noon'"),
+        ({k: v for k, v in transition.items() if k != "rank"}, "field 'rank' is missing"),
+        (end | {"losses": [[1]]}, r"field 'losses' must be a list of \[step, loss\] pairs"),
+        (transition | {"kind": "nope"}, "field 'kind' is 'nope': unknown version 1 record kind"),
+        ({"loss": 1.5}, "field 'kind' is missing"),
+    ]:
+        path.write_text(json.dumps(run) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(ValueError, match=rf"^{path}:2: {message}"):
+            read([path])
 
 
 def test_a_version_1_file_is_still_read(tmp_path: Path) -> None:
