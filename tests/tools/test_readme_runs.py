@@ -1,62 +1,91 @@
-"""The README's torchrun examples, run as written, and the demo on 4 ranks (slow: ``make test-slow``)."""
+"""The README's examples run in the order it lists them, torchrun ones included, and the demo on 4 ranks (slow).
+
+One folder for the whole README, as a newcomer pasting each example in turn would have:
+every ``<!-- file: NAME -->`` block is written when it comes up, and every
+``<!-- run: shell -->`` and ``<!-- run: shell slow -->`` block's commands run there in
+README order, each checked against the lines its transcript shows
+(``tests/support/readme.py``). The tests below then read what particular commands printed.
+"""
 
 from __future__ import annotations
 
-import re
-import sys
 from pathlib import Path
 
 import pytest
-from support.launch import REPO, demo_command, free_port, run_bounded
+from support.launch import demo_command, run_bounded
+from support.readme import readme_blocks, run_shell, write_files
 
-pytestmark = pytest.mark.slow
-
-README = REPO / "README.md"
-
-
-def readme_block(first_line: str) -> str:
-    """The README's fenced Python block whose first line is ``first_line``; fails if there is none."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
-    found = [block for block in blocks if block.startswith(first_line)]
-    assert len(found) == 1, f"expected one README block starting {first_line!r}, found {len(found)}"
-    return found[0]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def torchrun(script: Path, nproc: int) -> list[str]:
-    """The README's torchrun line for ``script`` on ``nproc`` local ranks, on a free port."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        f"--master-port={free_port()}",
-        str(script),
-    ]
+class ReadmeRun:
+    """What running the README in order left: its folder, and each command with its output."""
+
+    def __init__(self, folder: Path) -> None:
+        """Run every tagged shell block of the README in order in ``folder``, writing file blocks as they come."""
+        self.folder = folder
+        self.outputs: list[tuple[str, str]] = []
+        blocks = readme_blocks()
+        write_files([], folder)  # the .venv link
+        for block in blocks:
+            if block.kind == "file":
+                write_files([block], folder)
+            elif block.kind == "shell":
+                ran = run_shell(block, folder, timeout_s=200)
+                self.outputs += [(command.command, output) for command, output in ran]
+
+    def output(self, *words: str) -> str:
+        """The output of the one command containing every word of ``words``; AssertionError if not exactly one."""
+        found = [out for command, out in self.outputs if all(word in command for word in words)]
+        assert len(found) == 1, f"expected one README command with {words}, found {len(found)}"
+        return found[0]
 
 
-def run_readme_script(first_line: str, tmp_path: Path) -> str:
-    """Write the README block named by ``first_line`` (``# <file>.py: ...``) and run it on 2 ranks; its output."""
-    script = tmp_path / first_line.removeprefix("# ")
-    script.write_text(readme_block(first_line), encoding="utf-8")
-    done = run_bounded(torchrun(script, 2), timeout=200, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:]
-    return done.stdout
+@pytest.fixture(scope="module")
+def readme_run(tmp_path_factory: pytest.TempPathFactory) -> ReadmeRun:
+    """The README's commands, run once in README order in one folder."""
+    return ReadmeRun(tmp_path_factory.mktemp("readme"))
 
 
-@pytest.mark.timeout(240)
-def test_the_readme_retry_loop_resumes_on_two_ranks(tmp_path: Path) -> None:
+def test_the_readme_examples_run_in_the_order_listed_in_one_folder(readme_run: ReadmeRun) -> None:
+    """Every tagged command runs after the ones above it, in one folder, and prints what it shows (before: clashed)."""
+    # The old README ran train.py on one process, then under torchrun, both in checkpoints/:
+    # the torchrun run resumed the one-rank step 20 and never failed at step 12.
+    commands = [command for command, _ in readme_run.outputs]
+    assert sum("torchrun" in command for command in commands) >= 3, commands
+    assert sum("torchrun" not in command for command in commands) >= 2, commands
+    for world in (1, 2):
+        assert (readme_run.folder / f"train-checkpoints-{world}" / "latest").is_file()
+
+
+def test_the_readme_retry_loop_resumes_on_two_ranks(readme_run: ReadmeRun) -> None:
     """README train.py under torchrun: rank 0 fails at step 12, both retries resume from step 10 and close."""
-    out = run_readme_script("# train.py", tmp_path)
+    out = readme_run.output("torchrun", "train.py")
     assert "failed: injected failure at phase 'step' on rank 0, step 12" in out, out[-3000:]
     assert out.count("steps 10→20, closed") == 2, out[-3000:]
 
 
-@pytest.mark.timeout(240)
-def test_the_readme_in_process_restart_recovers_on_two_ranks(tmp_path: Path) -> None:
+def test_the_readme_own_loop_makes_one_world_of_two_ranks_and_commits_its_last_save(readme_run: ReadmeRun) -> None:
+    """README own_loop.py under torchrun: one world of 2 ranks (not two of 1), step 100 committed in the block."""
+    # The old example hard-coded world_size=1, rank=0: two one-rank worlds on one folder.
+    out = readme_run.output("torchrun", "own_loop.py")
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: steps 0→100, committed step 100" in out, out[-3000:]
+    latest = readme_run.folder / "own-loop-checkpoints-2" / "latest"
+    assert latest.read_text(encoding="utf-8").strip() == '{"step": 100}'
+
+
+def test_the_readme_in_process_restart_recovers_on_two_ranks(readme_run: ReadmeRun) -> None:
     """README train_inprocess.py under torchrun: rank 1 fails once, the Wrapper restarts both, both close at 6."""
-    out = run_readme_script("# train_inprocess.py", tmp_path)
+    out = readme_run.output("torchrun", "train_inprocess.py")
     for rank in (0, 1):
         assert f"rank {rank}: step 6, closed" in out, out[-3000:]
+
+
+def test_readme_command_lookup_refuses_a_missing_command(readme_run: ReadmeRun) -> None:
+    """A README command that is not there fails loudly instead of checking nothing."""
+    with pytest.raises(AssertionError):
+        readme_run.output("no_such_script.py")
 
 
 @pytest.mark.timeout(300)
@@ -71,9 +100,3 @@ def test_the_demo_on_four_ranks_fails_one_rank_and_the_retry_closes_all(tmp_path
     assert "demo: succeeded" in done.stdout, done.stdout[-3000:]
     for rank in range(4):
         assert f"rank {rank}: closed" in done.stdout, done.stdout[-3000:]
-
-
-def test_readme_block_lookup_refuses_a_missing_block() -> None:
-    """A README block that is not there fails loudly instead of running nothing."""
-    with pytest.raises(AssertionError):
-        readme_block("# no such block")

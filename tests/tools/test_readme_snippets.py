@@ -1,35 +1,40 @@
-"""The README's torch-free Python examples run as written and print what their comments say."""
+"""The README's tagged examples run as written and print what they show (the fast ones; ``make test``).
+
+Tags and the comparison are defined in ``tests/support/readme.py``: ``<!-- run: python -->``
+blocks must print exactly their ``# prints:`` lines; each ``<!-- run: shell -->`` block's
+commands run (with the ``<!-- file: NAME -->`` blocks above them) and must print the
+lines the block shows. ``<!-- run: shell slow -->`` blocks (torchrun) and the whole
+README in order are in ``test_readme_runs.py``.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import re
 from pathlib import Path
 
 import pytest
+from support.readme import Block, preceding_files, readme_blocks, run_python, run_shell, write_files
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-BLOCKS = [
-    block
-    for block in re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
-    if "lifecycle.testing import RecordingActions" in block or block.startswith("from lifecycle import Ledger")
-]
+BLOCKS = readme_blocks()
+PYTHON = [block for block in BLOCKS if block.kind == "python"]
+SHELL = [block for block in BLOCKS if block.kind == "shell" and not block.slow]
 
 
-def test_the_torch_free_examples_are_found() -> None:
-    """The examples of the state machine, plans, teardown errors and except* are all picked up."""
-    assert len(BLOCKS) >= 4
+def test_the_runnable_examples_are_found() -> None:
+    """The tagged examples are all picked up: state machine, plans, teardown errors, except*, train.py, own loop."""
+    assert len(PYTHON) >= 4, [block.label for block in PYTHON]
+    assert {block.name for block in BLOCKS if block.kind == "file"} >= {"train.py", "own_loop.py", "train_inprocess.py"}
+    assert len(SHELL) >= 2, [block.label for block in SHELL]
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[block.splitlines()[0][:40] for block in BLOCKS])
-def test_a_readme_example_runs_and_prints_what_it_says(block: str) -> None:
-    """Each example runs; every ``print(...)  # value`` comment is a prefix of what that print wrote."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(block, "README.md", "exec"), {"__name__": "readme_example"})
-    printed = out.getvalue().splitlines()
-    promised = [m.group(1).strip() for m in re.finditer(r"^\s*print\(.*\)\s+# (.*)$", block, flags=re.M)]
-    for promise in promised:
-        head = re.split(r"[:,]\s|\.\.\.", promise)[0].strip()
-        assert any(line.startswith(head) or head in line for line in printed), (promise, printed)
+@pytest.mark.parametrize("block", PYTHON, ids=[block.label for block in PYTHON])
+def test_a_readme_example_runs_and_prints_what_it_says(block: Block, tmp_path: Path) -> None:
+    """Each ``run: python`` example runs alone in a fresh interpreter; its stdout is exactly its ``# prints:`` lines."""
+    run_python(block, tmp_path)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("block", SHELL, ids=[block.label for block in SHELL])
+def test_a_readme_command_prints_what_its_transcript_shows(block: Block, tmp_path: Path) -> None:
+    """Each one-process ``run: shell`` transcript, run in a fresh folder with its files, prints the lines it shows."""
+    write_files(preceding_files(BLOCKS, block), tmp_path)
+    assert run_shell(block, tmp_path, timeout_s=80)
