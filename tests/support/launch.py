@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from lifecycle.testing import RankResult, free_port, free_ports, launch_ranks, run_command
@@ -19,11 +24,15 @@ __all__ = [
     "REPO",
     "TESTS",
     "WORKERS",
+    "RunningDemo",
     "demo_command",
     "free_port",
     "free_ports",
+    "marked_processes",
     "run_bounded",
+    "run_demo",
     "run_workers",
+    "started_demo",
     "suite_env",
 ]
 
@@ -71,3 +80,107 @@ def run_bounded(command: list[str], timeout: float, cwd: Path) -> subprocess.Com
 def demo_command(*args: str) -> list[str]:
     """The demo command line: ``python -m lifecycle demo ARGS``."""
     return [sys.executable, "-m", "lifecycle", "demo", *args]
+
+
+DEMO_MARK = "LIFECYCLE_DEMO_TEST"
+"""The environment variable that marks every process a demo started by ``started_demo`` runs (inherited)."""
+
+
+def marked_processes(name: str, value: str) -> list[int]:
+    """The running processes (zombies excluded) whose environment holds ``name=value``; none off Linux."""
+    mark = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:  # gone, a zombie, or another user's
+                continue
+            if mark in environ.split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+def run_demo(*args: str, timeout: float, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the demo to its end (``run_bounded``), and fail if it left any process running after it exited."""
+    done = run_command(demo_command(*args), timeout_s=timeout, env=suite_env(), cwd=cwd, grace_s=1.0)
+    if done.timed_out:
+        raise AssertionError(f"the demo ran past {timeout} s; output:\n{done.output}")
+    if done.left_behind:
+        raise AssertionError(f"the demo left processes {done.left_behind} running; output:\n{done.output}")
+    return subprocess.CompletedProcess(demo_command(*args), done.returncode, done.output, "")
+
+
+class RunningDemo:
+    """A demo running in its own session, its output (stdout and stderr) collected line by line as it comes."""
+
+    def __init__(self, process: subprocess.Popen[str], mark: str) -> None:
+        """Collect ``process``'s output in a thread; ``mark`` is the value of ``DEMO_MARK`` its processes carry."""
+        self.process, self.mark = process, mark
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        """Everything printed so far."""
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        """Return once ``text`` was printed; ``AssertionError`` if not within ``timeout`` seconds or the demo ended."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline or (self.process.poll() is not None and not self._reader.is_alive()):
+                raise AssertionError(f"{text!r} not printed within {timeout} s; output:\n{self.output[-4000:]}")
+            time.sleep(0.05)
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the demo's launcher alone."""
+        self.process.send_signal(signum)
+
+    def finish(self, timeout: float) -> subprocess.CompletedProcess[str]:
+        """Wait for the launcher to exit (``AssertionError`` after ``timeout`` s) and return how it ended."""
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the demo ran past {timeout} s; output:\n{self.output[-4000:]}") from None
+        self._reader.join(10)
+        return subprocess.CompletedProcess(self.process.args, self.process.returncode, self.output, "")
+
+    def left_running(self, within: float = 0.0) -> list[int]:
+        """The demo's processes still running after up to ``within`` seconds of waiting for them to go."""
+        deadline = time.monotonic() + within
+        while (left := marked_processes(DEMO_MARK, self.mark)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
+
+
+@contextlib.contextmanager
+def started_demo(*args: str, cwd: Path) -> Iterator[RunningDemo]:
+    """Start ``python -m lifecycle demo ARGS`` in its own session; on leaving, SIGKILL whatever of it still runs."""
+    mark = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "PET_"))}
+    process = subprocess.Popen(
+        demo_command(*args),
+        env={**env, **suite_env(), DEMO_MARK: mark},
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        yield RunningDemo(process, mark)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for pid in marked_processes(DEMO_MARK, mark):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait()

@@ -1,15 +1,16 @@
-"""The demo: torchrun, 2 ranks, gloo; its report read from the journals."""
+"""The demo: torchrun, 2 ranks, gloo; its report read from the journals; no process left running after it."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from support.launch import demo_command, run_bounded
+from support.launch import run_demo
 
-from lifecycle._core.journal import RunEnd, Step, read
+from lifecycle._core.journal import Origin, RunEnd, RunStart, Step, read
 from lifecycle._tools.show import final_states
 
 
@@ -24,12 +25,26 @@ def by_attempt(journal_dir: Path) -> dict[int, dict[int, str]]:
 
 @pytest.mark.timeout(120)
 def test_the_demo_trains_two_ranks_and_the_loss_falls(tmp_path: Path) -> None:
-    """The demo's default run, shortened: exit 0, progress and timelines shown, loss falls, diagrams written."""
-    done = run_bounded(demo_command("--steps", "60", "--journal-dir", str(tmp_path)), timeout=110, cwd=tmp_path)
+    """The demo's default run, shortened: exit 0, progress and timelines shown, loss falls, diagrams written.
+
+    Other *.jsonl files in the folder (one a journal of another run that failed) are
+    not this run's: the verdict ignores them, with a note. The old demo read every
+    *.jsonl of the folder and printed FAILED after every rank had closed.
+    """
+    other = Origin("another-run", 0, 0, "ordinary", 0)
+    foreign = [
+        RunStart(origin=other, world_size=1, pid=1, host="h", start=1.0),
+        RunEnd(origin=other, state="failed", exit_reason=None, final_step=3, checkpoint_step=None, error="x", end=2.0),
+    ]
+    (tmp_path / "old-rank0.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in foreign))
+    (tmp_path / "metrics.jsonl").write_text('{"loss": 1.5}\nnot even json\n')
+    done = run_demo("--steps", "60", "--journal-dir", str(tmp_path), timeout=110, cwd=tmp_path)
     assert done.returncode == 0, done.stdout
+    assert done.stdout.strip().splitlines()[-1].startswith("demo: succeeded"), done.stdout
+    assert "old-rank0.jsonl: ignored" in done.stdout, done.stdout
     assert "tokens/s" in done.stdout and "finalizing → closed" in done.stdout
     assert by_attempt(tmp_path) == {0: {0: "closed", 1: "closed"}}
-    records = read([tmp_path])
+    records = read([tmp_path])  # rank<R>.jsonl only
     assert len({r.origin.run_id for r in records}) == 1 and records[0].origin.run_id.startswith("demo-")
     losses = [r.loss for r in records if isinstance(r, Step) and r.origin.rank == 0]
     assert len(losses) == 60
@@ -43,7 +58,7 @@ def test_a_failure_on_one_rank_does_not_hang_and_a_retry_succeeds(tmp_path: Path
     """Rank 1 fails mid-training: both ranks fail fast, retry in the same processes, resume and close."""
     args = ["--steps", "30", "--fail-at", "step", "--fail-rank", "1", "--retry", "--journal-dir", str(tmp_path)]
     started = time.monotonic()
-    done = run_bounded(demo_command(*args), timeout=110, cwd=tmp_path)
+    done = run_demo(*args, timeout=110, cwd=tmp_path)
     assert done.returncode == 0, done.stdout
     # Rank 0 learns of the failure from its next collective, not from the 30 s group timeout.
     assert time.monotonic() - started < 60
@@ -56,7 +71,7 @@ def test_a_failure_on_one_rank_does_not_hang_and_a_retry_succeeds(tmp_path: Path
 def test_a_failed_demo_exits_nonzero(tmp_path: Path) -> None:
     """Without --retry, a failure in a callback on rank 0 makes the demo exit 1, promptly."""
     args = ["--steps", "20", "--fail-at", "callback", "--fail-rank", "0", "--journal-dir", str(tmp_path)]
-    done = run_bounded(demo_command(*args), timeout=110, cwd=tmp_path)
+    done = run_demo(*args, timeout=110, cwd=tmp_path)
     assert done.returncode == 1, done.stdout
     assert final_states(read([tmp_path]))[0] == "failed"
     assert "demo: FAILED" in done.stdout
