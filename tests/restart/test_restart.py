@@ -441,7 +441,10 @@ def test_a_fault_on_one_rank_restarts_both_ranks_which_then_finish(tmp_path: Pat
         for run in body["runs"]:
             assert run["result"] == "closed"
             assert run["states"] == ["failed", "closed"] and run["iterations"] == [0, 1]
-            assert run["deferred"] == [True, False]
+            # Iteration 0 left the group to the Wrapper, or the Wrapper's abort (from its monitor
+            # thread) had released it before the session's failure plan was made: either way the
+            # session made no teardown call of its own and the Wrapper aborted the group.
+            assert run["deferred"] in ([True, False], [False, False])
             assert run["session_teardown_calls_iteration0"] == []
             assert "_abort_process_group" in run["wrapper_calls_iteration0"]
             assert run["wall_s"] < 30
