@@ -52,6 +52,7 @@ __all__ = [
     "Step",
     "TeardownStep",
     "Transition",
+    "journal_files",
     "journal_path",
     "load",
     "read",
@@ -234,19 +235,26 @@ def _looks_like_a_journal(path: Path) -> bool:
     return True
 
 
-def _journals_in(folder: Path, ignored: list[str]) -> list[Path]:
-    """The ``rank<R>.jsonl`` files of ``folder`` by rank; a note in ``ignored`` on each other journal-like file."""
+def journal_files(folder: str | os.PathLike[str]) -> list[Path]:
+    """The journals in ``folder``: its ``rank<R>.jsonl`` files, in rank order. ``OSError`` if it cannot be listed."""
     journals: dict[int, Path] = {}
-    for path in sorted(folder.iterdir()):
+    for path in Path(folder).iterdir():
         named = _JOURNAL_NAME.fullmatch(path.name)
         if named and path.is_file():
             journals[int(named.group(1))] = path
-        elif path.suffix == ".jsonl" and path.is_file() and _looks_like_a_journal(path):
+    return [journals[rank] for rank in sorted(journals)]
+
+
+def _journals_in(folder: Path, ignored: list[str]) -> list[Path]:
+    """``journal_files(folder)``, with a note in ``ignored`` on each other journal-like ``*.jsonl`` file."""
+    journals = journal_files(folder)
+    for path in sorted(folder.iterdir()):
+        if path.suffix == ".jsonl" and path not in journals and path.is_file() and _looks_like_a_journal(path):
             ignored.append(
                 f"{path}: ignored: it looks like a journal, but only rank<R>.jsonl files of a folder are read"
                 " (name the file to read it)"
             )
-    return [journals[rank] for rank in sorted(journals)]
+    return journals
 
 
 def load(paths: Iterable[str | os.PathLike[str]]) -> Loaded:

@@ -42,7 +42,6 @@ import gc
 import logging
 import math
 import os
-import re
 import shutil
 import signal
 import socket
@@ -103,7 +102,6 @@ _FLAGS = {
 """The demo flag that sets each config field ``demo_config`` fills from an option."""
 
 _RUN_ID = "LIFECYCLE_RUN_ID"
-_JOURNAL = re.compile(r"rank(0|[1-9][0-9]*)\.jsonl")
 _POLL_S = 0.1
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -256,7 +254,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     checkpoint_dir = args.checkpoint_dir or journal_dir / "checkpoints"
     try:
         _check_folder("--journal-dir", journal_dir)
-        if any(journal_dir.glob("rank*.jsonl")):
+        if _rank_journals(journal_dir):
             raise UsageError("--journal-dir", f"{journal_dir} already holds journals: give an empty folder")
         _check_folder("--checkpoint-dir", checkpoint_dir)
     except UsageError:
@@ -657,9 +655,9 @@ def _kill_marked(run_id: str) -> None:
 
 
 def _rank_journals(folder: Path) -> list[Path]:
-    """The ``rank<R>.jsonl`` files in ``folder``."""
+    """The journals (``rank<R>.jsonl`` files) in ``folder``; none if it cannot be listed."""
     try:
-        return [path for path in folder.iterdir() if _JOURNAL.fullmatch(path.name)]
+        return _journal.journal_files(folder)
     except OSError:
         return []
 
