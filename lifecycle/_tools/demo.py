@@ -57,6 +57,7 @@ from types import FrameType
 
 from lifecycle._core import journal as _journal
 from lifecycle._core.errors import ConfigError
+from lifecycle._core.processes import process_environments
 from lifecycle._tools import show as _show
 from lifecycle._torch.config import DistributedConfig, ParallelConfig
 from lifecycle._training.config import (
@@ -628,20 +629,7 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 def _marked(run_id: str) -> list[int]:
     """The running processes whose environment carries ``LIFECYCLE_RUN_ID=run_id`` (none off Linux)."""
     mark = f"{_RUN_ID}={run_id}".encode()
-    found: list[int] = []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return found
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, a zombie, or not ours to read
-            continue
-        if mark in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, environment in process_environments() if mark in environment]
 
 
 def _kill_marked(run_id: str) -> None:

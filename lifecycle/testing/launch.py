@@ -19,8 +19,8 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
+from lifecycle._core.processes import process_environments
 from lifecycle._tools.demo import child_env, torchrun_command
 from lifecycle.testing.ports import free_port
 
@@ -202,22 +202,12 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def _marked(launch: str) -> dict[int, str]:
     """pid → rank label of every running process that carries this launch's mark (none off Linux)."""
-    found: dict[int, str] = {}
     prefix = f"{MARK}={launch}:".encode()
-    proc_root = Path("/proc")
-    if not proc_root.is_dir():
-        return found
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, a zombie, or another user's
-            continue
-        for item in environ.split(b"\0"):
-            if item.startswith(prefix):
-                found[int(entry.name)] = item[len(prefix) :].decode()
-                break
+    found: dict[int, str] = {}
+    for pid, environment in process_environments():
+        label = next((item[len(prefix) :].decode() for item in environment if item.startswith(prefix)), None)
+        if label is not None:
+            found[pid] = label
     return found
 
 

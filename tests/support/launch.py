@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from lifecycle._core.processes import process_environments
 from lifecycle.testing import RankResult, free_port, free_ports, launch_ranks, run_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,16 +90,7 @@ DEMO_MARK = "LIFECYCLE_DEMO_TEST"
 def marked_processes(name: str, value: str) -> list[int]:
     """The running processes (zombies excluded) whose environment holds ``name=value``; none off Linux."""
     mark = f"{name}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if entry.name.isdigit():
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:  # gone, a zombie, or another user's
-                continue
-            if mark in environ.split(b"\0"):
-                found.append(int(entry.name))
-    return found
+    return [pid for pid, environment in process_environments() if mark in environment]
 
 
 def run_demo(*args: str, timeout: float, cwd: Path) -> subprocess.CompletedProcess[str]:

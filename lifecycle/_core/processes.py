@@ -1,0 +1,27 @@
+"""The running processes of this machine, as far as this process may see them (Linux ``/proc``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["process_environments"]
+
+
+def process_environments() -> Iterator[tuple[int, list[bytes]]]:
+    """Yield ``(pid, environment)`` of each running process, its environment as ``NAME=value`` byte items.
+
+    A process that ends meanwhile, a zombie, or another user's process is skipped;
+    nothing is yielded where there is no ``/proc`` (not Linux).
+    """
+    root = Path("/proc")
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, a zombie, or another user's
+            continue
+        yield int(entry.name), environ.split(b"\0")
