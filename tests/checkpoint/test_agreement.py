@@ -6,22 +6,16 @@ prints one JSON line with what it loaded and the RuntimeWarnings it got.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.launch import run_workers
+from support.launch import worker_reports
 
 
-def _two_ranks(scenario: str, *args: str, timeout_s: float = 45) -> list[dict[str, Any]]:
+def _two_ranks(scenario: str, *args: str) -> list[dict[str, Any]]:
     """Run ``checkpoint_worker.py SCENARIO ARGS`` on 2 ranks; return each rank's last JSON report."""
-    reports = []
-    for result in run_workers("checkpoint_worker", scenario, *args, timeout_s=timeout_s):
-        assert result.ok, str(result)
-        lines = [line for line in result.output.splitlines() if line.startswith("{")]
-        reports.append(json.loads(lines[-1]))
-    return reports
+    return worker_reports("checkpoint_worker", scenario, *args, timeout_s=45)
 
 
 @pytest.mark.timeout(60)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.configs import config_of_one
-from support.launch import run_workers
+from support.launch import worker_reports
 
 from lifecycle import CheckpointConfig, ConfigError, pretrain
 from lifecycle._core.journal import run_id
@@ -135,11 +135,7 @@ def test_a_folder_that_cannot_hold_checkpoints_fails_at_construction(tmp_path: P
 @pytest.mark.timeout(120)
 def test_abort_racing_finalize_never_commits_a_manifest_missing_a_shard(tmp_path: Path) -> None:
     """A thread aborts while finalize runs (seeded, 150 runs): no manifest lacks a shard (was: one, latest moved)."""
-    results = run_workers("ckpt_race_worker", str(tmp_path), "150", "7", timeout_s=100)
-    reports = []
-    for result in results:
-        assert result.ok, str(result)
-        reports.append(json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1]))
+    reports = worker_reports("ckpt_race_worker", str(tmp_path), "150", "7", timeout_s=100)
     rank_0 = reports[0]
     assert rank_0["bad"] == [], rank_0["bad"][:3]
     # Each outcome happened: abort before finalize, abort during it (not committed), abort too late (committed).

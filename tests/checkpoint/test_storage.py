@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.configs import config_of_one
-from support.launch import REPO, run_bounded, run_workers
+from support.launch import REPO, run_bounded, worker_reports
 from support.probes import alive
 
 from lifecycle import Callback, CheckpointConfig, SessionHandle, pretrain
@@ -187,11 +187,7 @@ def _as_nobody_in(base: Path) -> None:
 def test_a_peer_sees_the_os_error_of_the_rank_whose_disk_is_full(tmp_path: Path) -> None:
     """Rank 1 hits ENOSPC: rank 0's error quotes rank 1's OS error and shard path (was: "ranks [1] failed" only)."""
     with _small_tmpfs(tmp_path / "full", "512k") as full:
-        results = run_workers("checkpoint_worker", "own_folders", str(full), str(full), "1", timeout_s=60)
-        reports = []
-        for result in results:
-            assert result.ok, str(result)
-            reports.append(json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1]))
+        reports = worker_reports("checkpoint_worker", "own_folders", str(full), str(full), "1", timeout_s=60)
         for report in reports:
             assert report["committed"] is None
             error = report["error"]

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from support.launch import run_workers
+from support.launch import worker_reports
 from support.probes import TORCH_COLLECTIVES, TorchCalls
 
 from lifecycle import ResourceMismatch, StaleResource
@@ -435,13 +435,7 @@ def test_an_abandoned_writers_late_completion_never_commits_for_a_retry(tmp_path
 
 def _run_two_ranks(scenario: str, directory: Path, *args: str, timeout_s: float = 45) -> list[dict[str, Any]]:
     """Run ``checkpoint_worker.py SCENARIO DIRECTORY ARGS`` on 2 ranks; return each rank's last JSON report."""
-    results = run_workers("checkpoint_worker", scenario, str(directory), *args, timeout_s=timeout_s)
-    reports = []
-    for result in results:
-        assert result.ok, str(result)
-        lines = [line for line in result.output.splitlines() if line.startswith("{")]
-        reports.append(json.loads(lines[-1]))
-    return reports
+    return worker_reports("checkpoint_worker", scenario, str(directory), *args, timeout_s=timeout_s)
 
 
 @pytest.mark.timeout(60)

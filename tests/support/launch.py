@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from lifecycle._core.processes import process_environments
 from lifecycle.testing import RankResult, free_port, free_ports, launch_ranks, run_command
@@ -65,6 +67,15 @@ def run_workers(
         master_port=master_port,
         grace_s=grace_s,
     )
+
+
+def worker_reports(worker: str, *args: str, timeout_s: float) -> list[dict[str, Any]]:
+    """Run ``worker`` on 2 ranks (``run_workers``); each must succeed; return each rank's last JSON line, parsed."""
+    reports = []
+    for result in run_workers(worker, *args, timeout_s=timeout_s):
+        assert result.ok, str(result)
+        reports.append(json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1]))
+    return reports
 
 
 def run_bounded(command: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess[str]:
