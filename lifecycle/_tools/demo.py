@@ -57,7 +57,7 @@ from types import FrameType
 
 from lifecycle._core import journal as _journal
 from lifecycle._core.errors import ConfigError
-from lifecycle._core.processes import process_environments
+from lifecycle._core.processes import is_running, process_environments
 from lifecycle._tools import show as _show
 from lifecycle._torch.config import DistributedConfig, ParallelConfig
 from lifecycle._training.config import (
@@ -635,10 +635,12 @@ def _marked(run_id: str) -> list[int]:
 def _kill_marked(run_id: str) -> None:
     """SIGKILL every process the demo started that is still running (the death signals' backstop); wait for them."""
     deadline = time.monotonic() + 10.0
-    while (left := _marked(run_id)) and time.monotonic() < deadline:
+    killed: set[int] = set()
+    while ((left := _marked(run_id)) or any(map(is_running, killed))) and time.monotonic() < deadline:
         for pid in left:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        killed.update(left)
         time.sleep(0.05)
 
 

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from lifecycle._core.processes import process_environments
+from lifecycle._core.processes import is_running, process_environments
 from lifecycle._tools.demo import child_env, torchrun_command
 from lifecycle.testing.ports import free_port
 
@@ -167,12 +167,13 @@ def _run(
                         start_new_session=True,
                     )
                 )
-            timed_out = _wait_all(procs, ranks, time.monotonic() + timeout_s)
+            timed_out = _wait_all(procs, ranks, time.monotonic() + timeout_s, launch)
             left = _reap_descendants(launch, ranks, 0.0 if timed_out else grace_s)
         finally:
+            doomed = set(_marked(launch))
             for proc in procs:
                 _kill_group(proc)
-            _reap_descendants(launch, ranks, 0.0)
+            _reap_descendants(launch, ranks, 0.0, doomed)
         results = []
         for rank, proc, out in zip(ranks, procs, outputs, strict=True):
             out.seek(0)
@@ -181,15 +182,23 @@ def _run(
     return results
 
 
-def _wait_all(procs: list[subprocess.Popen[bytes]], ranks: list[int | None], deadline: float) -> set[int | None]:
-    """Wait for every process until ``deadline``; kill the ones still running then and return their ranks."""
+def _wait_all(
+    procs: list[subprocess.Popen[bytes]], ranks: list[int | None], deadline: float, launch: str
+) -> set[int | None]:
+    """Wait for every process until ``deadline``; kill the ones still running then and return their ranks.
+
+    Returns once what the killed process groups held is gone (bounded by ``_KILL_WAIT_S``).
+    """
     while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
         time.sleep(_POLL_S)
-    late: set[int | None] = set()
-    for rank, proc in zip(ranks, procs, strict=True):
-        if proc.poll() is None:
-            late.add(rank)
-            _kill_group(proc)
+    late = {rank for rank, proc in zip(ranks, procs, strict=True) if proc.poll() is None}
+    if late:
+        labels = {"agent" if rank is None else str(rank) for rank in late}
+        doomed = {pid for pid, label in _marked(launch).items() if label in labels}
+        for rank, proc in zip(ranks, procs, strict=True):
+            if rank in late:
+                _kill_group(proc)
+        _wait_gone(doomed)
     return late
 
 
@@ -211,10 +220,13 @@ def _marked(launch: str) -> dict[int, str]:
     return found
 
 
-def _reap_descendants(launch: str, ranks: list[int | None], grace_s: float) -> dict[int | None, tuple[int, ...]]:
+def _reap_descendants(
+    launch: str, ranks: list[int | None], grace_s: float, doomed: set[int] | None = None
+) -> dict[int | None, tuple[int, ...]]:
     """Give this launch's remaining processes ``grace_s`` to exit, then SIGKILL them; return them by rank.
 
-    Returns once the killed ones are gone (a zombie counts as gone), or after ``_KILL_WAIT_S``.
+    Returns once the killed ones and ``doomed`` (pids already sent SIGKILL) are gone
+    (a zombie counts as gone), or after ``_KILL_WAIT_S``.
     """
     deadline = time.monotonic() + grace_s
     while _marked(launch) and time.monotonic() < deadline:
@@ -225,7 +237,16 @@ def _reap_descendants(launch: str, ranks: list[int | None], grace_s: float) -> d
         left.setdefault(rank if rank in ranks else None, []).append(pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + _KILL_WAIT_S
-    while left and _marked(launch) and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
+    _wait_gone({pid for pids in left.values() for pid in pids} | (doomed or set()))
     return {rank: tuple(sorted(pids)) for rank, pids in left.items()}
+
+
+def _wait_gone(pids: set[int]) -> None:
+    """Wait (at most ``_KILL_WAIT_S``) until none of ``pids`` runs any more: gone or a zombie.
+
+    Reads each process's state, not its environment: a process in the middle of exiting
+    has already lost its environment (so it no longer looks marked) but still runs.
+    """
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while any(map(is_running, pids)) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
