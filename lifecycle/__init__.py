@@ -34,8 +34,16 @@ from lifecycle._core.resources import (
     live_resources,
     undeclare_resource,
 )
-from lifecycle._core.seams import CheckpointWriter, DistributedActions
-from lifecycle._core.session import JournalEntry, ReclaimEvent, Session, SessionEvent, TeardownEvent, TransitionEvent
+from lifecycle._core.seams import Announcement, CheckpointWriter, DistributedActions
+from lifecycle._core.session import (
+    FailureEvent,
+    JournalEntry,
+    ReclaimEvent,
+    Session,
+    SessionEvent,
+    TeardownEvent,
+    TransitionEvent,
+)
 from lifecycle._core.shield import TeardownInterrupted
 from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
@@ -80,6 +88,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "TRANSITIONS",
     "AlreadyHeld",
+    "Announcement",
     "AttemptDisagreement",
     "Callback",
     "CheckpointConfig",
@@ -90,6 +99,7 @@ __all__ = [
     "Edge",
     "ExitConfig",
     "ExitReason",
+    "FailureEvent",
     "FaultInjection",
     "ForeignResource",
     "InjectedFault",

@@ -31,6 +31,8 @@ EXPORTS: dict[str, list[str]] = {
         "TeardownInterrupted",
         "ReclaimEvent",
         "SessionEvent",
+        "FailureEvent",
+        "Announcement",
         "TeardownEvent",
         "TransitionEvent",
         "AlreadyHeld",
@@ -106,6 +108,7 @@ EXPORTS: dict[str, list[str]] = {
         "load_checkpoint",
     ],
     "lifecycle.restart": [
+        "CudaHealthCheck",
         "SessionAbort",
         "SessionFinalize",
         "abort",
@@ -117,6 +120,7 @@ EXPORTS: dict[str, list[str]] = {
         "teardown_table",
         "wrapped_pretrain",
         "wrapper_plan",
+        "wrapper_timeouts",
     ],
     "lifecycle.testing": [
         "COLLECTIVES",

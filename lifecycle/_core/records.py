@@ -14,6 +14,8 @@ Every record's JSON object holds ``version`` (2), ``kind``, the fields of its
 - ``step`` (``Step``): ``step``, ``loss``, ``start``, ``end``: one per training step.
 - ``eval`` (``Eval``): ``step``, ``loss``, ``start``, ``end``.
 - ``end`` (``RunEnd``): ``state``, ``exit_reason``, ``final_step``, ``checkpoint_step``, ``error``, ``end``.
+- ``failure`` (``Failure``): ``phase``, ``step``, ``error``, ``time``, ``seq``, ``unpublished``, ``first_rank``,
+  ``note``: this rank failed (written before its failure teardown); added after the others.
 
 Times, one meaning each: wall-clock seconds since the epoch (``time.time()``), so the
 journals of different ranks line up. ``start`` is when the event's work began, ``end``
@@ -25,8 +27,9 @@ Version 1 records (no ``version`` field) are converted by ``from_v1``.
 A field added to version 2 later has a default, which a record written before it
 reads as (``restart_count`` 0; ``agreed_attempt`` and ``store_prefix`` None); a reader
 ignores fields it does not know. Neither changes the version: only a change that an
-older reader would misread (a field renamed, removed or given another meaning, a new
-record kind) makes version 3.
+older reader would misread (a field renamed, removed or given another meaning) makes
+version 3. A record kind added later (``failure``) does not: an older reader refuses it
+by name ("unknown record kind"), it cannot misread it.
 """
 
 from __future__ import annotations
@@ -228,10 +231,36 @@ class RunEnd(_Record):
     end: float | None
 
 
-Record: TypeAlias = RunStart | Transition | TeardownStep | Left | Step | Eval | RunEnd
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure(_Record):
+    """This rank failed at ``time`` (wall clock), in ``phase`` at training step ``step``, with ``error``.
+
+    Written when the session takes its failure edge, before anything is released.
+    ``seq`` is the sequence number the rendezvous store's atomic counter gave this
+    rank's failure notice (1 = the first rank of the attempt to publish one), or None
+    when the notice could not be published (``unpublished`` says why, e.g. the store
+    is unreachable). ``first_rank`` is the peer whose notice came first, when that was
+    not this rank, and ``note`` the note added to this rank's exception ("" if none).
+    """
+
+    kind: ClassVar[str] = "failure"
+    origin: Origin
+    phase: str
+    step: int | None
+    error: str
+    time: float
+    seq: int | None = None
+    unpublished: str = ""
+    first_rank: int | None = None
+    note: str = ""
+
+
+Record: TypeAlias = RunStart | Transition | TeardownStep | Left | Step | Eval | RunEnd | Failure
 """Any journal record."""
 
-KINDS: dict[str, type[Record]] = {c.kind: c for c in (RunStart, Transition, TeardownStep, Left, Step, Eval, RunEnd)}
+KINDS: dict[str, type[Record]] = {
+    c.kind: c for c in (RunStart, Transition, TeardownStep, Left, Step, Eval, RunEnd, Failure)
+}
 
 
 def parse(data: object) -> Record:

@@ -1,13 +1,14 @@
 """The seams: what the core asks of the world, as protocols with no torch behind them.
 
 ``lifecycle._torch.actions.TorchActions`` implements ``DistributedActions`` on torch.distributed
-and megatron-core, ``lifecycle.checkpoint.AsyncCheckpointer`` implements
-``CheckpointWriter``; ``lifecycle.testing`` ships recording doubles of both.
+and megatron-core (and ``AnnouncesFailures``), ``lifecycle.checkpoint.AsyncCheckpointer``
+implements ``CheckpointWriter``; ``lifecycle.testing`` ships recording doubles of them.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from lifecycle._core.states import Owner
 
@@ -66,3 +67,33 @@ class CheckpointWriter(Protocol):
 
     def abort(self) -> None:
         """Rank-local: abandon in-flight saves; never a collective, never commits."""
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """What came of a failing rank's notice to its peers (see ``AnnouncesFailures``).
+
+    ``seq``: the sequence number the attempt's counter gave this rank's notice (1 = the
+    first rank of the attempt to publish one), None if it was not published, and then
+    ``unpublished`` says why. ``first_rank``: the peer whose notice has the lowest
+    sequence number, when that is not this rank (None otherwise, or unknown). ``note``:
+    the note for this rank's exception ("" when this rank's notice came first): a
+    peer's failure came first, or the first failure is unknown and why.
+    """
+
+    seq: int | None
+    unpublished: str = ""
+    first_rank: int | None = None
+    note: str = ""
+
+
+@runtime_checkable
+class AnnouncesFailures(Protocol):
+    """Actions that tell the other ranks of a failure, and learn whose came first (optional for actions)."""
+
+    def announce_failure(self, error: BaseException, *, phase: str, step: int | None, time: float) -> Announcement:
+        """Publish that this rank failed with ``error`` in ``phase`` at training ``step`` (``time``: wall clock).
+
+        Bounded in time (a fraction of a second, also when the peers' store is gone) and
+        never raises ``Exception``: what could not be done is said in the result.
+        """

@@ -28,7 +28,7 @@ from lifecycle._core.machine import Driver
 from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
 from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown, teardown
 from lifecycle._core.resources import Releases, Resource, StepKind, WrapperRole, declared_resources
-from lifecycle._core.seams import CheckpointWriter, DistributedActions
+from lifecycle._core.seams import Announcement, AnnouncesFailures, CheckpointWriter, DistributedActions
 from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.signals import InstalledHandlers
 from lifecycle._core.states import Owner, State, Trigger
@@ -76,7 +76,24 @@ class ReclaimEvent:
     record: StepRecord
 
 
-SessionEvent = TransitionEvent | TeardownEvent | ReclaimEvent
+@dataclass(frozen=True, slots=True)
+class FailureEvent:
+    """The session is taking its failure edge because of ``error`` (``"Type: message"``), before releasing anything.
+
+    ``time``: when (wall clock). ``phase`` and ``step``: where the caller said it was
+    (``Session.progress``), else the state's name and None. ``announcement``: what came
+    of telling the other ranks (``AnnouncesFailures``); actions that cannot tell them
+    give one with ``seq`` None and ``unpublished`` saying so.
+    """
+
+    phase: str
+    step: int | None
+    error: str
+    time: float
+    announcement: Announcement
+
+
+SessionEvent = TransitionEvent | TeardownEvent | ReclaimEvent | FailureEvent
 """What a session observer is called with (see ``Session.add_observer``)."""
 
 logger = logging.getLogger("lifecycle.session")
@@ -130,6 +147,8 @@ class Session:
         self._claimed: set[tuple[Resource, str]] = set()
         self._claims_lock = threading.Lock()
         self._observers: list[Callable[[SessionEvent], object]] = []
+        self._phase: tuple[str, State] | None = None  # (phase, the state it was given in)
+        self._step: int | None = None
 
     # -- what can be read -------------------------------------------------------------
 
@@ -235,11 +254,11 @@ class Session:
         success = reports[0]
         if success.interrupted is not None:
             cause = describe(success.interrupted)
-            self._fail_teardown(start, f"teardown abandoned: {cause}", abandoned=success)
+            self._fail_teardown(start, f"teardown abandoned: {cause}", success.interrupted, abandoned=success)
             raise success.interrupted
         failed = _describe(success.failed)
         logger.error("%s: teardown step failed (%s); switching to the failure plan", self.label, failed)
-        after = self._fail_teardown(start, f"teardown failed: {failed}")
+        after = self._fail_teardown(start, f"teardown failed: {failed}", success.failed[0].error)
         self._report = dataclasses.replace(after, records=success.records + after.records, abandoned=after.abandoned)
         if after.interrupted is not None:
             raise after.interrupted
@@ -250,14 +269,17 @@ class Session:
         """Any live state → ``failed``: run the failure plan because of ``error``, and return the report.
 
         ``error`` is logged first (ERROR, ``lifecycle.session``, with ``label``), before
-        anything is released, so a teardown that hangs cannot hide the cause. It is not
-        raised here: re-raise it yourself (the context manager does). Each failed step
-        adds a note to ``error``. If an exit was requested (e.g. SIGTERM) before or during
-        the failure, ``error.requested_exit`` is set to the reason and a note says so: a
-        retry loop should stop instead of starting a new attempt. If a step was
-        interrupted by a ``BaseException`` that is not an ``Exception`` (Ctrl-C, a
-        restart request), the remaining steps still run and that interruption is raised
-        afterwards, from ``error``.
+        anything is released, so a teardown that hangs cannot hide the cause. Then, still
+        before any release, the actions tell the other ranks (if they can: see
+        ``AnnouncesFailures``; bounded, never raising) and observers get a
+        ``FailureEvent``; if a peer's failure came first (or the first is unknown), a note
+        on ``error`` says so. It is not raised here: re-raise it yourself (the context
+        manager does). Each failed step adds a note to ``error``. If an exit was requested
+        (e.g. SIGTERM) before or during the failure, ``error.requested_exit`` is set to the
+        reason and a note says so: a retry loop should stop instead of starting a new
+        attempt. If a step was interrupted by a ``BaseException`` that is not an
+        ``Exception`` (Ctrl-C, a restart request), the remaining steps still run and that
+        interruption is raised afterwards, from ``error``.
 
         SIGINT and SIGTERM wait until the session is final, then reach the handler
         that was there before (a Ctrl-C then raises ``KeyboardInterrupt``, from
@@ -289,7 +311,7 @@ class Session:
         def log_first() -> None:  # once the machine accepted the trigger, before any release
             logger.error("%s failed in state %s: %s; releasing what it owns", self.label, state, text)
 
-        report = self._fail_teardown(start, text, log_first)
+        report = self._fail_teardown(start, text, error, log_first)
         holders = tuple(dict.fromkeys(p for e in self._ledger.entries for p in e.resource.held_in_frames_of))
         clear_frames_of(error, holders)  # only torch's own frames: never the caller's, never ours
         for failure in report.failed:
@@ -345,8 +367,24 @@ class Session:
         if self._exit_request is None:
             self._exit_request = reason
 
+    def progress(self, phase: str, step: int | None = None) -> None:
+        """Say where the caller is, for the report of a failure: ``phase`` (e.g. ``"step"``) at training ``step``.
+
+        A failure is reported (``FailureEvent``, the notice to the other ranks) in the
+        phase given last, or in the state's name once a transition was taken since
+        (so ``progress`` need not be called again to leave a phase); at the step given
+        last (``step`` None keeps it; None until one is given). Costs two attribute
+        writes: call it as often as you like. Never raises.
+        """
+        self._phase = (phase, self.state)
+        if step is not None:
+            self._step = step
+
     def add_observer(self, observer: Callable[[SessionEvent], object]) -> None:
         """Call ``observer`` right after each transition and each teardown step, with what happened.
+
+        On the failure edge it is called first with a ``FailureEvent``, before anything is
+        released (once per session: a session fails once).
 
         Observers run on the thread that drives the session, in the order added; ``end``
         times are taken when the event happens and ``start`` is ``end`` less its duration.
@@ -383,12 +421,21 @@ class Session:
         source, start = self.state, time.monotonic()
 
         def run() -> bool:
-            self._shield.install()  # from the first trigger until final (main thread only)
-            work()
+            installed = self._shield.install()  # from the first trigger until final (main thread only)
+            try:
+                work()
+            except BaseException:
+                if installed and self.state is State.UNINITIALIZED and self._holds_nothing():
+                    self._shield.remove()  # refused before acquiring anything: leave no handler behind
+                raise
             return True
 
         self._driver.fire(trigger, run)
         self._journal_move(source, trigger, start, detail)
+
+    def _holds_nothing(self) -> bool:
+        """True if the ledger records nothing the session would release (only what the caller owns, if anything)."""
+        return all(entry.owner is Owner.CALLER for entry in self._ledger.entries)
 
     def _check_live(self, what: str) -> None:
         if self.state.is_final:
@@ -476,6 +523,26 @@ class Session:
             ) from error
         logger.warning("%s: released %s, left live by %s", self.label, entry.described(), left.session)
 
+    def _announce(self, error: BaseException, state: State) -> None:
+        """Tell the other ranks that this one failed in ``state`` (if the actions can), note what they say, notify.
+
+        Never raises ``Exception``: actions that raise are reported as not having published.
+        """
+        phase = self._phase[0] if self._phase is not None and self._phase[1] is state else state.value
+        now = time.time()
+        if isinstance(self._actions, AnnouncesFailures):
+            try:
+                announcement = self._actions.announce_failure(error, phase=phase, step=self._step, time=now)
+            except Exception as exc:  # noqa: BLE001 - announcing must never replace the failure being handled
+                announcement = Announcement(None, f"announcing the failure raised {describe(exc)}")
+        else:
+            announcement = Announcement(None, "the session's actions cannot announce a failure")
+        if announcement.note:
+            error.add_note(announcement.note)
+            logger.error("%s: %s", self.label, announcement.note)
+        if self._observers:
+            self._notify(FailureEvent(phase, self._step, describe(error), now, announcement))
+
     def _perform(self, step: Step) -> bool:
         """Run the callable bound, when ``step.entry`` was acquired, to ``step.kind``; False if it did not run.
 
@@ -536,16 +603,18 @@ class Session:
         self,
         start: float,
         detail: str,
+        error: BaseException,
         first: Callable[[], None] | None = None,
         *,
         abandoned: TeardownReport | None = None,
     ) -> TeardownReport:
-        """Take the failure edge, running the failure plan inside it; return its report (nothing raised).
+        """Take the failure edge because of ``error``, running the failure plan inside it; return its report.
 
-        With ``abandoned`` (the report of a teardown an escalated interrupt cut short), no
-        plan runs: the edge is taken and that report kept. Whatever interrupts it once the
-        work started, the session ends ``failed`` and the transition is journaled (an
-        interrupt inside the machine's own code included).
+        Nothing is raised. Inside the edge, before any release: ``first``, then the
+        failure is announced (``_announce``). With ``abandoned`` (the report of a teardown
+        an escalated interrupt cut short), no plan runs: the edge is taken and that report
+        kept. Whatever interrupts it once the work started, the session ends ``failed``
+        and the transition is journaled (an interrupt inside the machine's own code included).
         """
         source = self.state
         reports: list[TeardownReport] = []
@@ -556,6 +625,7 @@ class Session:
             entered = True
             if first is not None:
                 first()
+            self._announce(error, source)
             if abandoned is None:
                 reports.append(self._teardown(Outcome.FAILURE))
             else:

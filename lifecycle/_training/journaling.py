@@ -14,7 +14,8 @@ import time
 from lifecycle._core import journal as _journal
 from lifecycle._core.errors import describe
 from lifecycle._core.journal import JournalWriter, Left, Origin, Record, RunStart, TeardownStep, Transition
-from lifecycle._core.session import ReclaimEvent, Session, SessionEvent, TransitionEvent
+from lifecycle._core.records import Failure
+from lifecycle._core.session import FailureEvent, ReclaimEvent, Session, SessionEvent, TransitionEvent
 from lifecycle._core.states import State
 
 logger = logging.getLogger("lifecycle.pretrain")
@@ -24,8 +25,9 @@ class RunJournal:
     """One call's records, appended to ``<directory>/rank<R>.jsonl``; does nothing when ``directory`` is None.
 
     ``origin`` labels every record. Opening writes the ``RunStart`` (``start`` = now);
-    ``observe`` is the session observer that writes transitions, teardown steps and, once
-    the session is final, what its teardown left alone. On the move to ``dist_ready`` the
+    ``observe`` is the session observer that writes transitions, teardown steps, the
+    ``Failure`` record when the session takes its failure edge (before any teardown step)
+    and, once the session is final, what its teardown left alone. On the move to ``dist_ready`` the
     session's actions' ``attempt`` and ``store_prefix`` (read with
     ``getattr``, None when they have none, as ``TorchActions`` has) are recorded as the
     transition's ``agreed_attempt`` and ``store_prefix``. No method raises ``Exception``.
@@ -63,10 +65,26 @@ class RunJournal:
             self.close()
 
     def observe(self, event: SessionEvent) -> None:
-        """Session observer: write the transition or teardown step ``event`` describes."""
+        """Session observer: write the transition, teardown step or failure ``event`` describes."""
         if self._writer is None:
             return
         origin = self.origin
+        if isinstance(event, FailureEvent):
+            told = event.announcement
+            self.write(
+                Failure(
+                    origin=origin,
+                    phase=event.phase,
+                    step=event.step,
+                    error=event.error,
+                    time=event.time,
+                    seq=told.seq,
+                    unpublished=told.unpublished,
+                    first_rank=told.first_rank,
+                    note=told.note,
+                )
+            )
+            return
         if isinstance(event, TransitionEvent):
             entry = event.entry
             agreed, prefix = self._group_identity() if entry.dest is State.DIST_READY else (None, None)

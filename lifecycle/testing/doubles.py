@@ -2,7 +2,8 @@
 
 ``RecordingActions`` implements ``DistributedActions`` without torch: each call is
 appended to ``calls`` (shared with a ``RecordingCheckpoints``), and a call named in
-``fail_on`` raises the given exception instead (after nothing was acquired).
+``fail_on`` raises the given exception instead (after nothing was acquired). It
+announces failures too (``AnnouncesFailures``), recorded apart, in ``announced``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from lifecycle._core.ownership import Owner, Resource
+from lifecycle._core.seams import Announcement
 
 _INIT = {
     "init_store": Resource.RENDEZVOUS_STORE,
@@ -18,6 +20,9 @@ _INIT = {
     "init_microbatch_calculator": Resource.MICROBATCH_CALCULATOR,
     "init_rerun_state_machine": Resource.RERUN_STATE_MACHINE,
 }
+
+NOT_PUBLISHED = Announcement(None, "a RecordingActions double publishes nothing")
+"""What ``RecordingActions.announce_failure`` returns unless told otherwise."""
 
 COLLECTIVES = frozenset({"barrier", "destroy_process_group", "finalize_checkpoints"})
 """Recorded calls that involve every rank."""
@@ -39,7 +44,9 @@ class RecordingActions(_Recorder):
     """A ``DistributedActions`` double that records every call and injects faults.
 
     Resources named in ``caller_owns`` are reported as found (``Owner.CALLER``);
-    the rest as created (``Owner.SESSION``).
+    the rest as created (``Owner.SESSION``). ``announce_failure`` appends
+    ``(error, phase, step)`` to ``announced`` (not to ``calls``: it releases nothing)
+    and returns ``announcement``, or raises ``fail_on["announce_failure"]``.
     """
 
     def __init__(
@@ -48,10 +55,21 @@ class RecordingActions(_Recorder):
         caller_owns: Iterable[Resource] = (),
         fail_on: Mapping[str, BaseException] | None = None,
         calls: list[str] | None = None,
+        announcement: Announcement = NOT_PUBLISHED,
     ) -> None:
         """Start with an empty call log (or append to ``calls``)."""
         super().__init__(calls, fail_on)
         self.caller_owns = frozenset(caller_owns)
+        self.announcement = announcement
+        self.announced: list[tuple[BaseException, str, int | None]] = []
+
+    def announce_failure(self, error: BaseException, *, phase: str, step: int | None, time: float) -> Announcement:
+        """Record the failure in ``announced``; return ``announcement`` (or raise the injected fault)."""
+        self.announced.append((error, phase, step))
+        injected = self.fail_on.get("announce_failure")
+        if injected is not None:
+            raise injected
+        return self.announcement
 
     def _acquire(self, name: str) -> Owner:
         self._record(name)

@@ -30,7 +30,7 @@ from lifecycle._core.journal import (
     run_id,
 )
 from lifecycle._core.records import V1_RUN_ID, parse
-from lifecycle._core.session import Session, SessionEvent, TransitionEvent
+from lifecycle._core.session import FailureEvent, Session, SessionEvent, TransitionEvent
 from lifecycle._core.states import State
 from lifecycle._training.journaling import RunJournal
 from lifecycle.testing import RecordingActions
@@ -297,11 +297,17 @@ def test_the_run_id_comes_from_the_launcher_else_torchrun_else_this_process() ->
 
 
 def test_a_session_observer_sees_each_transition_and_teardown_step_as_it_happens() -> None:
-    """The observer is called after each transition and teardown step, in order, with wall-clock start <= end."""
+    """The observer is called after each transition and teardown step, in order, with wall-clock start <= end.
+
+    On the failure edge the failure itself comes first, before any release.
+    """
     actions = RecordingActions()
     seen: list[str] = []
 
     def observe(event: SessionEvent) -> None:
+        if isinstance(event, FailureEvent):
+            seen.append(f"failed: {event.error} ({len(actions.calls)} calls so far)")
+            return
         assert event.start <= event.end
         if isinstance(event, TransitionEvent):
             seen.append(f"{event.entry.source.value}->{event.entry.dest.value}")
@@ -314,6 +320,7 @@ def test_a_session_observer_sees_each_transition_and_teardown_step_as_it_happens
     session.fail(RuntimeError("boom"))
     assert seen == [
         "uninitialized->dist_ready",
+        "failed: RuntimeError: boom (2 calls so far)",
         "failure:abort_process_group (3 calls so far)",
         "failure:close_store (4 calls so far)",
         "dist_ready->failed",

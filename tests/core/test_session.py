@@ -216,6 +216,21 @@ def test_inprocess_refuses_a_caller_created_group_before_acquiring_anything() ->
     assert session.state is State.UNINITIALIZED
 
 
+def test_a_first_trigger_refused_before_acquiring_anything_leaves_no_signal_handler() -> None:
+    """A refused first trigger removes the interrupt shield it installed (it used to stay until the session ended)."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    session = Session(
+        RecordingActions(caller_owns=[Resource.RENDEZVOUS_STORE, Resource.PROCESS_GROUP]),
+        restart_mode=RestartMode.INPROCESS,
+    )
+    with pytest.raises(LifecycleError):
+        session.init_distributed()
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+    session.fail(RuntimeError("given up"))  # the failure edge still works, and leaves nothing installed either
+    assert session.state is State.FAILED
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+
+
 def test_inprocess_failure_defers_group_and_globals_to_the_wrapper() -> None:
     """Under in-process restart a failure releases neither group nor globals, and the report says so."""
     actions = RecordingActions()
