@@ -14,7 +14,10 @@ USAGE = """usage: python -m lifecycle COMMAND [ARGS]
 
 commands:
   demo [OPTIONS]      train the demo model with 2 ranks on CPU/gloo (see `demo --help`)
-  show JOURNAL...     print a run's timeline and draw the path it took (see `show --help`)
+  show JOURNAL... [--out DIR] [--html PATH]
+                      print each attempt's verdict (who failed first, how every rank
+                      ended) and timeline; draw the path taken and a gantt chart, and
+                      with --html one self-contained page (see `show --help`)
   diagrams [--check] [--out DIR]
                       write the diagrams generated from the table into DIR (default:
                       diagrams/); with --check, write nothing and exit 1 if any is stale

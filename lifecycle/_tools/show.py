@@ -1,13 +1,18 @@
 """``python -m lifecycle show JOURNAL...``: a run's timeline, and the diagram of the path it took.
 
-The timeline lists, per attempt and per rank, every transition and teardown step with
-its time relative to the start of the run. The attempts of a run are ordered by
+Per attempt, a verdict comes first (``lifecycle._tools.verdict``): which rank failed
+first, by the store's sequence number where the ranks journaled their failure notices,
+otherwise by wall time, and how every other rank ended, grouped, in at most 24 lines.
+Then the timeline lists, per attempt and per rank, every transition and teardown step
+with its time relative to the start of the run. The attempts of a run are ordered by
 torchrun's restart count, then by ``pretrain``'s attempt number: the workers torchrun
 restarts count their attempts from 0 again, and show numbers them on from the
 attempts before (``attempt 2 (torchrun restart 1)``). The diagrams are the lifecycle diagrams of
 ``lifecycle._tools.diagrams`` (generated from ``TRANSITIONS``) with the edges the run took
 highlighted: one Mermaid and one Graphviz file per attempt, rendered to SVG and PNG
-when Graphviz's ``dot`` is installed.
+when Graphviz's ``dot`` is installed; next to them, a Mermaid gantt chart of each
+attempt (``lifecycle._tools.gantt``), and with ``--html PATH`` one self-contained page
+of it all (``lifecycle._tools.page``).
 
 Real-world journals: torn lines are skipped with a note naming file and line; a line
 that breaks the schema ends ``show`` with ``file:line: field 'x' ...`` (exit 2), never a
@@ -26,6 +31,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from lifecycle._core import journal as _journal
@@ -33,6 +39,9 @@ from lifecycle._core.journal import Eval, Left, Record, RunEnd, RunStart, Step, 
 from lifecycle._core.states import State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge
 from lifecycle._tools import diagrams as _diagrams
+from lifecycle._tools import gantt as _gantt
+from lifecycle._tools import page as _page
+from lifecycle._tools import verdict as _verdict
 
 CLOSED_PIPE = 141
 """The exit code of a command whose stdout was closed before it was done (128 + SIGPIPE); ``cli`` uses it too."""
@@ -78,6 +87,15 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
     if last is not None and last.end is not None:
         events.append((last.end, f"step {last.step} ended (the last recorded; loss {last.loss:.3f})"))
     return sorted(events, key=lambda event: event[0])
+
+
+def _earliest(records: list[Record]) -> float | None:
+    """The earliest time ``_events(records)`` would list (without building its lines); None if it lists none."""
+    times = [r.start for r in records if isinstance(r, RunStart | Transition | TeardownStep)]
+    last = next((r for r in reversed(records) if isinstance(r, Step)), None)
+    if last is not None and last.end is not None:
+        times.append(last.end)
+    return min(times, default=None)
 
 
 def _summary(call: list[Record]) -> str:
@@ -127,6 +145,8 @@ def _jobs(records: list[Record]) -> list[int]:
                 job, seen = job + 1, set()
             seen.add(key)
             job_of_start[index] = job
+    if not any(job_of_start.values()):  # the usual case, one job per run id: skip the walk (show reads 1,000s of ranks)
+        return [0] * len(records)
     jobs: list[int] = []
     current: dict[tuple[str, int], int] = {}  # (run id, rank): the job of the rank's last start
     for index, r in enumerate(records):
@@ -221,14 +241,21 @@ def _split_calls(records: list[Record]) -> list[list[Record]]:
     return calls
 
 
-def timeline_lines(records: list[Record]) -> list[str]:
+def verdict_lines(ranks: dict[int, list[Record]]) -> list[str]:
+    """One attempt's verdict (``lifecycle._tools.verdict``), at most 24 lines, each indented: ``  verdict: ...``."""
+    lines = _verdict.analyse(ranks).lines()
+    return [f"  verdict: {line}" if i == 0 else f"  {'':9}{line}" for i, line in enumerate(lines)]
+
+
+def timeline_lines(records: list[Record], *, verdicts: bool = False) -> list[str]:
     """The timeline: per run id, per attempt, per rank, every event with its time since the run's first event.
 
     Runs of different run ids are shown one after the other, never merged; so are
     jobs that shared a run id (``run X (job 2 of 2 with this run id)``; see ``_jobs``).
 
     Each rank's line says how its call ended, or, without an end record (a killed or
-    hung rank), the state it reached and the last training step it recorded.
+    hung rank), the state it reached and the last training step it recorded. With
+    ``verdicts``, each attempt's verdict (``verdict_lines``) comes first, before its ranks.
     """
     if not records:
         return ["(no journal records)"]
@@ -244,21 +271,29 @@ def timeline_lines(records: list[Record]) -> list[str]:
             run = key[:2]
             rid, job = run
             starts = [
-                t for k, rs in grouped.items() if k[:2] == run for calls in rs.values() for t, _ in _events(calls)
+                _earliest(rank_records) for k, rs in grouped.items() if k[:2] == run for rank_records in rs.values()
             ]
-            t0 = min(starts, default=0.0)
+            t0 = min((t for t in starts if t is not None), default=0.0)
             lines.append(f"run {rid}" + (f" (job {job + 1} of {jobs[rid]} with this run id)" if jobs[rid] > 1 else ""))
         lines.append(_label(key, numbers[key], key[:2] in restarted))
-        for rank, rank_records in ranks.items():
-            for call in _split_calls(rank_records):
-                lines.append(f"  rank {rank}: {_summary(call)}")
-                lines += [f"  {t - t0:+9.3f}s  {text}" for t, text in _events(call)]
-                lines += [
-                    f"  {'':11}      left alone: {r.resource}: {r.reason}"
-                    + (f" (acquired at {r.site})" if r.site else "")
-                    for r in call
-                    if isinstance(r, Left)
-                ]
+        if verdicts:
+            lines += verdict_lines(ranks)
+        lines += _rank_lines(ranks, t0)
+    return lines
+
+
+def _rank_lines(ranks: dict[int, list[Record]], t0: float) -> list[str]:
+    """One attempt's ranks: per ``pretrain`` call, how it ended, then its events timed from ``t0``."""
+    lines: list[str] = []
+    for rank, rank_records in ranks.items():
+        for call in _split_calls(rank_records):
+            lines.append(f"  rank {rank}: {_summary(call)}")
+            lines += [f"  {t - t0:+9.3f}s  {text}" for t, text in _events(call)]
+            lines += [
+                f"  {'':11}      left alone: {r.resource}: {r.reason}" + (f" (acquired at {r.site})" if r.site else "")
+                for r in call
+                if isinstance(r, Left)
+            ]
     return lines
 
 
@@ -275,12 +310,11 @@ def final_states(records: list[Record]) -> dict[int, str]:
 
 def taken_edges(records: Iterable[Record]) -> frozenset[Edge]:
     """The declared edges the transition records took (a record naming no declared edge is ignored)."""
+    named = {(r.trigger, r.source, r.dest) for r in records if isinstance(r, Transition)}
     taken = set()
-    for record in records:
-        if not isinstance(record, Transition):
-            continue
+    for trigger, source, dest in named:
         try:
-            edge = Edge(Trigger(record.trigger), State(record.source), State(record.dest))
+            edge = Edge(Trigger(trigger), State(source), State(dest))
         except ValueError:
             continue
         if edge in TRANSITIONS:
@@ -288,37 +322,65 @@ def taken_edges(records: Iterable[Record]) -> frozenset[Edge]:
     return frozenset(taken)
 
 
+@dataclass(frozen=True, slots=True)
+class _Drawn:
+    """One numbered attempt as drawn: file name stem, label, and each rank's records (its iterations merged)."""
+
+    stem: str
+    label: str
+    ranks: dict[int, list[Record]]
+    t0: float
+
+
+def _drawn(records: list[Record]) -> list[_Drawn]:
+    """The attempts ``write_diagrams`` draws, one per attempt number of each run (job)."""
+    grouped = _by_attempt(records)
+    numbers = _numbers(grouped)
+    restarted = {key[:2] for key in grouped if key[2] > 0}
+    attempts: dict[tuple[str, int, int], dict[int, list[Record]]] = {}
+    labels: dict[tuple[str, int, int], str] = {}
+    for key, ranks in grouped.items():
+        where = (key[0], key[1], numbers[key])
+        labels.setdefault(where, _label(key, numbers[key], key[:2] in restarted))
+        merged = attempts.setdefault(where, {})
+        for rank, rank_records in ranks.items():
+            merged.setdefault(rank, []).extend(rank_records)
+    several = len({run_id for run_id, _, _ in attempts}) > 1
+    shared = {run_id for run_id, job, _ in attempts if job > 0}
+    drawn = []
+    for (run_id, job, number), ranks in attempts.items():
+        prefix = re.sub(r"[^A-Za-z0-9._-]", "_", run_id) + "-" if several else ""
+        prefix += f"job{job + 1}-" if run_id in shared else ""
+        label = (f"run {run_id}: " if several or run_id in shared else "") + labels[(run_id, job, number)]
+        times = [t for t in map(_earliest, ranks.values()) if t is not None]
+        drawn.append(_Drawn(f"{prefix}attempt{number}", label, dict(sorted(ranks.items())), min(times, default=0.0)))
+    return drawn
+
+
 def write_diagrams(records: list[Record], out: Path) -> list[Path]:
-    """Write, per attempt, ``attempt<N>.mmd`` and ``attempt<N>.dot`` (plus ``.svg``, ``.png`` if ``dot`` exists).
+    """Write, per attempt, ``attempt<N>.mmd``, ``attempt<N>.dot`` (plus ``.svg``, ``.png`` if ``dot`` exists) and
+    ``attempt<N>-gantt.mermaid``.
 
     ``N`` is the attempt's number in the timeline (torchrun's restarts numbered on);
-    each diagram highlights the edges any rank took in that attempt (in any of its
-    in-process iterations). With several run ids the names start ``<run id>-``; where
-    jobs shared a run id, then ``job<J>-`` (1, 2, ...).
-    Returns the paths written.
+    each state diagram highlights the edges any rank took in that attempt (in any of its
+    in-process iterations); the gantt chart (``lifecycle._tools.gantt``) draws its ranks'
+    states and teardown steps on one time axis, the first failure marked. With several
+    run ids the names start ``<run id>-``; where jobs shared a run id, then ``job<J>-``
+    (1, 2, ...). Returns the paths written.
     A rendering failure is reported on stderr and skipped: the sources are still written.
     """
     out.mkdir(parents=True, exist_ok=True)
     dot_exe = shutil.which("dot")
     written: list[Path] = []
-    grouped = _by_attempt(records)
-    numbers = _numbers(grouped)
-    attempts: dict[tuple[str, int, int], list[Record]] = {}
-    for key, ranks in grouped.items():
-        attempts.setdefault((key[0], key[1], numbers[key]), []).extend(
-            r for rank_records in ranks.values() for r in rank_records
-        )
-    several = len({run_id for run_id, _, _ in attempts}) > 1
-    shared = {run_id for run_id, job, _ in attempts if job > 0}
-    for (run_id, job, number), attempt_records in attempts.items():
-        taken = taken_edges(attempt_records)
-        prefix = re.sub(r"[^A-Za-z0-9._-]", "_", run_id) + "-" if several else ""
-        prefix += f"job{job + 1}-" if run_id in shared else ""
-        mmd = out / f"{prefix}attempt{number}.mmd"
+    for drawn in _drawn(records):
+        taken = taken_edges(r for rank_records in drawn.ranks.values() for r in rank_records)
+        mmd = out / f"{drawn.stem}.mmd"
         mmd.write_text(_diagrams.mermaid(taken), encoding="utf-8")
         source = mmd.with_suffix(".dot")
         source.write_text(_diagrams.dot(taken), encoding="utf-8")
-        written += [mmd, source]
+        chart = out / f"{drawn.stem}-gantt.mermaid"
+        chart.write_text(_gantt.gantt(drawn.ranks, drawn.label, _verdict.analyse(drawn.ranks)), encoding="utf-8")
+        written += [mmd, source, chart]
         if dot_exe is None:
             continue
         for fmt in ("svg", "png"):
@@ -332,6 +394,37 @@ def write_diagrams(records: list[Record], out: Path) -> list[Path]:
             else:
                 written.append(image)
     return written
+
+
+def write_page(records: list[Record], path: Path, diagrams: Path | None = None) -> Path:
+    """Write the self-contained HTML page of ``records`` to ``path`` (``lifecycle._tools.page``); return ``path``.
+
+    Per attempt: its verdict, gantt chart, highlighted state diagram and timeline (timed
+    from the attempt's first event, where the printed timeline times from the run's). The
+    mermaid bundle is inlined where installed (``page.mermaid_bundle``); the Graphviz
+    SVG of an attempt is inlined where ``diagrams`` holds one (``write_diagrams``'s).
+    ``OSError`` if it cannot be written.
+    """
+    sections = []
+    for drawn in _drawn(records):
+        taken = taken_edges(r for rank_records in drawn.ranks.values() for r in rank_records)
+        analysis = _verdict.analyse(drawn.ranks)
+        svg_path = diagrams / f"{drawn.stem}.svg" if diagrams is not None else None
+        svg = svg_path.read_text(encoding="utf-8") if svg_path is not None and svg_path.is_file() else None
+        sections.append(
+            _page.Section(
+                label=drawn.label,
+                verdict=analysis.lines(),
+                timeline=_rank_lines(drawn.ranks, drawn.t0),
+                gantt=_gantt.gantt(drawn.ranks, drawn.label, analysis),
+                state=_diagrams.mermaid(taken),
+                svg=svg,
+            )
+        )
+    run_ids = ", ".join(dict.fromkeys(r.origin.run_id for r in records))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_page.page(f"lifecycle run {run_ids}", sections, _page.mermaid_bundle()), encoding="utf-8")
+    return path
 
 
 def drop_stdout() -> None:
@@ -352,7 +445,11 @@ def print_or_drop(text: str) -> bool:
 
 
 def show_main(argv: list[str]) -> int:
-    """``show JOURNAL... [--out DIR]``: print the timeline, write the diagrams; return the exit code.
+    """``show JOURNAL... [--out DIR] [--html PATH]``: print the verdicts and timeline, write the diagrams.
+
+    Returns the exit code. Per attempt, the verdict (``verdict_lines``: which rank failed
+    first, how the others ended) comes before its ranks' timelines. ``--html PATH``
+    also writes the self-contained page of ``write_page`` to ``PATH``.
 
     A JOURNAL may be a journal file (read whatever its name) or a folder, which stands
     for its ``rank<R>.jsonl`` files (other ``*.jsonl`` files in it that look like
@@ -370,10 +467,19 @@ def show_main(argv: list[str]) -> int:
     """
     parser = argparse.ArgumentParser(
         prog="python -m lifecycle show",
-        description="Print the timeline of a run from its journals and draw the lifecycle path it took.",
+        description=(
+            "Print, per attempt, the verdict (which rank failed first, how every rank ended) and the timeline of a run"
+            " from its journals; draw the lifecycle path it took and a gantt chart of each attempt."
+        ),
     )
     parser.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL", help="rank<R>.jsonl files or folders")
     parser.add_argument("--out", type=Path, help="where to write the diagrams (default: next to the journal)")
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="PATH",
+        help="also write one self-contained HTML page (verdicts, diagrams, timelines) to PATH; it opens offline",
+    )
     args = parser.parse_args(argv)
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 must not end the report
         if isinstance(stream, io.TextIOWrapper):
@@ -393,7 +499,7 @@ def show_main(argv: list[str]) -> int:
         return 2
     for warning in run_warnings(records):
         print(f"warning: {warning}", file=sys.stderr)
-    closed = not print_or_drop("\n".join(timeline_lines(records)))
+    closed = not print_or_drop("\n".join(timeline_lines(records, verdicts=True)))
     first = args.journals[0]
     out = args.out if args.out is not None else (first if first.is_dir() else first.parent)
     try:
@@ -401,6 +507,12 @@ def show_main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"cannot write the diagrams to {out}: {exc}", file=sys.stderr)
         return 2
+    if args.html is not None:
+        try:
+            written.append(write_page(records, args.html, out))
+        except OSError as exc:
+            print(f"cannot write the page to {args.html}: {exc}", file=sys.stderr)
+            return 2
     for path in written:
         closed = not print_or_drop(f"wrote {path}") or closed
     return CLOSED_PIPE if closed else 0

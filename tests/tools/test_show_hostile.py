@@ -173,7 +173,8 @@ def test_two_jobs_that_shared_a_run_id_are_not_merged_into_one_attempt(tmp_path:
         f"run {shared} (job 1 of 2 with this run id)",
         f"run {shared} (job 2 of 2 with this run id)",
     ]
-    second = out[out.index(f"run {shared} (job 2 of 2 with this run id)") :]
+    job2 = out[out.index(f"run {shared} (job 2 of 2 with this run id)") :]
+    second = [line for line in job2 if not line.startswith("  verdict: ")]  # each attempt's verdict comes first
     assert [line.split(":")[0] for line in second if line.startswith("  rank")] == ["  rank 0", "  rank 1"]
     assert "ended closed after step 4" in second[2] and "+0.000s" in second[3]  # timed from job 2's own start
     assert f"warning: run id {shared} was used by 2 jobs" in result.stderr

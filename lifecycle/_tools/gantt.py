@@ -1,0 +1,143 @@
+"""A Mermaid ``gantt`` chart of one attempt: every rank's states and teardown steps on one time axis.
+
+One section per rank up to ``MAX_ROWS`` ranks; beyond that, the rank that failed first
+(and those that failed independently) plus one section per group of ranks that ended
+alike (``verdict.Group``), drawn from one rank of the group. The first failure is a
+``crit`` milestone. Times are milliseconds since the attempt's first record
+(``dateFormat x``). The text stays far under the 50,000 characters GitHub renders:
+past ``BUDGET`` the teardown steps are left out (labels are cut to 70 characters, and
+sections to ``MAX_ROWS``, in any case).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from lifecycle._core.records import Failure, Record, RunEnd, RunStart, Step, TeardownStep, Transition
+from lifecycle._tools.verdict import Verdict, compact
+
+MAX_ROWS = 16
+"""The most sections (rows of ranks) a chart draws."""
+
+COMPACT_FROM = 4
+"""Charts of more sections than this are drawn compact (``displayMode: compact``)."""
+
+BUDGET = 40_000
+"""The most characters a chart may take (GitHub renders Mermaid only under 50,000)."""
+
+_UNSAFE = re.compile(r"[:;#\n\r\t%`\"<>{}]+")
+
+
+def _label(text: str, limit: int = 70) -> str:
+    """``text`` made safe as a gantt task or section name: no ``:``, ``;``, ``#``, line breaks; cut to ``limit``."""
+    clean = _UNSAFE.sub(" ", text).strip() or "?"
+    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
+
+
+def _tasks(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, float, float]]:
+    """One rank's bars as (label, tags, start, end), wall-clock times: its states, the work of each move, teardown."""
+    bars: list[tuple[str, str, float, float]] = []
+    starts = [r.start for r in records if isinstance(r, RunStart)]
+    since = min(starts) if starts else None
+    state = "uninitialized"
+    steps = [r.step for r in records if isinstance(r, Step)]
+    for r in records:
+        if not isinstance(r, Transition):
+            continue
+        if since is not None and r.start - since >= 0.001:  # a state left within a millisecond is not drawn
+            name = state + (f" (steps {steps[0]}-{steps[-1]})" if state == "training" and steps else "")
+            bars.append((name, "done", since, r.start))
+        bars.append(
+            (f"{r.trigger} ({r.source} to {r.dest})", "active" if r.dest != "failed" else "crit", r.start, r.end)
+        )
+        state, since = r.dest, r.end
+    last = max((r.end for r in records if isinstance(r, Step | RunEnd) and r.end is not None), default=None)
+    if state not in ("closed", "failed") and since is not None and last is not None and last - since >= 0.001:
+        name = state + (f" (steps {steps[0]}-{steps[-1]})" if state == "training" and steps else "")
+        ended = any(isinstance(r, RunEnd) for r in records)
+        bars.append((name + ("" if ended else " - no end record"), "done", since, last))
+    if detail:
+        for r in records:
+            if isinstance(r, TeardownStep):
+                tags = "crit" if r.error else ""
+                bars.append((f"teardown {r.step}" + (" FAILED" if r.error else ""), tags, r.start, r.end))
+    return bars
+
+
+def gantt(ranks: Mapping[int, Sequence[Record]], title: str, verdict: Verdict) -> str:
+    """The gantt chart of one attempt (``ranks``: rank → its records), titled ``title``, the first failure marked.
+
+    Deterministic for the same records; under ``BUDGET`` characters for any number of ranks.
+    """
+    headline = verdict.lines(limit=1)[0]
+    title = f"{title} - {headline}"
+    for detail in (True, False):
+        text = _chart(ranks, title, verdict, detail=detail)
+        if len(text) <= BUDGET:
+            return text
+    return text[: BUDGET - 200].rsplit("\n", 1)[0] + "\n"
+
+
+def _rows(ranks: Mapping[int, Sequence[Record]], verdict: Verdict) -> tuple[list[tuple[str, int]], int]:
+    """The sections to draw, as (name, the rank drawn), and how many groups were left out."""
+    journaled = [rank for rank in ranks if ranks[rank]]
+    if len(journaled) <= MAX_ROWS:
+        return [(f"rank {rank}", rank) for rank in journaled], 0
+    rows: list[tuple[str, int]] = []
+    if verdict.first is not None:
+        rows.append((f"rank {verdict.first.rank} (failed first)", verdict.first.rank))
+    rows += [(f"rank {e.rank} (failed independently)", e.rank) for e in verdict.independent[:3]]
+    drawn = [g for g in verdict.groups if ranks.get(g.rank)]
+    room = MAX_ROWS - len(rows)
+    for group in drawn[:room]:
+        who = f"rank {group.ranks[0]}" if len(group.ranks) == 1 else f"ranks {compact(group.ranks)}"
+        rows.append((f"{_label(who, 40)} (rank {group.rank} drawn)", group.rank))  # the verdict says how they ended
+    return rows, max(len(drawn) - room, 0)
+
+
+def _chart(ranks: Mapping[int, Sequence[Record]], title: str, verdict: Verdict, *, detail: bool) -> str:
+    times = [r.start for rs in ranks.values() for r in rs if isinstance(r, RunStart)]
+    times += [r.start for rs in ranks.values() for r in rs if isinstance(r, Transition)]
+    t0 = min(times, default=0.0)
+    rows, left_out = _rows(ranks, verdict)
+    bars = {rank: _tasks(ranks[rank], detail=detail) for _, rank in rows}
+    last = max((end for bs in bars.values() for _, _, _, end in bs), default=t0)
+    span = last - t0
+    axis = "%S.%L" if span < 60 else "%M:%S" if span < 3600 else "%H:%M:%S"
+    if left_out:
+        title += f" ({left_out} more groups not drawn)"
+    # Compact (a section's bars share lines where they do not overlap) keeps many ranks' charts short; labels of
+    # short bars then collide, so a chart of a few ranks gives each bar a line of its own.
+    compact = ["---", "displayMode: compact", "---"] if len(rows) > COMPACT_FROM else []
+    lines = [
+        *compact,
+        "gantt",
+        f"    title {_label(title, 200)}",
+        "    dateFormat x",
+        f"    axisFormat {axis}",
+        "    todayMarker off",
+    ]
+
+    def ms(t: float) -> int:
+        return round((t - t0) * 1000)
+
+    marked = [verdict.first, *verdict.independent[:3]] if verdict.first is not None else []
+    count = 0
+    for name, rank in rows:
+        lines.append(f"    section {_label(name, 60)}")
+        for label, tags, start, end in bars[rank]:
+            count += 1
+            a, b = ms(start), max(ms(end), ms(start) + 1)
+            lines.append(f"    {_label(label)} :{tags + ', ' if tags else ''}t{count}, {a}, {b}")
+        for end_ in marked:
+            if end_ is not None and end_.rank == rank and end_.failed_at is not None:
+                count += 1
+                what = "failed first" if end_ is verdict.first else "failed independently"
+                failure = next((r for r in ranks[rank] if isinstance(r, Failure)), None)
+                error = failure.error if failure is not None else end_.error
+                at = ms(end_.failed_at)
+                lines.append(
+                    f"    {_label(f'rank {rank} {what} - {error}', 90)} :crit, milestone, t{count}, {at}, {at}"
+                )
+    return "\n".join(lines) + "\n"

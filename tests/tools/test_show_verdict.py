@@ -1,0 +1,273 @@
+"""``show``'s verdict, gantt chart and page, on journals written here (torch-free, fast).
+
+Before issue 14 ``show`` printed per-rank timelines only: no verdict, no gantt chart,
+no ``--html``; every test here fails on it (the modules did not exist). What each
+pins beyond that is in its docstring.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from lifecycle._core.records import Origin, Record
+from lifecycle._tools import gantt, synthetic, verdict
+from lifecycle._tools.show import show_main, timeline_lines, write_diagrams, write_page
+
+T0 = 1_000.0
+FAIL = T0 + 0.5
+
+
+def origin(rank: int, attempt: int = 0) -> Origin:
+    """Rank ``rank``'s origin in attempt ``attempt`` of run ``r``."""
+    return Origin("r", rank, attempt, "ordinary", 0)
+
+
+def attempt(
+    world: int, ends: dict[int, dict[str, object]], *, missing: tuple[int, ...] = ()
+) -> dict[int, list[Record]]:
+    """One attempt of ``world`` ranks: each closes unless ``ends[rank]`` says otherwise (``synthetic.rank_call``
+    keywords); the ranks in ``missing`` wrote no journal."""
+    ranks: dict[int, list[Record]] = {}
+    for rank in range(world):
+        if rank in missing:
+            continue
+        how = {"end": "closed", **ends.get(rank, {})}
+        ranks[rank] = synthetic.rank_call(origin(rank), world, T0, steps=5, **how)  # type: ignore[arg-type]
+    return ranks
+
+
+def failed(at: float, error: str, **more: object) -> dict[str, object]:
+    """A rank that fails at ``at`` with ``error`` (``synthetic.rank_call`` keywords in ``more``)."""
+    return {"end": "failed", "fail_at": at, "error": error, **more}
+
+
+PEER = "RuntimeError: Connection closed by peer"
+
+
+def test_the_first_failure_is_ordered_by_the_stores_sequence_number() -> None:
+    """Rank 2 published first (seq 1) though its clock put its failure after rank 0's: the verdict names rank 2,
+    by sequence number, with its phase, step and error, and times the others from it."""
+    ranks = attempt(
+        4,
+        {
+            0: failed(FAIL + 0.001, PEER, seq=2, first_rank=2),  # clock skew: 1 ms "earlier" than rank 2 says
+            2: failed(FAIL + 0.010, "InjectedFault: boom", seq=1),
+            3: failed(FAIL + 0.070, PEER, seq=3, first_rank=2),
+        },
+    )
+    lines = verdict.analyse(ranks).lines()
+    assert lines[0] == (
+        "rank 2 failed first (by the store's sequence number), at step 6 (phase step): InjectedFault: boom"
+    )
+    assert f"ranks 0, 3: failed 9.0 ms before to 60 ms after rank 2, at step 6 (phase step): {PEER}" in lines
+    assert "rank 1: closed" in lines
+
+
+def test_without_failure_records_the_first_failure_is_by_wall_time() -> None:
+    """Journals without Failure records (older runs): the earliest failure evidence by wall time decides, and the
+    verdict says so; the phase is the state the rank failed from, the step the last it recorded."""
+    ranks = attempt(
+        3,
+        {
+            0: failed(FAIL + 0.060, PEER, failure_record=False),
+            1: failed(FAIL, "InjectedFault: boom", failure_record=False),
+            2: failed(FAIL + 0.080, PEER, failure_record=False),
+        },
+    )
+    lines = verdict.analyse(ranks).lines()
+    assert lines[0] == (
+        "rank 1 failed first (by wall time: no failure notice was journaled), in state training, after step 5:"
+        " InjectedFault: boom"
+    )
+    assert lines[1] == f"ranks 0, 2: failed 60-80 ms after rank 1, in state training, after step 5: {PEER}"
+
+
+def test_a_sigkilled_rank_is_named_as_cut_short() -> None:
+    """A rank whose journal just stops (SIGKILL) is reported as having no end record, with its state, its last
+    step and when its last record was written, against the first failure."""
+    ranks = attempt(4, {3: {"end": "killed"}, 0: failed(FAIL, PEER, seq=1), 1: failed(FAIL + 0.002, PEER, seq=2)})
+    lines = verdict.analyse(ranks).lines()
+    killed = [line for line in lines if line.startswith("rank 3:")]
+    assert killed == [
+        "rank 3: no end record — killed? (in state training, last step 5; last record 435 ms before rank 0 failed)"
+    ]
+
+
+def test_ranks_with_no_journal_are_named_from_the_world_size() -> None:
+    """Ranks of the world (RunStart.world_size) that left no journal are named as such, grouped in ranges."""
+    ranks = attempt(6, {}, missing=(3, 4, 5))
+    assert verdict.analyse(ranks).lines() == [
+        "no rank failed",
+        "ranks 0-2: closed",
+        "ranks 3-5: no journal (world size 6)",
+    ]
+
+
+def test_two_ranks_failing_within_a_few_ms_are_reported_as_independent() -> None:
+    """Ranks 1 and 2 fail 2 ms apart: neither caused the other, and the verdict says so; the rest follow rank 1."""
+    ranks = attempt(
+        4,
+        {
+            0: failed(FAIL + 0.06, PEER, seq=3, first_rank=1),
+            1: failed(FAIL, "InjectedFault: one", seq=1),
+            2: failed(FAIL + 0.002, "InjectedFault: two", seq=2, first_rank=1),
+            3: failed(FAIL + 0.07, PEER, seq=4, first_rank=1),
+        },
+    )
+    lines = verdict.analyse(ranks).lines()
+    assert lines[0].startswith("rank 1 failed first (by the store's sequence number)")
+    assert lines[1] == (
+        "rank 2 failed independently, 2.0 ms apart (neither caused the other), at step 6 (phase step):"
+        " InjectedFault: two"
+    )
+    assert lines[2] == f"ranks 0, 3: failed 60-70 ms after rank 1, at step 6 (phase step): {PEER}"
+
+
+def test_a_published_failure_naming_no_peer_is_independent_however_late() -> None:
+    """A rank that published its own notice and names no peer as first failed on its own, 30 ms later or not."""
+    ranks = attempt(3, {0: failed(FAIL, "OSError: disk full", seq=1), 2: failed(FAIL + 0.03, "KeyError: x", seq=2)})
+    lines = verdict.analyse(ranks).lines()
+    assert lines[1].startswith("rank 2 failed independently, 30 ms apart") and lines[2] == "rank 1: closed"
+
+
+def test_a_rank_that_could_not_learn_the_first_is_no_independent_failure() -> None:
+    """A rank whose notice was published but which could not read notice 1 (its note says the first is unknown,
+    it names no rank) is grouped as failing after the first, not as failing independently."""
+    unknown = (
+        "lifecycle: which rank failed first is unknown: this rank's notice is number 2; notice 1 could not be read"
+    )
+    ranks = attempt(
+        3, {0: failed(FAIL, "OSError: disk full", seq=1), 2: failed(FAIL + 0.03, PEER, seq=2, note=unknown)}
+    )
+    lines = verdict.analyse(ranks).lines()
+    assert lines[1] == f"rank 2: failed 30 ms after rank 0, at step 6 (phase step): {PEER}"
+
+
+def test_the_store_host_failing_first_leaves_the_others_unpublished() -> None:
+    """Rank 0 hosted the store and failed first: the others could not publish (no seq); the verdict still names
+    rank 0 by sequence number and groups the others after it."""
+    ranks = attempt(
+        4,
+        {0: failed(FAIL, "InjectedFault: host", seq=1), **{r: failed(FAIL + 0.05 + r / 1000, PEER) for r in (1, 2, 3)}},
+    )
+    lines = verdict.analyse(ranks).lines()
+    assert lines[0].startswith("rank 0 failed first (by the store's sequence number)")
+    assert lines[1] == f"ranks 1-3: failed 51-53 ms after rank 0, at step 6 (phase step): {PEER}"
+
+
+def test_a_rank_that_failed_earlier_without_a_notice_is_noted() -> None:
+    """By sequence number rank 1 was first, but rank 3, which could not publish, failed 40 ms before it by wall
+    time: the verdict notes it rather than hide it."""
+    ranks = attempt(4, {1: failed(FAIL + 0.04, "InjectedFault: x", seq=1), 3: failed(FAIL, "OSError: gone")})
+    lines = verdict.analyse(ranks).lines()
+    assert "note: rank 3 failed 40 ms earlier by wall time but journaled no published notice" in lines
+
+
+def test_scattered_ranks_are_cut_with_their_count() -> None:
+    """Every other rank of 1,024 killed: the ranges of each group are cut to a readable length, with the count."""
+    ranks = attempt(1024, {r: {"end": "killed"} for r in range(0, 1024, 2)})
+    lines = verdict.analyse(ranks).lines()
+    assert lines[1].startswith("ranks 0, 2, 4, ") and ", … (512 ranks): no end record — killed?" in lines[1]
+    assert len(lines[1]) < 200
+
+
+def test_no_rank_failed_is_one_line() -> None:
+    """Every rank closed: one line."""
+    assert verdict.analyse(attempt(4, {})).lines() == ["no rank failed: all 4 ranks closed"]
+
+
+def test_1024_ranks_with_many_distinct_errors_stay_within_24_lines() -> None:
+    """1,024 ranks, each peer failing with a different error (not only its numbers): groups past 24 lines are
+    counted in a last line, the killed and missing ranks still named; errors that differ only in numbers (ports)
+    share a group."""
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+    ends: dict[int, dict[str, object]] = {1: failed(FAIL, "InjectedFault: first", seq=1)}
+    for rank in range(2, 1024):
+        error = f"RuntimeError: {words[rank % 10]} {words[rank // 10 % 10]} {words[rank // 100 % 10]}"
+        ends[rank] = failed(FAIL + 0.06 + rank / 1e5, error, seq=rank, first_rank=1)
+    ends[0] = failed(FAIL + 0.06, f"{PEER} [10.0.0.1]:20000", seq=1024, first_rank=1)
+    ends[7] = {"end": "killed"}
+    ranks = attempt(1024, ends, missing=(1000, 1001))
+    lines = verdict.analyse(ranks).lines()
+    assert len(lines) == 24 and lines[0].startswith("rank 1 failed first")
+    assert lines[-3].startswith("rank 7: no end record — killed?")  # kept: the failed ranks' groups give way
+    assert lines[-2] == "ranks 1000-1001: no journal (world size 1024)"
+    assert re.fullmatch(r"… and \d+ more groups \(\d+ ranks\)", lines[-1]), lines[-1]
+    ports = attempt(
+        1024, {1: ends[1], **{r: failed(FAIL + 0.06, f"{PEER} [10.0.0.1]:{20000 + r}") for r in range(2, 1024)}}
+    )
+    assert verdict.analyse(ports).lines()[1].startswith("ranks 2-1023: failed 60 ms after rank 1")
+
+
+def test_show_prints_each_attempts_verdict_before_its_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``show`` prints the verdict right under each attempt's label, indented, before the ranks' timelines."""
+    synthetic.write(tmp_path, synthetic.failing_run("r", 3, 2))
+    assert show_main([str(tmp_path), "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    for label in ("attempt 0", "attempt 1"):
+        at = out.index(label)
+        assert out[at + 1].startswith("  verdict: rank 1 failed first (by the store's sequence number)")
+        assert out[at + 2].strip().startswith("ranks 0, 2: failed")
+        assert out[at + 3].startswith("  rank 0: ended failed")
+    assert "verdict" not in "\n".join(timeline_lines(synthetic.failing_run("r", 3, 1)[0]))
+
+
+def sections(chart: str) -> list[str]:
+    """The section names of a gantt chart."""
+    return [line.strip().removeprefix("section ") for line in chart.splitlines() if line.strip().startswith("section ")]
+
+
+def test_the_gantt_has_a_row_per_rank_up_to_16_then_one_per_group(tmp_path: Path) -> None:
+    """Up to 16 ranks: a section per rank, the first failure a crit milestone on its row; 1,024 ranks: the first
+    failing rank and one section per group of ranks that ended alike, far under GitHub's 50,000 characters."""
+    small = synthetic.failing_run("r", 16, 1)
+    chart = gantt.gantt(small, "attempt 0", verdict.analyse(small))
+    assert sections(chart) == [f"rank {r}" for r in range(16)]
+    marks = [line for line in chart.splitlines() if "milestone" in line]
+    assert len(marks) == 1 and marks[0].strip().startswith("rank 1 failed first - InjectedFault")
+    big = synthetic.failing_run("r", 1024, 1)
+    big[5] = big[5][:-9]  # rank 5 killed before it failed: a group of its own
+    chart = gantt.gantt(big, "attempt 0", verdict.analyse(big))
+    names = sections(chart)
+    assert names[0] == "rank 1 (failed first)" and len(names) == 3, names
+    assert names[1].startswith("ranks 0, 2-4, 6-1023 (rank ") and names[2] == "rank 5 (rank 5 drawn)"
+    assert "training (steps 1-18) - no end record :done" in chart  # the killed rank's bar runs to its last record
+    assert len(chart) < 10_000
+    written = {p.name for p in write_diagrams([r for rs in big.values() for r in rs], tmp_path)}
+    assert "attempt0-gantt.mermaid" in written and "attempt0.mmd" in written
+
+
+def test_the_gantt_stays_under_budget_with_many_groups() -> None:
+    """1,024 ranks in 1,023 groups (every error distinct): at most 16 sections, the rest counted in the title."""
+    ends: dict[int, dict[str, object]] = {1: failed(FAIL, "InjectedFault: first", seq=1)}
+    ends |= {
+        r: failed(FAIL + 0.06, f"E{chr(65 + r % 26)}{chr(65 + r // 26 % 26)}: x", seq=r + 1, first_rank=1)
+        for r in range(2, 1024)
+    }
+    ranks = attempt(1024, ends)
+    chart = gantt.gantt(ranks, "attempt 0", verdict.analyse(ranks))
+    assert len(sections(chart)) <= 16 and "more groups not drawn" in chart.splitlines()[4]
+    assert len(chart) < gantt.BUDGET
+
+
+def test_html_page_is_self_contained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``show --html``: one page with each attempt's verdict and both diagrams; nothing loaded from elsewhere.
+    Without the mermaid bundle it shows the Mermaid source; with one, it inlines it (a ``</script`` in it
+    escaped) and marks the diagrams for drawing."""
+    synthetic.write(tmp_path, synthetic.failing_run("r", 4, 2))
+    monkeypatch.setenv("LIFECYCLE_MERMAID_JS", str(tmp_path / "absent.js"))
+    page = tmp_path / "out" / "run.html"
+    assert show_main([str(tmp_path), "--out", str(tmp_path / "d"), "--html", str(page)]) == 0
+    text = page.read_text()
+    assert "rank 1 failed first (by the store&#x27;s sequence number)" in text
+    assert text.count("<pre>gantt\n") == 2 and text.count("<pre>stateDiagram-v2") == 2
+    assert "<script" not in text and not re.search(r"(src|href)\s*=", text)
+    bundle = tmp_path / "mermaid.min.js"
+    bundle.write_text('window.mermaid = {initialize() {}}; var s = "</script>";')
+    monkeypatch.setenv("LIFECYCLE_MERMAID_JS", str(bundle))
+    text = write_page(synthetic.failing_run("r", 4, 1)[0], page).read_text()
+    assert 'window.mermaid = {initialize() {}}; var s = "<\\/script>";' in text
+    assert text.count('<pre class="mermaid">') == 2 and not re.search(r"(src|href)\s*=", text)
