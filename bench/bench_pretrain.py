@@ -35,6 +35,15 @@ two-thread matmul with one core taken by someone else makes step times jump arou
     tensor; ``pretrain``'s also carries its two exit flags: the same one collective).
     Then the same releases by hand, the barrier and ``destroy_process_group``.
 
+A second table does the same at tensor-parallel size 2 on 2 ranks (one process each,
+``TP_STEPS`` steps, ``TP_REPEATS`` rounds): both sides build the default model with
+megatron-core's tensor-parallel layers split over the two ranks, so each step runs the
+layers' tensor-parallel all-reduces and the vocabulary-parallel loss on both. The hand
+loop initializes the same Megatron-core state with ``tensor_model_parallel_size=2``,
+creates its group on a store it keeps for all its runs (one ``PrefixStore`` per run, as
+a hand-written retry would), and otherwise does what (b) does (data-parallel size 1:
+no gradient all-reduce on either side). Rank 0's times are reported.
+
 What only (a) does is the lifecycle's cost: the state machine, ledger, plans and
 journal, config validation, the store prefix, the signal handler, the exit and fault
 checks in each step, the probe batch ``pretrain`` reads to count tokens per step, the
@@ -44,6 +53,7 @@ they did (a check that they really did the same work).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import timedelta
@@ -52,37 +62,47 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import median, paired_ratio, raw_release, table
+from _harness import median, paired_ratio, raw_release, spawn, table
 
 STEPS = 400
 """Optimizer steps per run: about 2 s a run on one CPU thread here (5 ms a step)."""
 REPEATS = 9
 """Rounds: runs of each side."""
 TIMEOUT_S = 60.0  # DistributedConfig's default, used by both sides
+TP_STEPS = 200
+"""Steps per run of the tensor-parallel table (2 ranks; each step also waits on the peer)."""
+TP_REPEATS = 5
+"""Rounds of the tensor-parallel table."""
 
 
-def _config(steps: int) -> Any:
-    from lifecycle import DistributedConfig, PretrainConfig, TrainingConfig
+def _config(steps: int, tp: int = 1) -> Any:
+    from lifecycle import DistributedConfig, ParallelConfig, PretrainConfig, TrainingConfig
 
+    # tp > 1: the world, rank and rendezvous come from the environment the rank was given.
+    distributed = DistributedConfig(timeout_s=TIMEOUT_S)
     return PretrainConfig(
-        distributed=DistributedConfig(world_size=1, rank=0, timeout_s=TIMEOUT_S),
+        distributed=DistributedConfig(world_size=1, rank=0, timeout_s=TIMEOUT_S) if tp == 1 else distributed,
+        parallel=ParallelConfig(tensor_model_parallel_size=tp),
         training=TrainingConfig(iterations=steps, log_interval=0, eval_interval=0),
     )
 
 
-def lifecycle_run(steps: int) -> tuple[float, float, list[float]]:
+def lifecycle_run(steps: int, tp: int = 1) -> tuple[float, float, list[float]]:
     """Wall-clock and CPU seconds for one ``pretrain`` call of ``steps`` steps, and its per-step losses."""
     from lifecycle import pretrain
 
-    config = _config(steps)
+    config = _config(steps, tp)
     start, cpu = time.perf_counter(), time.process_time()
     result = pretrain(config)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     return elapsed, cpu, [loss for _, loss in result.losses]
 
 
-def hand_run(steps: int) -> tuple[float, float, list[float]]:
-    """Wall-clock and CPU seconds for the same run written by hand, and its per-step losses."""
+def hand_run(steps: int, tp: int = 1, store: Any = None, prefix: str = "") -> tuple[float, float, list[float]]:
+    """Wall-clock and CPU seconds for the same run written by hand, and its per-step losses.
+
+    ``tp`` > 1: on the ranks of the environment, the group created on ``PrefixStore(prefix, store)``.
+    """
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -97,12 +117,17 @@ def hand_run(steps: int) -> tuple[float, float, list[float]]:
 
     from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
 
-    config = _config(steps)
+    config = _config(steps, tp)
     training, parallel = config.training, config.parallel
     start, cpu = time.perf_counter(), time.process_time()
     timeout = timedelta(seconds=TIMEOUT_S)
-    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout, wait_for_workers=False)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timeout)
+    if tp == 1:
+        store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout, wait_for_workers=False)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timeout)
+    else:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        group_store = dist.PrefixStore(prefix, store)
+        dist.init_process_group("gloo", store=group_store, rank=rank, world_size=world_size, timeout=timeout)
     losses: list[float] = []
     try:
         parallel_state.initialize_model_parallel(
@@ -151,27 +176,54 @@ def hand_run(steps: int) -> tuple[float, float, list[float]]:
         dist.barrier()
     finally:
         raw_release()
-        del store
+        if tp == 1:
+            del store
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     return elapsed, cpu, losses
 
 
-def main() -> str:
-    """Rotate lifecycle, by hand, by hand again; return the Markdown table and what it shows."""
+def _tp_rank(rank: int, world: int, port: int, queue: Any, hand_port: int) -> None:
+    """One rank of the tensor-parallel table: the rounds of (a), (b), (b'); rank 0 puts the runs on ``queue``."""
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)},
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     import torch
+    import torch.distributed as dist
 
-    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    runs: dict[str, list[tuple[float, float, list[float]]]] = {"life": [], "hand": [], "again": []}
-    sides = {"life": lifecycle_run, "hand": hand_run, "again": hand_run}
+    store = dist.TCPStore("127.0.0.1", hand_port, world, rank == 0, timedelta(seconds=TIMEOUT_S))
+    count = iter(range(10**6))
+    sides = {
+        "life": lambda n: lifecycle_run(n, tp=2),
+        "hand": lambda n: hand_run(n, 2, store, f"hand{next(count)}"),
+        "again": lambda n: hand_run(n, 2, store, f"hand{next(count)}"),
+    }
+    runs: dict[str, list[tuple[float, float, list[float]]]] = {name: [] for name in sides}
+    sides["life"](5), sides["hand"](5)  # warm up
     order = list(sides)
-    try:
-        lifecycle_run(5), hand_run(5)  # warm up imports, allocator, first-time setup
-        for i in range(REPEATS):
-            for name in order[i % 3 :] + order[: i % 3]:  # each side takes each position in turn
-                runs[name].append(sides[name](STEPS))
-    finally:
-        torch.set_num_threads(threads)
+    for i in range(TP_REPEATS):
+        for name in order[i % 3 :] + order[: i % 3]:
+            runs[name].append(sides[name](TP_STEPS))
+    queue.put(runs if rank == 0 else None)
+
+
+def tp_table() -> str:
+    """The tensor-parallel size 2 table: pretrain against the hand loop on 2 ranks."""
+    from lifecycle.testing import free_port
+
+    results = spawn(_tp_rank, 2, free_port(), timeout_s=1200)
+    runs = next(r for r in results if r is not None)
+    return _ratio_table(
+        runs,
+        f"pretrain vs the same loop by hand, tensor-parallel size 2 ({TP_STEPS} steps, 2 ranks, gloo, "
+        f"1 torch thread each, {TP_REPEATS} runs of each, rotating; rank 0's s)",
+    )
+
+
+def _ratio_table(runs: dict[str, list[tuple[float, float, list[float]]]], title: str) -> str:
+    """The Markdown table of ``runs`` (``life``, ``hand``, ``again``), and whether every run's losses agree."""
     same = all(a[2] == b[2] == c[2] for a, b, c in zip(runs["life"], runs["hand"], runs["again"], strict=True))
     rows = []
     for col, measure in ((0, "wall-clock"), (1, "CPU time")):
@@ -188,19 +240,38 @@ def main() -> str:
                 f"{paired_ratio(again, hand):.3f}",
             ]
         )
-    return table(
+    header = [
+        "statistic",
+        "lifecycle.pretrain",
+        "by hand",
+        "lifecycle ÷ by hand (target ≤ 1.01)",
+        "by hand again ÷ by hand (noise floor)",
+    ]
+    return table(title, header, rows) + f"\nSame losses on every run, bit for bit: {'yes' if same else 'NO'}.\n"
+
+
+def main() -> str:
+    """Rotate lifecycle, by hand, by hand again (world size 1, then tensor-parallel size 2); the tables."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    runs: dict[str, list[tuple[float, float, list[float]]]] = {"life": [], "hand": [], "again": []}
+    sides = {"life": lifecycle_run, "hand": hand_run, "again": hand_run}
+    order = list(sides)
+    try:
+        lifecycle_run(5), hand_run(5)  # warm up imports, allocator, first-time setup
+        for i in range(REPEATS):
+            for name in order[i % 3 :] + order[: i % 3]:  # each side takes each position in turn
+                runs[name].append(sides[name](STEPS))
+    finally:
+        torch.set_num_threads(threads)
+    title = (
         f"pretrain vs the same loop by hand ({STEPS} steps, world size 1, gloo, 1 torch thread, "
-        f"{REPEATS} runs of each, rotating; s)",
-        [
-            "statistic",
-            "lifecycle.pretrain",
-            "by hand",
-            "lifecycle ÷ by hand (target ≤ 1.01)",
-            "by hand again ÷ by hand (noise floor)",
-        ],
-        rows,
-    ) + (
-        f"\nSame losses on every run, bit for bit: {'yes' if same else 'NO'}.\n\n"
+        f"{REPEATS} runs of each, rotating; s)"
+    )
+    return (
+        _ratio_table(runs, title) + "\n"
         "What this shows: what the lifecycle costs over a whole training run, setup and "
         "teardown included, against the loop you would write without it (same model, data, "
         "optimizer, collectives and Megatron-core state); identical losses show every run did "
@@ -208,7 +279,7 @@ def main() -> str:
         "the same rotation: on a shared machine a ratio is only resolved to within that "
         "distance of 1, so a lifecycle ratio no further from 1 than the noise floor is no "
         "measurable cost. The fastest run of each side is the best estimate of what the work "
-        "costs when nothing else interferes.\n"
+        "costs when nothing else interferes.\n\n" + tp_table()
     )
 
 

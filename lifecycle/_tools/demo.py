@@ -88,6 +88,9 @@ MICRO_BATCH_SIZE = 8
 
 _FLAGS = {
     "world_size": "--nproc",
+    "tensor_model_parallel_size": "--tp",
+    "model.vocab_size": "--tp",
+    "model.num_heads": "--tp",
     "timeout_s": "--timeout",
     "master_addr": "--master-addr",
     "master_port": "--master-port",
@@ -127,6 +130,13 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--nproc", type=int, default=2, metavar="N", help="ranks to launch (default 2)")
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor-parallel size: each rank holds 1/N of the model; must divide --nproc (default 1)",
+    )
     parser.add_argument(
         "--steps", type=int, default=DEFAULT_STEPS, metavar="N", help=f"training steps (default {DEFAULT_STEPS})"
     )
@@ -209,7 +219,7 @@ def demo_config(args: argparse.Namespace, world_size: int) -> PretrainConfig:
         )
     return PretrainConfig(
         distributed=DistributedConfig(backend="gloo", timeout_s=args.timeout),
-        parallel=ParallelConfig(micro_batch_size=MICRO_BATCH_SIZE),
+        parallel=ParallelConfig(tensor_model_parallel_size=args.tp, micro_batch_size=MICRO_BATCH_SIZE),
         training=TrainingConfig(
             iterations=steps,
             log_interval=max(1, steps // 20) if args.log_interval is None else args.log_interval,
@@ -280,6 +290,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         # The folders are checked later, on the file system: any path will do here.
         folders = {"journal_dir": "journals", "checkpoint_dir": args.checkpoint_dir or "checkpoints"}
         config = demo_config(argparse.Namespace(**{**vars(args), **folders}), args.nproc)
+        config.parallel.check_world(args.nproc)
+        config.model.check_tensor_parallel(args.tp)
     except ConfigError as exc:
         raise UsageError(flag_of(exc.field), exc.message) from None
     fault = config.fault
@@ -525,6 +537,7 @@ def _launch(plan: _Plan) -> int:
         f"--journal-dir={plan.journal_dir}",
         f"--checkpoint-dir={plan.checkpoint_dir}",
         f"--timeout={args.timeout}",
+        f"--tp={args.tp}",
     ]
     for name in ("fail_at", "fail_rank", "fail_step", "checkpoint_interval", "eval_interval", "log_interval"):
         value = getattr(args, name)
@@ -545,7 +558,8 @@ def _launch(plan: _Plan) -> int:
     run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     env[_RUN_ID] = run_id
     rendezvous = f"{args.master_addr}:{plan.port}"
-    print(f"demo: {args.nproc} ranks, {args.steps} steps, rendezvous {rendezvous}", flush=True)
+    layout = f"TP{args.tp} PP1 DP{args.nproc // args.tp}"
+    print(f"demo: {args.nproc} ranks ({layout}), {args.steps} steps, rendezvous {rendezvous}", flush=True)
     print(f"demo: journals in {plan.journal_dir}, checkpoints in {plan.checkpoint_dir}", flush=True)
     started = time.monotonic()
     with _Signals().installed() as signals:
@@ -668,9 +682,10 @@ def _report(plan: _Plan, run_id: str, ending: _Ending, rendezvous: str, elapsed:
         for note in getattr(loaded, "ignored", ()):
             print(f"demo: {note}", file=sys.stderr)
     print("\n=== timeline (seconds since the first rank started) ===")
-    print("\n".join(_show.timeline_lines(records)))
+    print("\n".join(_show.timeline_lines(records, verdicts=True)))
     if records:
         paths = _show.write_diagrams(records, journal_dir)
+        paths.append(_show.write_page(records, journal_dir / "show.html", journal_dir))
         print("\n=== lifecycle diagrams (path taken highlighted) ===")
         print("\n".join(f"  {p}" for p in paths))
         print(f"\ndemo: see it again with: {sys.executable} -m lifecycle show {journal_dir}")

@@ -26,9 +26,24 @@ from torch.distributed import (  # type: ignore[attr-defined]  # re-exported at 
 from lifecycle._core.errors import ConfigError, LifecycleError, MissingResource, ResourceMismatch, StaleResource
 from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.ownership import Owner, Resource
-from lifecycle._torch.config import DistributedConfig, ParallelConfig, Rendezvous, validate
+from lifecycle._core.seams import Announcement
+from lifecycle._torch.config import (
+    DistributedConfig,
+    ParallelConfig,
+    Rendezvous,
+    cuda_device_index,
+    set_nccl_environment,
+    validate,
+)
 from lifecycle._torch.groups import abort_group, is_registered
-from lifecycle._torch.megatron import MP_GLOBALS, drop_leftover_groups, live_resources, reset_leftovers
+from lifecycle._torch.megatron import (
+    MP_GLOBALS,
+    drop_leftover_groups,
+    live_resources,
+    reset_leftovers,
+    seed_model_parallel_rng,
+)
+from lifecycle._torch.notice import publish, store_name
 from lifecycle._torch.store import (
     agree_attempt,
     attempt_prefix,
@@ -41,6 +56,8 @@ from lifecycle._torch.store import (
 __all__ = ["TorchActions", "live_resources", "next_store_prefix"]
 
 _ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+
+_NO_GROUP_YET = "this rank failed before its process group existed: the ranks had no attempt to publish in yet"
 
 
 class TorchActions:
@@ -95,6 +112,9 @@ class TorchActions:
         # (hook before init, hook torch installed): init_process_group wraps
         # sys.excepthook on every call, so without restoring it each retry nests one more.
         self._hooks: tuple[_ExceptHook, _ExceptHook] | None = None
+        # Where this attempt's failure notices go (this rank, the group's prefix, who hosts the
+        # store), or why nowhere. Never the store itself: close_store must drop the last reference.
+        self._notices: tuple[int, str, str] | str = _NO_GROUP_YET
 
     # -- read-only views -------------------------------------------------------------
 
@@ -138,6 +158,7 @@ class TorchActions:
         ``timeout_s``; under torchrun every rank connects to its agent's store. The
         server hosted here lives until ``close_store`` (and the group made on it) drop it.
         """
+        self._notices = _NO_GROUP_YET
         if dist.is_initialized() or self._kept_store is not None:
             self._store = self._kept_store
             return Owner.CALLER
@@ -169,14 +190,18 @@ class TorchActions:
         opens one itself if that was not called, and then the group's release drops
         it) is wrapped in a ``PrefixStore`` unique to this attempt (agreed by all ranks
         through the store, unless a fixed ``store_prefix`` was given), and the group is
-        created on it with ``timeout_s``. For nccl the CUDA device ``local_rank`` is
-        selected first and bound to the group. If creation raises, the half-made group
-        (if any) is aborted before the error propagates; ``AttemptDisagreement`` if the
-        ranks do not agree on an attempt within ``timeout_s``.
+        created on it with ``timeout_s``. For nccl the CUDA device (``cuda_device_index``:
+        ``local_rank``, or the one visible device) is selected first, the NCCL defaults
+        are set (``set_nccl_environment``), and the device is bound to the group. If
+        creation raises, the half-made group (if any) is aborted before the error
+        propagates; ``AttemptDisagreement`` if the ranks do not agree on an attempt
+        within ``timeout_s``.
         """
+        self._notices = _NO_GROUP_YET
         if dist.is_initialized():
             self._check_found_group()
             self._created_group = False
+            self._notices = "the default process group is the caller's: lifecycle agreed on no attempt to publish in"
             return Owner.CALLER
         rendezvous = validate(self.distributed, self.parallel)
         device = self._select_device(rendezvous)
@@ -200,7 +225,27 @@ class TorchActions:
         self._prefix = prefix
         self._created_group = True
         self._hooks = (hook_before, sys.excepthook)
+        self._notices = self._notice_target(rendezvous, prefix)
         return Owner.SESSION
+
+    def announce_failure(self, error: BaseException, *, phase: str, step: int | None, time: float) -> Announcement:
+        """Tell the other ranks this one failed, through the store of the group it created (``AnnouncesFailures``).
+
+        The notice (``lifecycle._torch.notice``) goes under the group's store prefix, the
+        attempt the ranks agreed on, through this rank's client of the store: about a
+        millisecond on a live store, at once when its server is gone (its host failed),
+        never more than ``notice.DEADLINE_S``, and never an ``Exception``. Nothing is
+        published before this object created a group, on a caller's group, or once the
+        store is closed (``unpublished`` says which).
+        """
+        if isinstance(self._notices, str):
+            return Announcement(None, self._notices)
+        store = self._store
+        if store is None:
+            return Announcement(None, "the rendezvous store was already closed")
+        rank, prefix, hosted_by = self._notices
+        name = store_name(store, hosted_by)
+        return publish(store, prefix, name=name, rank=rank, error=error, phase=phase, step=step, at=time)
 
     def barrier(self) -> None:
         """Wait until every rank of the default group arrives (success teardown only)."""
@@ -250,7 +295,9 @@ class TorchActions:
         current world. Found sizes that disagree: ``ResourceMismatch``. Otherwise
         ``initialize_model_parallel`` with the configured sizes, ``timeout_s`` for every
         subgroup and gloo twins only if ``ParallelConfig.gloo_process_groups`` says so
-        for the default group's backend; if it raises, whatever it had set is cleared.
+        for the default group's backend, then, with CUDA, the tensor-parallel RNG tracker
+        seeded with ``ParallelConfig.seed`` (``seed_model_parallel_rng``); if either
+        raises, whatever it had set is cleared.
         """
         self._require_group("init_model_parallel")
         self.parallel.check_world(dist.get_world_size())
@@ -281,6 +328,7 @@ class TorchActions:
                 distributed_timeout_minutes=self.distributed.timeout_s / 60.0,
                 create_gloo_process_groups=self.parallel.gloo_process_groups(dist.get_backend()),
             )
+            seed_model_parallel_rng(self.parallel.seed)  # with CUDA only; released with the state
         except BaseException:
             self.destroy_model_parallel()
             raise
@@ -467,20 +515,17 @@ class TorchActions:
             )
 
     def _select_device(self, rendezvous: Rendezvous) -> torch.device | None:
-        """For nccl: check and select the CUDA device ``local_rank``; None for gloo."""
+        """For nccl: pick the CUDA device (``cuda_device_index``), select it, set the NCCL defaults; None for gloo."""
         if self.distributed.backend != "nccl":
             return None
-        local_rank = rendezvous.local_rank
-        assert local_rank is not None  # resolve() requires it for nccl
         if not torch.cuda.is_available():
             raise ConfigError("backend", "nccl needs CUDA, and torch.cuda.is_available() is False")
-        if local_rank >= torch.cuda.device_count():
-            raise ConfigError(
-                "local_rank", f"{local_rank} is not below the CUDA device count {torch.cuda.device_count()}"
-            )
+        index = cuda_device_index(rendezvous.local_rank, torch.cuda.device_count())
+        # Before the group exists: torch reads these at each nccl group's creation.
+        set_nccl_environment()
         # Before the group exists, so NCCL and every later CUDA call land on this device.
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
 
     def _create_group(self, rendezvous: Rendezvous, device: torch.device | None) -> str:
         """Agree on the attempt (unless the prefix is fixed), then create the group on its prefix; return the prefix."""
@@ -547,6 +592,13 @@ class TorchActions:
         # those (and only those: never the caller's) so a hosted server stops listening
         # now, not when the exception is collected. The traceback's lines are kept.
         clear_frames_of(exc, ("torch",))
+
+    def _notice_target(self, rendezvous: Rendezvous, prefix: str) -> tuple[int, str, str]:
+        """Where the failure notices of the group just created on ``prefix`` go: (rank, prefix, who hosts the store)."""
+        hosted_by = ""
+        if self._opened_store:
+            hosted_by = "torchrun's agent" if rendezvous.use_agent_store else "rank 0"
+        return rendezvous.rank, prefix, hosted_by
 
     def _forget_group(self) -> None:
         """After the default group is gone: drop a store opened with it, restore ``sys.excepthook``."""

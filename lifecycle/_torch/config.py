@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from lifecycle._core.errors import ConfigError
 
@@ -71,8 +72,9 @@ class DistributedConfig:
     ``backend``: ``"gloo"`` (CPU) or ``"nccl"`` (GPU). ``world_size``, ``rank``,
     ``local_rank``, ``master_addr``, ``master_port``: None reads ``WORLD_SIZE``, ``RANK``,
     ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``. ``local_rank`` selects the CUDA
-    device for nccl. ``timeout_s``: the store's and every group's timeout, in seconds;
-    keep it short so a lost peer surfaces as an error instead of a long hang.
+    device for nccl when the process sees several (``cuda_device_index``). ``timeout_s``:
+    the store's and every group's timeout, in seconds (with nccl, the watchdog's); keep
+    it short so a lost peer surfaces as an error instead of a long hang.
 
     Construction raises ``ConfigError`` naming the field for a value that is wrong on
     its own; ``resolve`` checks what needs the environment.
@@ -126,7 +128,8 @@ class DistributedConfig:
         """Resolve every value needed to create the default group; raise ``ConfigError`` naming a missing or bad one.
 
         A world of one needs no address: it defaults to ``127.0.0.1`` and port 0 (any
-        free port). nccl needs ``local_rank``.
+        free port). nccl needs ``local_rank``, unless ``CUDA_VISIBLE_DEVICES`` names exactly
+        one device (see ``cuda_device_index``).
         """
         env = os.environ if env is None else env
         world, rank = self.resolve_world(env)
@@ -150,8 +153,12 @@ class DistributedConfig:
             raise ConfigError("master_port", "0 (any free port) only works for a world of one")
         local_rank = self.local_rank if self.local_rank is not None else _env_int(env, "local_rank", "LOCAL_RANK")
         _non_negative("local_rank", local_rank)
-        if self.backend == "nccl" and local_rank is None:
-            raise ConfigError("local_rank", "nccl needs it to pick the CUDA device, and LOCAL_RANK is not set")
+        if self.backend == "nccl" and local_rank is None and len(visible_devices(env) or ()) != 1:
+            raise ConfigError(
+                "local_rank",
+                "nccl needs it to pick the CUDA device, and LOCAL_RANK is not set (or make one GPU visible "
+                "to each process with CUDA_VISIBLE_DEVICES)",
+            )
         use_agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         return Rendezvous(world, rank, addr, port, local_rank, use_agent_store)
 
@@ -165,6 +172,11 @@ class ParallelConfig:
 
     ``global_batch_size`` None means ``micro_batch_size * data_parallel_size``.
     ``rerun_mode`` is a megatron-core ``RerunMode`` value.
+
+    ``seed`` seeds megatron-core's tensor-parallel RNG tracker
+    (``model_parallel_cuda_manual_seed``) right after the model-parallel state is created,
+    when CUDA is available (its states are CUDA generator states; without CUDA the
+    tracker is left unseeded, as megatron-core's CPU layers never fork it).
 
     ``create_gloo_process_groups`` is passed to ``initialize_model_parallel``: True builds
     a gloo twin of the (expert) data-parallel groups, which megatron-core's distributed
@@ -187,12 +199,14 @@ class ParallelConfig:
     global_batch_size: int | None = None
     rerun_mode: str = "disabled"
     create_gloo_process_groups: bool | None = None
+    seed: int = 1234
 
     def __post_init__(self) -> None:
         """Reject values that are wrong whatever the world size."""
         for name in (*_SIZES, "micro_batch_size"):
             _positive(name, getattr(self, name))
         _positive("global_batch_size", self.global_batch_size)
+        _non_negative("seed", self.seed)
         if self.rerun_mode not in RERUN_MODES:
             raise ConfigError("rerun_mode", f"must be one of {', '.join(RERUN_MODES)}, got {self.rerun_mode!r}")
         if not (self.create_gloo_process_groups is None or isinstance(self.create_gloo_process_groups, bool)):
@@ -250,14 +264,155 @@ class ParallelConfig:
         return self.micro_batch_size * self.data_parallel_size(world_size)
 
 
+# -- nccl: the device each rank binds, and the environment a rank-local abort needs --------
+
+
+def visible_devices(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES`` in ``env`` (indices or UUIDs), or None if it is not set.
+
+    Empty entries are dropped (``""`` makes no device visible). Only counts matter here:
+    CUDA itself decides what an entry means, and ``torch.cuda.device_count()`` is the truth.
+    """
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    return tuple(entry.strip() for entry in raw.split(",") if entry.strip())
+
+
+def cuda_device_index(local_rank: int | None, device_count: int, env: Mapping[str, str] | None = None) -> int:
+    """The CUDA device index this rank binds for nccl; ``ConfigError`` naming the field if there is none to bind.
+
+    One rule, decided before any CUDA call: with exactly one visible device, every rank
+    binds device 0 (one GPU per process, ``CUDA_VISIBLE_DEVICES`` set per rank, whatever
+    ``LOCAL_RANK`` says); with several, ``local_rank`` picks one and must be below
+    ``device_count``. Refused: no device (``backend``); several devices and no
+    ``local_rank``; ``local_rank`` past the devices; and ``local_rank`` >= 1 with one
+    device and ``CUDA_VISIBLE_DEVICES`` unset (``local_rank``): that is the node's only
+    GPU, which a lower local rank binds too, and NCCL refuses two ranks on one device.
+    ``env`` (default ``os.environ``) is only read.
+    """
+    env = os.environ if env is None else env
+    visible = visible_devices(env)
+    shown = "unset" if visible is None else repr(env.get("CUDA_VISIBLE_DEVICES"))
+    if device_count < 1:
+        raise ConfigError("backend", f"nccl needs a CUDA device, and none is visible (CUDA_VISIBLE_DEVICES {shown})")
+    if device_count == 1:
+        if local_rank not in (None, 0) and visible is None:
+            raise ConfigError(
+                "local_rank",
+                f"{local_rank}, but this process sees one CUDA device and CUDA_VISIBLE_DEVICES is unset: local "
+                "rank 0 binds that device too, and NCCL refuses two ranks on one device; run one rank per GPU, "
+                "or give each rank its own GPU with CUDA_VISIBLE_DEVICES",
+            )
+        return 0
+    if local_rank is None:
+        raise ConfigError(
+            "local_rank",
+            f"this process sees {device_count} CUDA devices (CUDA_VISIBLE_DEVICES {shown}) and LOCAL_RANK is not "
+            "set to pick one",
+        )
+    if local_rank >= device_count:
+        raise ConfigError(
+            "local_rank",
+            f"{local_rank} is not below the CUDA device count {device_count} (CUDA_VISIBLE_DEVICES {shown})",
+        )
+    return local_rank
+
+
+NCCL_ENV_DEFAULTS: Mapping[str, str] = MappingProxyType(
+    {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0"}
+)
+"""What a session on nccl sets when the variable is unset (read by torch at each group's creation).
+
+Meanings from torch 2.13's ``ProcessGroupNCCL.hpp``. ``TORCH_NCCL_ASYNC_ERROR_HANDLING``
+(legacy name ``NCCL_ASYNC_ERROR_HANDLING``), what the watchdog does when a collective
+times out or NCCL reports an error: 0 NoHandling (nothing: the communicators are not
+aborted, a rank blocked with a failed peer is never released), 1 TearDown (abort the
+communicators, then kill the process), 2 CleanUpOnly (abort the communicators, leave
+the process alive: its next collective raises and its failure path runs), 3
+SkipCleanUp (kill the process without aborting; torch's default, and torchrun sets 1
+when unset). Only 2 keeps a rank alive to run its own teardown or an in-process
+restart. ``TORCH_NCCL_RETHROW_CUDA_ERRORS`` (default true): the watchdog rethrows a
+CUDA error, which terminates the process; false lets the error reach the main thread.
+"""
+
+_ASYNC_MODES = {
+    0: "NoHandling: the watchdog neither aborts the communicators nor raises, so a rank blocked in a collective "
+    "with a failed peer is never released",
+    1: "TearDown: the watchdog kills the process at a collective timeout or NCCL error, so a peer's failure takes "
+    "this rank down instead of releasing it to its failure path",
+    3: "SkipCleanUp (torch's default): the watchdog kills the process at a collective timeout or NCCL error, "
+    "without even aborting the communicators",
+}
+_TRUE = ("y", "yes", "1", "t", "true")  # torch's getCvarBool spellings
+_FALSE = ("n", "no", "0", "f", "false")
+
+
+def check_nccl_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Check the NCCL variables a rank-local abort depends on; return those to set (``NCCL_ENV_DEFAULTS`` unset).
+
+    Raises ``ConfigError`` naming the variable, its value, why it breaks a rank-local
+    abort and what to set, for ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (or the legacy
+    ``NCCL_ASYNC_ERROR_HANDLING`` it overrides) other than 2, and for
+    ``TORCH_NCCL_RETHROW_CUDA_ERRORS`` true or not a boolean. ``env`` (default
+    ``os.environ``) is only read; ``set_nccl_environment`` applies the result.
+    """
+    env = os.environ if env is None else env
+    missing: dict[str, str] = {}
+    name = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    found = name if name in env else "NCCL_ASYNC_ERROR_HANDLING" if "NCCL_ASYNC_ERROR_HANDLING" in env else None
+    if found is None:
+        missing[name] = NCCL_ENV_DEFAULTS[name]
+    else:
+        raw = env[found]
+        try:
+            mode: int | None = int(raw.strip())
+        except ValueError:
+            mode = None
+        if mode != 2:
+            why = _ASYNC_MODES.get(mode, "not a mode torch knows (0-3)") if mode is not None else "not an integer"
+            torchrun = " (torchrun sets 1 when it is unset: export it before starting torchrun)" if mode == 1 else ""
+            raise ConfigError(
+                found,
+                f"{found}={raw!r} is {why}; nccl sessions need 2 (CleanUpOnly: abort the communicators, keep the "
+                f"process), so set {name}=2{torchrun}, or unset it and the session sets 2",
+            )
+    name = "TORCH_NCCL_RETHROW_CUDA_ERRORS"
+    if name not in env:
+        missing[name] = NCCL_ENV_DEFAULTS[name]
+    elif (raw := env[name]).strip().lower() not in _FALSE:
+        if raw.strip().lower() in _TRUE:
+            why = "true: the watchdog rethrows a CUDA error, which terminates the process"
+        else:
+            why = "not a boolean torch reads (0/1, true/false, yes/no)"
+        raise ConfigError(name, f"{name}={raw!r} is {why}; set {name}=0, or unset it and the session sets 0")
+    return missing
+
+
+def set_nccl_environment(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Check as ``check_nccl_environment``, then set the missing defaults in ``env`` (default ``os.environ``).
+
+    Returns what it set. They stay set after the session: torch reads them when each
+    nccl group (Megatron's subgroups too) is created, and a later session needs the same.
+    """
+    target: MutableMapping[str, str] = os.environ if env is None else env
+    missing = check_nccl_environment(target)
+    target.update(missing)
+    return missing
+
+
 def validate(
     distributed: DistributedConfig, parallel: ParallelConfig, env: Mapping[str, str] | None = None
 ) -> Rendezvous:
     """Check both configs against each other and the environment, and return the resolved rendezvous.
 
-    Raises ``ConfigError`` naming the field for the first bad or missing value. Call it
-    before acquiring anything; it touches nothing but ``env`` (default ``os.environ``).
+    Raises ``ConfigError`` naming the field for the first bad or missing value (for
+    nccl, also naming an NCCL variable that would keep a rank from aborting on its own:
+    ``check_nccl_environment``). Call it before acquiring anything; it only reads
+    ``env`` (default ``os.environ``).
     """
     rendezvous = distributed.resolve(env)
     parallel.check_world(rendezvous.world_size)
+    if distributed.backend == "nccl":
+        check_nccl_environment(os.environ if env is None else env)
     return rendezvous

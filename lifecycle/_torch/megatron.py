@@ -6,12 +6,20 @@ import sys
 from collections.abc import Mapping
 from types import MappingProxyType
 
+import torch
 from megatron.core import parallel_state as _ps
 from torch.distributed import ProcessGroup
 
 from lifecycle._core.resources import live_resources
 
-__all__ = ["LEFTOVERS", "MP_GLOBALS", "drop_leftover_groups", "live_resources", "reset_leftovers"]
+__all__ = [
+    "LEFTOVERS",
+    "MP_GLOBALS",
+    "drop_leftover_groups",
+    "live_resources",
+    "reset_leftovers",
+    "seed_model_parallel_rng",
+]
 
 # Megatron's module globals that ``initialize_model_parallel`` asserts are unset; any of
 # them set without ``model_parallel_is_initialized()`` means a half-made state.
@@ -137,3 +145,24 @@ def reset_leftovers() -> None:
             setattr(module, name, {} if isinstance(rest, dict) else rest)
     if tracker is not None:
         tracker.reset()  # after the globals: if it raises, they are at rest already
+
+
+def seed_model_parallel_rng(seed: int) -> bool:
+    """Seed megatron-core's tensor-parallel RNG tracker for this rank if CUDA is available; return whether it did.
+
+    Needs the model-parallel state (the tracker's seeds derive from this rank's tensor-
+    and expert-parallel ranks). ``model_parallel_cuda_manual_seed(seed, force_reset_rng=True)``:
+    a new tracker (an earlier one is dropped, not reused) holding the data-parallel
+    (``seed``), tensor-parallel (``seed + 2718 + tp_rank``) and expert-parallel states,
+    and ``torch.cuda.manual_seed(seed)`` for the current device. The tracker holds
+    CUDA generator states, so without CUDA nothing is done (False): megatron-core's
+    layers built with ``use_cpu_initialization=True`` never fork it. Released with the
+    model-parallel state (``reset_leftovers``). Rank-local, no collective.
+    """
+    if not torch.cuda.is_available():
+        return False
+    # Imported only when it is used: on CPU this module never loads the tensor-parallel package.
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+    return True

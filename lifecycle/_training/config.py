@@ -48,6 +48,21 @@ class ModelConfig:
         if self.hidden_size % self.num_heads:
             raise ConfigError("model.num_heads", f"must divide hidden_size {self.hidden_size}, got {self.num_heads}")
 
+    def check_tensor_parallel(self, tensor_parallel: int) -> None:
+        """Raise ``ConfigError`` naming the field unless the default model splits evenly over ``tensor_parallel`` ranks.
+
+        The vocabulary (embedding and head rows) and the heads (so the hidden size and
+        the MLP width) are divided among the ranks of a tensor-parallel group.
+        """
+        for name in ("vocab_size", "num_heads"):
+            value = getattr(self, name)
+            if value % tensor_parallel:
+                raise ConfigError(
+                    f"model.{name}",
+                    f"{value} is not divisible by tensor_model_parallel_size {tensor_parallel}: the default model "
+                    "splits it across the tensor-parallel group",
+                )
+
 
 @dataclass(frozen=True, slots=True)
 class TrainingConfig:
@@ -198,6 +213,13 @@ class PretrainConfig:
     ``journal_dir``: if set, every ``pretrain`` call appends this rank's journal to
     ``<journal_dir>/rank<R>.jsonl`` (see ``lifecycle._core.journal``), whether it succeeds
     or fails. ``fault``: an optional injected failure (demos and tests).
+
+    ``parallel``'s pipeline and context parallel sizes must be 1: ``ConfigError`` at
+    construction otherwise. Without CUDA (backend gloo) megatron-core 0.16.1 cannot run
+    them at all (its pipeline send/receive allocates on the CUDA device, its
+    context-parallel attention is CUDA-only); with nccl, ``pretrain``'s loop has no
+    pipeline schedule and its model no context-parallel attention, so every stage
+    would train a full replica. Tensor parallelism is the model parallelism it runs.
     """
 
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
@@ -208,3 +230,22 @@ class PretrainConfig:
     exit: ExitConfig = field(default_factory=ExitConfig)
     fault: FaultInjection | None = None
     journal_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse pipeline and context parallel sizes above 1, saying why (see the class docstring)."""
+        for name in ("pipeline_model_parallel_size", "context_parallel_size"):
+            size = getattr(self.parallel, name)
+            if size == 1:
+                continue
+            if self.distributed.backend != "nccl":
+                why = (
+                    "needs CUDA: megatron-core 0.16.1's pipeline send/receive allocates on the CUDA device"
+                    if name.startswith("pipeline")
+                    else "needs CUDA: megatron-core 0.16.1's context-parallel attention runs only on CUDA"
+                )
+                raise ConfigError(f"parallel.{name}", f"{size}: backend {self.distributed.backend!r} {why}; use 1")
+            raise ConfigError(
+                f"parallel.{name}",
+                f"{size}: pretrain has no pipeline schedule or context-parallel attention, so every stage would "
+                "train a full replica; use 1 (tensor_model_parallel_size is the model parallelism pretrain runs)",
+            )

@@ -31,6 +31,7 @@ from lifecycle._training.config import STEPPED_PHASES, InjectedFault, Phase, Pre
 from lifecycle._training.journaling import RunJournal
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
 from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
+from lifecycle.checkpoint.layout import ShardLayout
 
 __all__ = [
     "BatchProvider",
@@ -83,12 +84,21 @@ def pretrain(
     attempt: int = 0,
     session: Session | None = None,
 ) -> PretrainResult:
-    """Train ``model_provider``'s model with ``forward_step_func`` on every rank, data-parallel.
+    """Train ``model_provider``'s model with ``forward_step_func`` on every rank, tensor- and data-parallel.
 
-    Defaults: the tiny causal LM, its next-token loss, and synthetic token batches
-    (``lifecycle._training.model``). Gradients are averaged over Megatron-core's data-parallel
-    group; each data-parallel rank reads different batches (the model is not sharded:
-    ranks of one model-parallel group hold identical replicas). Checkpoints, evaluation,
+    Defaults: the tiny causal LM built from megatron-core's tensor-parallel layers, its
+    vocabulary-parallel next-token loss, and synthetic token batches
+    (``lifecycle._training.model``): with ``tensor_model_parallel_size`` T each rank holds
+    1/T of the weights, and its model-parallel group computes one replica's loss.
+    Gradients are averaged over Megatron-core's data-parallel group; each data-parallel
+    rank reads different batches, the ranks of one tensor-parallel group the same ones.
+    Pipeline and context parallel sizes above 1 are refused when the config is built
+    (``PretrainConfig``). With nccl (and CUDA) the model and every batch move to the
+    rank's CUDA device; every collective runs with tensors on that device (the rule of
+    docs/collectives.md); on CPU nothing moves. Checkpoints follow the layout: the first
+    data-parallel replica of each tensor-parallel rank writes its shard, a resume needs
+    the same tensor and pipeline sizes and accepts another data-parallel size (see
+    ``lifecycle.checkpoint.layout``). Checkpoints, evaluation,
     exits and faults follow ``config``; ``callbacks`` are called as ``Callback`` documents.
     ``attempt`` only labels this call in the journal. ``session`` is the fresh session
     to drive (in ``uninitialized``: a finished one raises ``SessionFinished``, another
@@ -113,6 +123,8 @@ def pretrain(
     callback takes the failure edge: the session releases what it owns (no collective)
     and the same exception object is re-raised.
     """
+    if model_provider is None:  # the default model must split evenly: refuse before anything is acquired
+        config.model.check_tensor_parallel(config.parallel.tensor_model_parallel_size)
     if session is None:
         # No store prefix given: TorchActions takes a new one per group it creates.
         session = Session(TorchActions(config.distributed, config.parallel))
@@ -144,6 +156,10 @@ def pretrain(
         error = describe(exc)
         raise
     finally:
+        # Megatron's layers keep their tensor-parallel group: dropped here, the aborted
+        # group is freed now, not when the caller drops the traceback (gloo closes a
+        # group's connections only then; a peer blocked on it would wait for the timeout).
+        run.drop_model()
         end = RunEnd(
             origin=run.journal.origin,
             state=session.state.value,
@@ -213,6 +229,18 @@ class _Run:
         self.eval_losses: list[tuple[int, float]] = []
         self.committed: int | None = None
         self.saved: int | None = None
+        self.model: torch.nn.Module | None = None
+        self.device = torch.device("cpu")
+        self.consumed = 0  # train micro-batches all data-parallel ranks consumed before the current step
+
+    def drop_model(self) -> None:
+        """Drop the process-group references the model's modules hold (megatron's layers keep theirs), and the model."""
+        if self.model is not None:
+            for module in self.model.modules():
+                for name, value in list(vars(module).items()):
+                    if isinstance(value, dist.ProcessGroup):
+                        setattr(module, name, None)
+        self.model = None
 
     def inject(self, phase: Phase, step: int | None = None) -> None:
         """Raise the configured fault if it is due here; a few attribute reads otherwise."""
@@ -265,15 +293,20 @@ class _Run:
     def setup(self) -> TrainContext:
         """Signal handler, model, optimizer, data, checkpointer; load the checkpoint to resume from."""
         config, session = self.config, self.session
+        session.progress(Phase.SETUP)  # where a failure is reported to happen (the notice, the journal)
         if config.exit.handle_sigterm:
             session.install_signal_handlers()
-        # Same seed on every rank: identical replicas, and a resumed run rebuilds the same model.
+        # Same seed on every rank: identical replicas (and each tensor-parallel rank its
+        # slice of the same full weights), and a resumed run rebuilds the same model.
         torch.manual_seed(config.training.seed)
-        self.model = self.model_provider(config)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.device = _model_device()
+        model = self.model_provider(config)
+        self.model = model.to(self.device)
+        self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.params, lr=config.training.lr)
         self.dp_rank: int = parallel_state.get_data_parallel_rank()
         self.dp_size: int = parallel_state.get_data_parallel_world_size()
+        self.layout = _layout(self.world_size)
         self.num_microbatches: int = get_num_microbatches()
         if self.batch_provider is None:
             data = SyntheticTokens(config.model, config.parallel.micro_batch_size, config.training.seed)
@@ -286,7 +319,9 @@ class _Run:
         start_step = 0
         if config.checkpoint.dir is not None:
             # Probes the folder: an unusable one fails here, before training, naming the OS error.
-            checkpointer = AsyncCheckpointer(config.checkpoint.dir, keep_last=config.checkpoint.keep_last)
+            checkpointer = AsyncCheckpointer(
+                config.checkpoint.dir, keep_last=config.checkpoint.keep_last, layout=self.layout
+            )
             session.track_checkpoints(checkpointer)
             if config.checkpoint.resume:
                 start_step = self.load(config.checkpoint.dir)
@@ -296,7 +331,7 @@ class _Run:
         per_batch = tokens.numel() if isinstance(tokens, torch.Tensor) else 0
         return TrainContext(
             config=config,
-            model=self.model,
+            model=model,
             optimizer=self.optimizer,
             rank=self.rank,
             world_size=self.world_size,
@@ -308,11 +343,17 @@ class _Run:
         )
 
     def state(self, step: int) -> dict[str, Any]:
-        """What a checkpoint holds: model, optimizer, step and this rank's RNG state."""
+        """What a checkpoint holds: model, optimizer, step, the micro-batches consumed, this rank's RNG state.
+
+        ``consumed`` (train micro-batches read by all data-parallel ranks together) lets a
+        run resumed on another data-parallel size continue the data where it stopped.
+        """
+        assert self.model is not None  # set in setup
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "step": step,
+            "consumed": self.consumed,
             "rng": torch.get_rng_state(),
         }
 
@@ -320,14 +361,19 @@ class _Run:
         """Load the checkpoint every rank agrees on under ``directory``; return its step (0 if there is none).
 
         Collective over the default group: all ranks load the same step or all start from 0.
+        Each rank loads its tensor-parallel slice's shard, written by that slice's first
+        data-parallel replica; so a replica of another data-parallel size loads it too.
         """
+        assert self.model is not None  # set in setup
         state = self.state(0)
-        step = load_checkpoint(directory, state)  # agreed by every rank; weights_only, checksummed
+        # Agreed by every rank; weights_only, checksummed; the layout's tensor and pipeline sizes must match.
+        step = load_checkpoint(directory, state, layout=self.layout)
         if step is None:
             return 0
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
+        self.consumed = int(state["consumed"])
         logger.info("resumed from step %d in %s", step, directory)
         self.saved = self.committed = step
         return step
@@ -342,15 +388,19 @@ class _Run:
         started = time.monotonic()
         while self.step < training.iterations:
             step = self.step + 1
+            self.session.progress(Phase.STEP, step)
             began = time.time()
             local_loss = self.train_step(step)
             timed_out = limit is not None and time.monotonic() - started >= limit
             # One collective a step: the mean loss, and whether any rank wants to stop,
             # so all ranks stop after the same step (a SIGTERM reaches them at different times).
             flags = torch.tensor(
-                [local_loss, float(self.session.exit_requested is not None), float(timed_out)], dtype=torch.float64
+                [local_loss, float(self.session.exit_requested is not None), float(timed_out)],
+                dtype=torch.float64,
+                device=self.device,
             )
             dist.all_reduce(flags)
+            flags = flags.cpu()
             self.step = step
             if checkpointer is not None and checkpointer.in_flight:
                 # Commit the save started after the previous step: collective, and every
@@ -360,6 +410,7 @@ class _Run:
             self.losses.append((step, loss))
             if self.journal.enabled:  # before the hooks: a rank killed in one still shows this step
                 self.journal.write(Step(origin=self.journal.origin, step=step, loss=loss, start=began, end=time.time()))
+            self.session.progress(Phase.CALLBACK)
             call_hooks(self.hooks, "on_step_end", self.handle, step, loss)
             last = step == training.iterations or bool(flags[1] or flags[2])
             if training.eval_interval and (step % training.eval_interval == 0 or last):
@@ -374,15 +425,17 @@ class _Run:
 
     def train_step(self, step: int) -> float:
         """Forward and backward over this step's micro-batches, average gradients over data parallel, update."""
-        assert self.batch_provider is not None  # set in setup
+        assert self.batch_provider is not None and self.model is not None  # set in setup
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         total: float = 0.0
         for micro in range(self.num_microbatches):
-            # Disjoint across data-parallel ranks, and a pure function of the step: a
-            # resumed run reads exactly what an uninterrupted one would.
-            index = ((step - 1) * self.num_microbatches + micro) * self.dp_size + self.dp_rank
-            loss = self.forward(self.batch_provider("train", index), self.model)
+            # Disjoint across data-parallel ranks, and a pure function of the micro-batches
+            # consumed before: a resumed run reads exactly what an uninterrupted one would,
+            # whatever its data-parallel size (with the same global batch).
+            index = self.consumed + micro * self.dp_size + self.dp_rank
+            batch = _to_device(self.batch_provider("train", index), self.device)
+            loss = self.forward(batch, self.model)
             (loss / self.num_microbatches).backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             total += loss.item()
         self.inject(Phase.STEP, step)
@@ -392,11 +445,13 @@ class _Run:
             for p, grad in zip(self.params, grads, strict=True):
                 p.grad = grad.div_(self.dp_size)
         self.optimizer.step()
+        self.consumed += self.num_microbatches * self.dp_size
         return total / self.num_microbatches
 
     def evaluate(self, step: int) -> None:
         """Mean loss over ``eval_iterations`` held-out micro-batches per rank, averaged over all ranks."""
-        assert self.batch_provider is not None  # set in setup
+        assert self.batch_provider is not None and self.model is not None  # set in setup
+        self.session.progress(Phase.EVAL, step)
         self.inject(Phase.EVAL, step)
         began = time.time()
         count = self.config.training.eval_iterations
@@ -404,10 +459,12 @@ class _Run:
         with torch.no_grad():
             # The same held-out batches at every evaluation, different on each data-parallel rank.
             total = sum(
-                self.forward(self.batch_provider("eval", i * self.dp_size + self.dp_rank), self.model).item()
+                self.forward(
+                    _to_device(self.batch_provider("eval", i * self.dp_size + self.dp_rank), self.device), self.model
+                ).item()
                 for i in range(count)
             )
-        mean = torch.tensor([total / count], dtype=torch.float64)
+        mean = torch.tensor([total / count], dtype=torch.float64, device=self.device)
         dist.all_reduce(mean)
         loss = mean.item() / self.world_size
         self.eval_losses.append((step, loss))
@@ -416,6 +473,7 @@ class _Run:
 
     def save(self, checkpointer: AsyncCheckpointer, step: int) -> None:
         """Start an async save of ``step`` (committing the previous one); wait for it unless ``async_save``."""
+        self.session.progress(Phase.CHECKPOINT, step)
         self.inject(Phase.CHECKPOINT, step)
         previous = self.saved if checkpointer.in_flight else None
         checkpointer.save(step, self.state(step))
@@ -431,6 +489,46 @@ class _Run:
         committed = checkpointer.finalize()
         if committed is not None:
             self.committed = committed
+
+
+def _model_device() -> torch.device:
+    """The rank's device: its current CUDA device when the default group is nccl and CUDA is there, else the CPU.
+
+    The session selected that device (``LOCAL_RANK``) before it created the group.
+    """
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor in it (a tensor, or one in a dict, list or tuple) on ``device``; as is on CPU."""
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
+
+
+def _layout(world_size: int) -> ShardLayout:
+    """This rank's place in megatron-core's model-parallel state, as the checkpoints record it.
+
+    Context-parallel ranks hold the same weights as data-parallel ones: both are replicas.
+    """
+    tensor = parallel_state.get_tensor_model_parallel_world_size()
+    pipeline = parallel_state.get_pipeline_model_parallel_world_size()
+    return ShardLayout(
+        tensor=tensor,
+        pipeline=pipeline,
+        data=world_size // (tensor * pipeline),
+        tensor_rank=parallel_state.get_tensor_model_parallel_rank(),
+        pipeline_rank=parallel_state.get_pipeline_model_parallel_rank(),
+        data_rank=parallel_state.get_data_parallel_rank(with_context_parallel=True),
+    )
 
 
 def _dp_group() -> dist.ProcessGroup:

@@ -3,12 +3,20 @@
 Layout under ``directory``::
 
     .lifecycle-owner                       JSON: the run id of the job that owns the folder
-    step_0000000002/rank00000-<token>.pt   one shard per rank and save attempt
+    step_0000000002/rank00000-<token>.pt   one shard per writing rank and save attempt
     step_0000000002/manifest.json          commit record: written only by finalize()
     latest                                 JSON marker naming the committed step
 
 A step folder without a valid manifest is a partial checkpoint and is never returned.
 Temporary files are hidden (``.<name>.<hex>.tmp``) and never read.
+
+Without a ``ShardLayout`` every rank writes its own shard and the manifest lists them
+by rank (``shards[i]["rank"] == i``); such a checkpoint loads on the same world size
+only. With one, the manifest also records the layout (``{"tensor", "pipeline", "data"}``
+sizes) and lists one shard per model-parallel slice (``shards[i]["shard"] == i``, with
+the global rank that wrote it): only the first data-parallel replica of each slice
+writes, since the others hold the same state. It loads on any data-parallel size with
+the same tensor and pipeline sizes: every replica reads its slice's shard.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import json
 import os
 import re
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +40,60 @@ FORMAT = 1
 STEP_RE = re.compile(r"step_(\d+)")
 SHARD_RE = re.compile(r"rank\d{5}-[0-9a-f]{16}\.pt")
 TMP_RE = re.compile(r"\..+\.tmp")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLayout:
+    """Where one rank's state sits among the others': model-parallel sizes and this rank's coordinates.
+
+    ``tensor`` × ``pipeline`` model-parallel slices, each held by ``data`` replicas
+    (data-parallel, and context-parallel, ranks: their state is the same).
+    ``tensor_rank``, ``pipeline_rank`` and ``data_rank`` place this rank. The slice's
+    index is ``shard``; only replica 0 ``writes`` it. ``ValueError`` for a size below 1
+    or a coordinate outside its size.
+    """
+
+    tensor: int = 1
+    pipeline: int = 1
+    data: int = 1
+    tensor_rank: int = 0
+    pipeline_rank: int = 0
+    data_rank: int = 0
+
+    def __post_init__(self) -> None:
+        """Reject sizes below 1 and coordinates outside them."""
+        for size, rank in (("tensor", "tensor_rank"), ("pipeline", "pipeline_rank"), ("data", "data_rank")):
+            n, r = getattr(self, size), getattr(self, rank)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"ShardLayout.{size} must be an int >= 1, got {n!r}")
+            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < n:
+                raise ValueError(f"ShardLayout.{rank} must be an int in 0..{n - 1}, got {r!r}")
+
+    @property
+    def shards(self) -> int:
+        """How many distinct shards a checkpoint of this layout holds: tensor × pipeline."""
+        return self.tensor * self.pipeline
+
+    @property
+    def shard(self) -> int:
+        """This rank's shard: ``pipeline_rank * tensor + tensor_rank``."""
+        return self.pipeline_rank * self.tensor + self.tensor_rank
+
+    @property
+    def writes(self) -> bool:
+        """True on the rank that writes its slice's shard: data-parallel replica 0."""
+        return self.data_rank == 0
+
+    def sizes(self) -> dict[str, int]:
+        """The sizes as the manifest records them: ``{"tensor": T, "pipeline": P, "data": D}``."""
+        return {"tensor": self.tensor, "pipeline": self.pipeline, "data": self.data}
+
+
+def describe_layout(sizes: dict[str, Any] | None, world_size: int | None = None) -> str:
+    """A layout's sizes as the errors name them: ``"TP2 PP1 DP2"``; one shard per rank when ``sizes`` is None."""
+    if sizes is None:
+        return f"one shard per rank (world size {world_size})" if world_size is not None else "one shard per rank"
+    return f"TP{sizes['tensor']} PP{sizes['pipeline']} DP{sizes['data']}"
 
 
 def step_dir(directory: Path, step: int) -> Path:
@@ -119,8 +182,9 @@ def step_folders(directory: Path) -> list[int]:
 def read_manifest(folder: Path, step: int) -> tuple[dict[str, Any], bytes]:
     """Return the folder's manifest and its bytes if the checkpoint is complete; else raise CheckpointError.
 
-    Complete: a manifest of this format and step listing ranks 0..world_size-1, each
-    shard present with its recorded size (checksums are checked by the loader).
+    Complete: a manifest of this format and step listing ranks 0..world_size-1 (with
+    a layout: shards 0..tensor*pipeline-1), each shard present with its recorded size
+    (checksums are checked by the loader).
     """
     path = folder / MANIFEST
     try:
@@ -129,7 +193,12 @@ def read_manifest(folder: Path, step: int) -> tuple[dict[str, Any], bytes]:
         shards = manifest["shards"]
         if manifest["format"] != FORMAT or manifest["step"] != step:
             raise ValueError("format or step does not match")
-        if [s["rank"] for s in shards] != list(range(manifest["world_size"])):
+        sizes = manifest.get("layout")
+        if sizes is not None:
+            count = int(sizes["tensor"]) * int(sizes["pipeline"])
+            if [s["shard"] for s in shards] != list(range(count)):
+                raise ValueError("shards do not list shards 0..tensor*pipeline-1")
+        elif [s["rank"] for s in shards] != list(range(manifest["world_size"])):
             raise ValueError("shards do not list ranks 0..world_size-1")
         for s in shards:
             name = s["file"]

@@ -24,9 +24,31 @@ import torch
 import torch.distributed as dist
 
 from lifecycle.checkpoint.errors import CheckpointError, CheckpointMismatch
-from lifecycle.checkpoint.layout import MANIFEST, MARKER, read_manifest, sha256, step_dir, step_folders
+from lifecycle.checkpoint.layout import (
+    MANIFEST,
+    MARKER,
+    ShardLayout,
+    describe_layout,
+    read_manifest,
+    sha256,
+    step_dir,
+    step_folders,
+)
 
-__all__ = ["latest_checkpoint", "load_checkpoint"]
+__all__ = ["collective_device", "latest_checkpoint", "load_checkpoint"]
+
+
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where this rank's tensors for a collective on ``group`` (None: the default group) must live.
+
+    The current CUDA device when the group's backend is nccl (it has no CPU backend),
+    else the CPU. The checkpoint's control collectives (resume agreement, commit) put
+    their tensors here: the rule of docs/collectives.md.
+    """
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
 
 _Restore = tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[dict[Any, Any], Any, Any]]]
 
@@ -156,8 +178,14 @@ def _check(
     rank: int,
     world: int | None,
     digest: bytes | None,
+    layout: ShardLayout | None = None,
 ) -> _Check:
-    """Check that this rank can load ``rank``'s shard of ``step`` into ``state_dict``; touch nothing."""
+    """Check that this rank can load its shard of ``step`` into ``state_dict``; touch nothing.
+
+    Its shard: ``rank``'s without a layout; with one, its slice's (``layout.shard``),
+    whatever the data-parallel size. The checkpoint's layout must be the same kind, and
+    its tensor and pipeline sizes this run's.
+    """
     try:
         manifest, raw = read_manifest(folder, step)
     except CheckpointError as exc:
@@ -170,11 +198,25 @@ def _check(
     shards = manifest["shards"]
     if rank < 0:
         raise CheckpointError(f"checkpoint {folder} has no shard for rank {rank}: a rank cannot be negative")
+    sizes = manifest.get("layout")
+    if layout is not None or sizes is not None:
+        mine = None if layout is None else layout.sizes()
+        if mine is None or sizes is None or (sizes["tensor"], sizes["pipeline"]) != (mine["tensor"], mine["pipeline"]):
+            found = describe_layout(sizes, manifest["world_size"])
+            wanted = describe_layout(mine, world)
+            what = "layout (tensor and pipeline parallel sizes must match; the data-parallel size may differ)"
+            return _Check(_Verdict.MISMATCH, mismatch=CheckpointMismatch(str(folder), what, found, wanted))
+        assert layout is not None
+        return _check_shard(folder, shards[layout.shard], state_dict)
     if (world is not None and len(shards) != world) or rank >= len(shards):
-        wanted = world if world is not None else f"at least {rank + 1}"
+        expected = world if world is not None else f"at least {rank + 1}"
         what = f"world size (no shard for rank {rank})" if rank >= len(shards) else "world size"
-        return _Check(_Verdict.MISMATCH, mismatch=CheckpointMismatch(str(folder), what, len(shards), wanted))
-    entry = shards[rank]
+        return _Check(_Verdict.MISMATCH, mismatch=CheckpointMismatch(str(folder), what, len(shards), expected))
+    return _check_shard(folder, shards[rank], state_dict)
+
+
+def _check_shard(folder: Path, entry: dict[str, Any], state_dict: dict[str, Any]) -> _Check:
+    """Check one manifest entry's shard: its checksum, that it loads safely, that it fits ``state_dict``."""
     path = folder / entry["file"]
     try:
         if sha256(path).hex() != entry["sha256"]:
@@ -226,6 +268,7 @@ def load_checkpoint(
     *,
     rank: int | None = None,
     process_group: dist.ProcessGroup | None = None,
+    layout: ShardLayout | None = None,
 ) -> int | None:
     """Load the checkpoint to resume from into `state_dict` in place; return its step, or None for none.
 
@@ -253,21 +296,28 @@ def load_checkpoint(
     unreadable shard of a one-rank checkpoint falls back to the previous one with a
     RuntimeWarning; of a multi-rank checkpoint it raises CheckpointError naming the
     file, since falling back alone could leave ranks on different steps.
+
+    ``layout`` (a ``ShardLayout``, as the checkpoint was saved with one): each rank
+    loads its model-parallel slice's shard, so the data-parallel size may differ from
+    the saved one (every replica reloads the same state). A checkpoint saved with other
+    tensor or pipeline sizes, or saved without a layout when one is given (or the other
+    way round), raises CheckpointMismatch naming both layouts. Its collectives put their
+    tensors on ``collective_device``.
     """
     directory = Path(directory)
     if process_group is None and (rank is not None or not (dist.is_available() and dist.is_initialized())):
-        return _load_alone(directory, state_dict, 0 if rank is None else rank)
+        return _load_alone(directory, state_dict, 0 if rank is None else rank, layout)
     # None: the default group. No frame here holds it: a traceback the caller keeps must
     # not keep a group's sockets open.
-    return _load_together(directory, state_dict, process_group)
+    return _load_together(directory, state_dict, process_group, layout)
 
 
-def _load_alone(directory: Path, state_dict: dict[str, Any], rank: int) -> int | None:
+def _load_alone(directory: Path, state_dict: dict[str, Any], rank: int, layout: ShardLayout | None) -> int | None:
     found = latest_checkpoint(directory)
     skipped: list[str] = []
     while found is not None:
         step, folder = found
-        check = _check(folder, step, state_dict, rank, None, None)
+        check = _check(folder, step, state_dict, rank, None, None, layout)
         if check.verdict is _Verdict.MISMATCH:
             assert check.mismatch is not None
             raise check.mismatch
@@ -290,8 +340,11 @@ def _load_alone(directory: Path, state_dict: dict[str, Any], rank: int) -> int |
     return None
 
 
-def _load_together(directory: Path, state_dict: dict[str, Any], group: dist.ProcessGroup | None) -> int | None:
+def _load_together(
+    directory: Path, state_dict: dict[str, Any], group: dist.ProcessGroup | None, layout: ShardLayout | None
+) -> int | None:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    device = collective_device(group)
     below: int | None = None  # rank 0: the last step proposed
     skipped: list[str] = []
     while True:  # ends: rank 0 proposes a strictly older step each round, then none
@@ -302,7 +355,9 @@ def _load_together(directory: Path, state_dict: dict[str, Any], group: dist.Proc
                 _propose(directory, below, proposal)
             except Exception as exc:  # noqa: BLE001 - the peers wait in the broadcast: tell them
                 proposal[0], failure = -1, exc
+        proposal = proposal.to(device)
         dist.broadcast(proposal, group_src=0, group=group)
+        proposal = proposal.cpu()
         if proposal[0] < 0:
             raise CheckpointError(
                 f"rank 0 could not resolve the checkpoint to resume from in {directory}: {failure or 'see rank 0'}"
@@ -314,7 +369,7 @@ def _load_together(directory: Path, state_dict: dict[str, Any], group: dist.Proc
         step = below = int(proposal[1])
         digest = proposal[2:].numpy().tobytes()
         try:
-            check = _check(step_dir(directory, step), step, state_dict, rank, world, digest)
+            check = _check(step_dir(directory, step), step, state_dict, rank, world, digest, layout)
         except Exception as exc:  # noqa: BLE001 - every rank must reach the all_gather
             check = _Check(_Verdict.UNUSABLE, f"cannot check {step_dir(directory, step)}: {exc}")
         reports: list[Any] = [None] * world

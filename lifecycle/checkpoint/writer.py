@@ -44,6 +44,8 @@ from lifecycle.checkpoint.layout import (
     FORMAT,
     MANIFEST,
     MARKER,
+    ShardLayout,
+    describe_layout,
     fsync_dir,
     probe_directory,
     sha256,
@@ -51,7 +53,7 @@ from lifecycle.checkpoint.layout import (
     step_dir,
     write_atomic,
 )
-from lifecycle.checkpoint.loader import latest_checkpoint, load_checkpoint
+from lifecycle.checkpoint.loader import collective_device, latest_checkpoint, load_checkpoint
 
 __all__ = [
     "AsyncCheckpointer",
@@ -82,10 +84,14 @@ def _decode(words: torch.Tensor) -> str:
 
 
 class _Shard:
-    """What the writer thread reports for one rank's written file."""
+    """What the writer thread reports for one rank's written file (``written`` False: a replica wrote none)."""
 
-    def __init__(self, size: int, sha256: bytes) -> None:
-        self.size, self.sha256 = size, sha256
+    def __init__(self, size: int, sha256: bytes, *, written: bool = True) -> None:
+        self.size, self.sha256, self.written = size, sha256, written
+
+
+_WROTE, _REPLICA = 1, 2
+"""Row status words: this rank wrote its shard; this rank is a replica and wrote none (0: it failed)."""
 
 
 class _Pending:
@@ -138,6 +144,13 @@ class AsyncCheckpointer:
     complete steps (the one just committed always among them); None keeps all. What a
     commit removes, and only in a directory this run owns, is in
     ``lifecycle.checkpoint.hygiene``.
+
+    ``layout`` (a ``ShardLayout``; its sizes' product must be the group's size): only
+    the first data-parallel replica of each model-parallel slice writes a shard, and
+    the manifest records the layout (see ``lifecycle.checkpoint.layout``); every rank
+    still calls ``save`` and ``finalize`` together. None: every rank writes its own.
+    The commit's collectives run on the group with tensors on its device
+    (``collective_device``: the current CUDA device for nccl, else the CPU).
     """
 
     def __init__(
@@ -146,6 +159,7 @@ class AsyncCheckpointer:
         *,
         process_group: dist.ProcessGroup | None = None,
         keep_last: int | None = None,
+        layout: ShardLayout | None = None,
     ) -> None:
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last must be None or an int >= 1, got {keep_last!r}")
@@ -161,6 +175,13 @@ class AsyncCheckpointer:
         self._group_ref = None if process_group is None else weakref.ref(process_group)
         self._rank = dist.get_rank(process_group) if process_group is not None else 0
         self._world = dist.get_world_size(process_group) if process_group is not None else 1
+        if layout is not None and layout.shards * layout.data != self._world:
+            raise ValueError(
+                f"layout {describe_layout(layout.sizes())} needs {layout.shards * layout.data} ranks, "
+                f"the group has {self._world}"
+            )
+        self.layout = layout
+        self._device = collective_device(process_group) if process_group is not None else torch.device("cpu")
         probe_directory(self.directory, self._rank)
         self._lock = threading.Lock()  # orders abort() (any thread) against save()/finalize()
         self._pending: _Pending | None = None
@@ -191,6 +212,14 @@ class AsyncCheckpointer:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if self._pending is not None:
             self.finalize()
+        if self.layout is not None and not self.layout.writes:
+            # A replica: the slice's first replica writes the same state. Nothing to stage.
+            replica = _Pending(step, 0)
+            replica.future.set_result(_Shard(0, bytes(32), written=False))
+            with self._lock:
+                self._refuse_if_aborted()
+                self._pending = replica
+            return
         staged = _stage(state_dict, "state_dict")
         folder = step_dir(self.directory, step)
         try:
@@ -310,13 +339,15 @@ class AsyncCheckpointer:
             local_error = CheckpointError(f"rank {self._rank} aborted the save while finalizing it")
             shard = None
         mine = torch.zeros(ROW, dtype=torch.int64)
-        mine[0], mine[1], mine[2] = int(shard is not None), pending.step, pending.token
+        mine[1], mine[2] = pending.step, pending.token
         if shard is not None:
+            mine[0] = _WROTE if shard.written else _REPLICA
             mine[3] = shard.size
             mine[4:8] = torch.frombuffer(bytearray(shard.sha256), dtype=torch.int64)
+            mine[8] = self.layout.shard if self.layout is not None else self._rank  # where the text goes otherwise
         else:
             mine[8:] = _encode(str(local_error))
-        everyone = self._all_gather(mine, group_ref)
+        everyone = [row.cpu() for row in self._all_gather(mine.to(self._device), group_ref)]
         failed = [r for r, row in enumerate(everyone) if not row[0]]
         if failed:
             why = "; ".join(_decode(everyone[r][8:]) or f"rank {r}: no report" for r in failed)
@@ -328,7 +359,7 @@ class AsyncCheckpointer:
             raise CheckpointError(
                 f"ranks disagree on the step to commit in {self.directory}: {[int(row[1]) for row in everyone]}"
             )
-        verdict = torch.zeros(VERDICT, dtype=torch.int64)
+        verdict = torch.zeros(VERDICT, dtype=torch.int64, device=self._device)
         verdict[0] = 1
         commit_error: Exception | None = None
         if self._rank == 0:
@@ -336,13 +367,13 @@ class AsyncCheckpointer:
                 self._commit(pending.step, everyone)
             except Exception as exc:  # noqa: BLE001 - peers learn of it by the broadcast
                 verdict[0] = 0
-                verdict[1:] = _encode(str(exc))
+                verdict[1:] = _encode(str(exc)).to(self._device)
                 commit_error = exc
         if group_ref is not None:
             dist.broadcast(verdict, group_src=0, group=self._group_of(group_ref))
         if not verdict[0].item():
             raise CheckpointError(
-                f"rank 0 could not commit step {pending.step} in {self.directory}: {_decode(verdict[1:])}"
+                f"rank 0 could not commit step {pending.step} in {self.directory}: {_decode(verdict[1:].cpu())}"
             ) from commit_error
         return pending.step
 
@@ -377,15 +408,27 @@ class AsyncCheckpointer:
             if self._aborted:
                 raise CheckpointError(f"rank 0 aborted the save of step {step} while finalizing it")
         folder = step_dir(self.directory, step)
-        shards = [
+        writers = [r for r, row in enumerate(everyone) if int(row[0]) == _WROTE]
+        shards: list[dict[str, Any]] = [
             {
                 "rank": r,
-                "file": shard_name(r, int(row[2])),
-                "bytes": int(row[3]),
-                "sha256": row[4:8].numpy().tobytes().hex(),
+                "file": shard_name(r, int(everyone[r][2])),
+                "bytes": int(everyone[r][3]),
+                "sha256": everyone[r][4:8].numpy().tobytes().hex(),
             }
-            for r, row in enumerate(everyone)
+            for r in writers
         ]
+        manifest: dict[str, Any] = {"format": FORMAT, "step": step, "world_size": self._world}
+        if self.layout is not None:
+            by_shard = {int(everyone[r][8]): s for r, s in zip(writers, shards, strict=True)}
+            if sorted(by_shard) != list(range(self.layout.shards)) or len(shards) != self.layout.shards:
+                raise CheckpointError(
+                    f"checkpoint step {step} in {self.directory} not committed: the writing ranks reported shards "
+                    f"{sorted(by_shard)}, the layout {describe_layout(self.layout.sizes())} has "
+                    f"{self.layout.shards}"
+                )
+            shards = [{"shard": i, **by_shard[i]} for i in range(self.layout.shards)]
+            manifest["layout"] = self.layout.sizes()
         unseen = []
         for s in shards:
             path = folder / str(s["file"])
@@ -402,7 +445,7 @@ class AsyncCheckpointer:
                 f"{len(unseen)} of the {len(shards)} shards: {', '.join(unseen)}; every rank must write to "
                 "the same shared folder"
             )
-        manifest = {"format": FORMAT, "step": step, "world_size": self._world, "shards": shards}
+        manifest["shards"] = shards
         # Manifest first: it is the commit record. The marker is only a pointer to it.
         write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
         write_atomic(self.directory / MARKER, json.dumps({"step": step}).encode())

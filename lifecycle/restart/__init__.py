@@ -20,15 +20,19 @@ function with one plainly annotated parameter.
 import dataclasses
 import datetime
 import gc
+import inspect
 import os
-from collections.abc import Callable, Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import torch
 from nvidia_resiliency_ext.inprocess import CallWrapper, Compose, Wrapper
 from nvidia_resiliency_ext.inprocess.abort import Abort
-from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+from nvidia_resiliency_ext.inprocess.exception import HealthCheckError, RestartAbort
 from nvidia_resiliency_ext.inprocess.finalize import Finalize
+from nvidia_resiliency_ext.inprocess.health_check import HealthCheck
 from nvidia_resiliency_ext.inprocess.initialize import RetryController
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
@@ -47,6 +51,7 @@ from lifecycle._training.config import PretrainConfig
 from lifecycle._training.pretrain import BatchProvider, ForwardStepFunc, ModelProvider, PretrainResult, pretrain
 
 __all__ = [
+    "CudaHealthCheck",
     "SessionAbort",
     "SessionFinalize",
     "abort",
@@ -58,6 +63,7 @@ __all__ = [
     "teardown_table",
     "wrapped_pretrain",
     "wrapper_plan",
+    "wrapper_timeouts",
 ]
 
 T = TypeVar("T")
@@ -151,7 +157,127 @@ def finalize() -> SessionFinalize:
     return SessionFinalize()
 
 
+class CudaHealthCheck(HealthCheck):  # type: ignore[misc]  # NVRx is untyped
+    """The Wrapper's health check on CUDA: before each iteration, this rank's device must finish its work and run more.
+
+    A no-op until CUDA is initialized in this process (the first iteration, a CPU run).
+    Otherwise, on the current device (the one the session bound, see
+    ``cuda_device_index``): wait up to ``timeout_s`` for its pending work
+    (``torch.cuda.synchronize`` in a daemon thread: a hung kernel cannot be cancelled),
+    then run one small kernel and synchronize again, which raises on a corrupted
+    context. Raises NVRx's ``HealthCheckError`` otherwise: the Wrapper then ends this
+    rank instead of restarting on a broken device. NVRx's own ``CudaHealthCheck`` picks
+    the device ``LOCAL_RANK``, which does not exist with one visible GPU per process.
+    """
+
+    def __init__(self, timeout_s: float = 30.0) -> None:
+        """Wait at most ``timeout_s`` seconds for the device's pending work."""
+        self.timeout_s = timeout_s
+
+    def __call__(self, state: Any) -> Any:
+        """Check the device; return ``state`` unchanged (the Wrapper chains it), or raise ``HealthCheckError``."""
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):  # type: ignore[no-untyped-call]
+            return state
+        device = torch.cuda.current_device()
+        failures: list[BaseException] = []
+
+        def drain() -> None:
+            try:
+                torch.cuda.synchronize(device)
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread below
+                failures.append(exc)
+
+        thread = threading.Thread(target=drain, name="lifecycle-cuda-health", daemon=True)
+        thread.start()
+        thread.join(self.timeout_s)
+        if thread.is_alive():
+            raise HealthCheckError(f"CUDA device {device}: pending work did not finish within {self.timeout_s} s")
+        try:
+            if failures:
+                raise failures[0]
+            probe = torch.ones(1, device=device) + 1
+            torch.cuda.synchronize(device)
+            if probe.item() != 2.0:
+                raise RuntimeError(f"1 + 1 gave {probe.item()}")
+        except Exception as exc:
+            raise HealthCheckError(f"CUDA device {device} is not usable: {exc!r}") from exc
+        return state
+
+
 # -- running under the Wrapper -------------------------------------------------------------
+
+_TIMEOUTS = ("soft_timeout", "hard_timeout", "barrier_timeout", "completion_timeout")
+_INTERVALS = ("monitor_thread_interval", "monitor_process_interval", "progress_watchdog_interval")
+_WATCHDOG_MARGIN = datetime.timedelta(seconds=5)
+"""With nccl: how much earlier than the watchdog the Wrapper's hard-timeout kill is done, by default."""
+
+
+def _nvrx_default(name: str) -> datetime.timedelta:
+    default: datetime.timedelta = inspect.signature(Wrapper).parameters[name].default
+    return default
+
+
+def wrapper_timeouts(
+    group_timeout_s: float, backend: str = "gloo", overrides: Mapping[str, Any] | None = None
+) -> dict[str, datetime.timedelta]:
+    """The Wrapper's soft, hard, barrier and completion timeouts for groups of ``group_timeout_s``, in order.
+
+    ``overrides`` (the Wrapper's keyword arguments) win over the computed values; the
+    order is checked after them, and ``ConfigError`` names the timeout that breaks it.
+
+    gloo: a stuck gloo collective raises in the main thread at the group timeout, so
+    the group fails first: soft = group + 10 s, hard = group + 20 s; refused: soft <= group.
+
+    nccl: the watchdog (the group timeout) must come last (NVRx's requirement): were it
+    first, it would act on a hang before NVRx does, killing the process
+    (``TORCH_NCCL_ASYNC_ERROR_HANDLING`` 1 or 3, which the session refuses) or aborting the
+    communicators under the running iteration (2). NVRx's hard-timeout kill ends by
+    hard + ``monitor_process_interval`` + ``termination_grace_time`` (NVRx's defaults, or
+    the overrides): hard = group - those - 5 s, soft = hard - 10 s; refused: a kill that
+    ends at or after the group timeout, or a computed soft timeout not above the
+    monitoring intervals (a group timeout too short: raise it, or pass both timeouts).
+
+    Both: barrier and completion = group + 40 s. NVRx itself checks soft < hard < barrier.
+    """
+    group = datetime.timedelta(seconds=group_timeout_s)
+    given = dict(overrides or {})
+    if backend == "nccl":
+        interval = given.get("monitor_process_interval", _nvrx_default("monitor_process_interval"))
+        grace = given.get("termination_grace_time", _nvrx_default("termination_grace_time"))
+        hard = group - interval - grace - _WATCHDOG_MARGIN
+        computed = {"soft_timeout": hard - datetime.timedelta(seconds=10), "hard_timeout": hard}
+    else:
+        computed = {
+            "soft_timeout": group + datetime.timedelta(seconds=10),
+            "hard_timeout": group + datetime.timedelta(seconds=20),
+        }
+    computed["barrier_timeout"] = computed["completion_timeout"] = group + datetime.timedelta(seconds=40)
+    timeouts = {name: given.get(name, computed[name]) for name in _TIMEOUTS}
+    if backend != "nccl":
+        if not group < timeouts["soft_timeout"]:
+            raise ConfigError("soft_timeout", f"must exceed the group timeout {group_timeout_s} s")
+        return timeouts
+    kill_done = timeouts["hard_timeout"] + interval + grace
+    if not kill_done < group:
+        raise ConfigError(
+            "hard_timeout",
+            f"with nccl the watchdog (group timeout {group_timeout_s} s) must outlast NVRx's hard timeout "
+            f"({timeouts['hard_timeout'].total_seconds()} s) plus its monitor_process_interval "
+            f"({interval.total_seconds()} s) and termination_grace_time ({grace.total_seconds()} s), or it can "
+            "take the rank down before NVRx restarts it; raise DistributedConfig.timeout_s (the group timeout) "
+            "or lower hard_timeout",
+        )
+    # NVRx requires each monitoring interval to be below the soft timeout.
+    floor = max(given.get(name, _nvrx_default(name)) for name in _INTERVALS)
+    if "soft_timeout" not in given and not floor < timeouts["soft_timeout"]:
+        shortest = (floor + interval + grace + _WATCHDOG_MARGIN + datetime.timedelta(seconds=10)).total_seconds()
+        raise ConfigError(
+            "group_timeout_s",
+            f"{group_timeout_s} s is too short for nccl under the Wrapper: its soft timeout would be "
+            f"{timeouts['soft_timeout'].total_seconds()} s; use a group timeout above {shortest} s, or pass "
+            "soft_timeout and hard_timeout",
+        )
+    return timeouts
 
 
 def make_wrapper(
@@ -160,6 +286,7 @@ def make_wrapper(
     store_port: int | None = None,
     store_host: str | None = None,
     group_timeout_s: float = 60.0,
+    backend: str = "gloo",
     **wrapper_kwargs: Any,
 ) -> Wrapper:
     """Build an ``inprocess.Wrapper`` that runs lifecycle sessions.
@@ -169,11 +296,13 @@ def make_wrapper(
     listens on ``store_port`` (default ``MASTER_PORT + 1``: never the port of the
     default group's store) at ``store_host`` (default ``MASTER_ADDR``; 127.0.0.1 in a
     world of one). Its abort and finalize are ``abort()`` and ``finalize()``, run before
-    any ``abort``, ``finalize`` or ``initialize`` given in ``wrapper_kwargs``. Timeouts are ordered after
-    ``group_timeout_s`` (each group's timeout): soft = group + 10 s, hard = soft + 10 s,
-    barrier and completion = hard + 20 s, so a slow collective fails by itself before
-    the Wrapper declares the rank stuck; ``wrapper_kwargs`` may override them (and the
-    intervals) but not break that order. Raises ``ConfigError`` for a bad value.
+    any ``abort``, ``finalize`` or ``initialize`` given in ``wrapper_kwargs``. Its timeouts
+    are ordered against ``group_timeout_s`` (each group's timeout) for ``backend`` by
+    ``wrapper_timeouts``: with gloo the group times out first (soft = group + 10 s), with
+    nccl last (the watchdog outlasts NVRx's hard-timeout kill); ``wrapper_kwargs`` may
+    override them (and the intervals) but not break that order. With nccl a
+    ``CudaHealthCheck`` runs before each iteration, before any ``health_check`` given.
+    Raises ``ConfigError`` for a bad value.
     """
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError("max_restarts", f"must be an integer >= 0, got {max_restarts!r}")
@@ -186,21 +315,14 @@ def make_wrapper(
         store_host = os.environ.get("MASTER_ADDR") or None
     if store_host is None and os.environ.get("WORLD_SIZE", "1") != "1":
         raise ConfigError("store_host", "not given, and MASTER_ADDR is not set in the environment")
-    group = datetime.timedelta(seconds=group_timeout_s)
-    options: dict[str, Any] = {
-        "soft_timeout": group + datetime.timedelta(seconds=10),
-        "hard_timeout": group + datetime.timedelta(seconds=20),
-        "barrier_timeout": group + datetime.timedelta(seconds=40),
-        "completion_timeout": group + datetime.timedelta(seconds=40),
-    }
-    options.update(wrapper_kwargs)
-    if not group < options["soft_timeout"]:
-        raise ConfigError("soft_timeout", f"must exceed the group timeout {group_timeout_s} s")
+    options: dict[str, Any] = {**wrapper_kwargs, **wrapper_timeouts(group_timeout_s, backend, wrapper_kwargs)}
     store_kwargs = {"port": store_port, "host_name": store_host or LOOPBACK}
     options["store_kwargs"] = {**store_kwargs, **options.get("store_kwargs", {})}
     options["initialize"] = _then(RetryController(max_iterations=max_restarts + 1), options.get("initialize"))
     options["abort"] = _then(abort(), options.get("abort"))
     options["finalize"] = _then(finalize(), options.get("finalize"))
+    if backend == "nccl":
+        options["health_check"] = _then(CudaHealthCheck(), options.get("health_check"))
     return Wrapper(**options)
 
 
@@ -231,11 +353,13 @@ def run(
     store_port: int | None = None,
     store_host: str | None = None,
     group_timeout_s: float = 60.0,
+    backend: str = "gloo",
     **wrapper_kwargs: Any,
 ) -> T:
     """Run ``job(call_wrapper)`` under a ``make_wrapper(...)`` Wrapper; return what its last iteration returned.
 
-    ``job`` builds its session with ``session_for(call_wrapper, ...)``. A failure on any
+    ``job`` builds its session with ``session_for(call_wrapper, ...)``; ``backend`` is its
+    groups' backend (timeouts and health check: ``make_wrapper``). A failure on any
     rank restarts it on every rank, at most ``max_restarts`` times; then the Wrapper's
     ``RestartAbort`` propagates (with a note naming the last failure). Restart
     exceptions are never caught here.
@@ -254,6 +378,7 @@ def run(
         store_port=store_port,
         store_host=store_host,
         group_timeout_s=group_timeout_s,
+        backend=backend,
         **wrapper_kwargs,
     )
 
@@ -321,7 +446,8 @@ def wrapped_pretrain(
     failure. Ranks and world size are read from the environment each iteration (the
     Wrapper sets them); ``config.distributed.rank`` / ``world_size``, if given, only seed
     ``RANK`` / ``WORLD_SIZE``. The Wrapper's store listens on ``store_port`` (default: the
-    group's port + 1) and its timeouts are ordered after ``config.distributed.timeout_s``.
+    group's port + 1) and its timeouts are ordered against ``config.distributed.timeout_s``
+    for ``config.distributed.backend`` (``wrapper_timeouts``; nccl adds ``CudaHealthCheck``).
     Returns the ``PretrainResult`` of the successful iteration; after ``max_restarts``
     restarts the Wrapper's ``RestartAbort`` propagates. ``config.fault`` fires in every
     iteration, so it exhausts the restarts: inject a one-off fault with a callback.
@@ -376,6 +502,7 @@ def wrapped_pretrain(
                 store_port=store_port,
                 store_host=distributed.master_addr,
                 group_timeout_s=distributed.timeout_s,
+                backend=distributed.backend,
                 **wrapper_kwargs,
             )
         finally:
