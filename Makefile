@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST := TORCH_CPP_LOG_LEVEL=error $(PY) -m pytest -q
 TIMED = start=$$(date +%s); $(1); status=$$?; echo "make $@: $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: venv demo test test-unit test-slow lint typecheck diagrams check bench clean
+.PHONY: venv demo test test-unit test-slow lint typecheck diagrams check bench clean mermaid gpu-wheelhouse gpu-check
 
 venv: $(STAMP)
 
@@ -30,12 +30,22 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	@$(call TIMED,LIFECYCLE_TORCH_FREE=1 $(PYTEST) -m "not slow" tests/core tests/test_layout.py tests/reliability/test_expected.py)
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) mermaid
 	@$(call TIMED,$(PYTEST) -m slow)
 
+# The pinned mermaid npm package (tools/mermaid/package-lock.json) that test-slow parses show's diagrams with.
+# Without node it installs nothing: the parse test then skips (fails under CI=true).
+MERMAID := tools/mermaid/node_modules/.installed
+
+mermaid: $(MERMAID)
+
+$(MERMAID): tools/mermaid/package.json tools/mermaid/package-lock.json
+	@if command -v node >/dev/null; then npm ci --prefix tools/mermaid --no-audit --no-fund && touch $@; \
+	else echo "node not found: tools/mermaid not installed, the Mermaid parse test will skip"; fi
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lifecycle tests bench
-	$(VENV)/bin/ruff format --check lifecycle tests bench
+	$(VENV)/bin/ruff check lifecycle tests bench tools
+	$(VENV)/bin/ruff format --check lifecycle tests bench tools
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict lifecycle
@@ -46,6 +56,17 @@ diagrams: $(STAMP)
 	else echo "Graphviz 'dot' not found: diagrams/lifecycle.svg not re-rendered"; fi
 
 check: lint typecheck test
+
+# The GPU check (README, "On GPUs"). gpu-wheelhouse, where the package index is reachable: the cp312
+# manylinux x86_64 wheels of tools/gpu-wheelhouse.txt (every runtime dependency but torch) in
+# build/gpu-wheelhouse, checked complete and under 60 MiB. gpu-check, on the GPU host (its own python3
+# and CUDA torch, no index; copy the checkout with build/gpu-wheelhouse): tests/gpu, one rank per GPU,
+# and a summary table (also in build/gpu-check/summary.md).
+gpu-wheelhouse: $(STAMP)
+	$(PY) tools/gpu_check.py wheelhouse
+
+gpu-check:
+	python3 tools/gpu_check.py run
 
 bench: $(STAMP)
 	TORCH_CPP_LOG_LEVEL=error $(PY) bench/run_all.py

@@ -19,8 +19,10 @@ sys.path.insert(0, str(HERE))
 
 import bench_leaks  # noqa: E402
 import bench_overhead  # noqa: E402
+import bench_plugin  # noqa: E402
 import bench_release  # noqa: E402
 import bench_retry  # noqa: E402
+import bench_show  # noqa: E402
 
 
 def _version(dist: str) -> str:
@@ -37,7 +39,7 @@ def main() -> None:
     import torch
 
     sections = []
-    for bench in (bench_overhead, bench_release, bench_retry, bench_leaks):
+    for bench in (bench_overhead, bench_release, bench_retry, bench_leaks, bench_show, bench_plugin):
         print(f"running {bench.__name__} ...", flush=True)
         started = time.perf_counter()
         text = bench.main()
