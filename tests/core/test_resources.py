@@ -181,6 +181,7 @@ def test_a_session_refuses_to_record_a_kind_without_a_release_for_each_step(scra
         SCRATCH.releases = original  # type: ignore[method-assign]
     assert session.state is State.DIST_READY and session.ledger.entry(scratch) is None
     assert SCRATCH.log == [] and not SCRATCH.alive  # checked before it was created: nothing leaked
+    session.fail(RuntimeError("test over"))  # the live session's own shield goes with it
 
 
 def test_the_built_in_probes_import_nothing() -> None:

@@ -209,3 +209,4 @@ def test_pretrain_refuses_a_live_session_past_uninitialized(tmp_path: Path) -> N
         pretrain(config_of_one(tmp_path), session=session)
     assert (caught.value.state, caught.value.trigger) == (State.DIST_READY, Trigger.INIT_DISTRIBUTED)
     assert session.state is State.DIST_READY
+    session.fail(RuntimeError("test over"))  # the live session's own shield goes with it
