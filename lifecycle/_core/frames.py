@@ -25,25 +25,35 @@ def _package_dir(package: str) -> str | None:
 
 
 def clear_frames_of(error: BaseException, packages: tuple[str, ...]) -> int:
-    """Clear the locals of the finished frames of ``packages`` in ``error``'s traceback; return how many.
+    """Clear the locals of the finished frames of ``packages`` in the tracebacks of ``error`` and of its chain.
 
-    Frames still executing are skipped; frames of every other module (the caller's,
-    lifecycle's) are left as they are. The traceback's lines stay printable. If any
-    frame was cleared, a note on ``error`` says how many and why.
+    The chain is ``error``'s ``__cause__`` and ``__context__``, theirs, and so on (a
+    ``CheckpointError`` raised from gloo's ``RuntimeError`` keeps torch's frames in its
+    cause). Frames still executing are skipped; frames of every other module (the
+    caller's, lifecycle's) are left as they are. The tracebacks' lines stay printable.
+    Returns how many frames were cleared; if any, a note on ``error`` says how many and why.
     """
     dirs = tuple(d for d in map(_package_dir, packages) if d is not None)
     cleared = 0
-    tb: TracebackType | None = error.__traceback__
-    while tb is not None and dirs:
-        frame = tb.tb_frame
-        if os.path.abspath(frame.f_code.co_filename).startswith(dirs):
-            try:
-                frame.clear()
-            except RuntimeError:  # still executing
-                pass
-            else:
-                cleared += 1
-        tb = tb.tb_next
+    seen: set[int] = set()
+    pending: list[BaseException] = [error]
+    while pending and dirs:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        tb: TracebackType | None = current.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if os.path.abspath(frame.f_code.co_filename).startswith(dirs):
+                try:
+                    frame.clear()
+                except RuntimeError:  # still executing
+                    pass
+                else:
+                    cleared += 1
+            tb = tb.tb_next
     if cleared:
         names = ", ".join(packages)
         error.add_note(

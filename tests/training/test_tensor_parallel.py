@@ -222,8 +222,14 @@ def test_the_demo_trains_tensor_parallel_and_shows_the_layout_first(tmp_path: Pa
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tensor_2_by_data_2_on_4_ranks(tmp_path: Path) -> None:
-    """TP2×DP2 on 4 ranks: TP=1's losses (1e-5), a fault in every phase, a bit-exact resume, the same collectives."""
-    found = reports(tmp_path / "tp2dp2", 2, 4, "--slow")
+    """TP2×DP2 on 4 ranks: TP=1's losses (1e-5), a fault in every phase, a bit-exact resume, the same collectives.
+
+    The worker keeps every failed run's exception, as a retry loop that logs them does: a
+    CheckpointError's cause (gloo's error) kept torch's frames, and with them the aborted
+    group's sockets, so a peer blocked in finalize waited the whole group timeout and the
+    retry's ranks fell out of step (fixed: ``clear_frames_of`` walks the cause chain).
+    """
+    found = reports(tmp_path / "tp2dp2", 2, 4, "--slow", "--keep-errors")
     reference = pretrain(one_rank(tmp_path, 2))  # each data-parallel rank reads 2 of the 4 sequences
     wanted = {(op, group, "cpu" if device == "rank" else device) for op, group, device in rows()}
     for rank in found:

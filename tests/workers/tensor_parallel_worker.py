@@ -127,6 +127,8 @@ class Recorder:
                 return collective(*args, **kwargs)
             finally:
                 self._depth.n = depth
+                # A failed call's traceback keeps this frame: it must not keep the group (its sockets).
+                del args, kwargs
 
         return watched
 
