@@ -28,7 +28,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
 
@@ -64,7 +64,7 @@ def store_name(store: Store, hosted_by: str = "") -> str:
 class FailureNotice:
     """One rank's notice: it failed with ``error`` in ``phase`` at training ``step`` (None: none), at ``time``.
 
-    ``seq`` is its number in the attempt's count (1 = first).
+    ``seq`` is its number in the attempt's count (1 = first); 0 until the store numbered it.
     """
 
     rank: int
@@ -115,7 +115,8 @@ def publish(
     the result says the store did not answer. The result's ``note`` names the first
     rank when it is a peer, or says why the first failure is unknown.
     """
-    mine = _Mine(rank, socket.gethostname(), os.getpid(), phase, step, _line(describe(error), ERROR_CHARS), at)
+    error_line = _line(describe(error), ERROR_CHARS)
+    mine = FailureNotice(rank, socket.gethostname(), os.getpid(), phase, step, error_line, at, seq=0)
     outcome: list[Announcement] = []
     keys = PrefixStore(prefix, store)
     # The thread gets the notice's text, never ``error``: a thread left behind must not
@@ -130,26 +131,13 @@ def publish(
     return _unknown(f"{name} did not answer within {deadline_s * 1000:g} ms")
 
 
-@dataclass(frozen=True, slots=True)
-class _Mine:
-    """This rank's notice, before the store numbers it."""
-
-    rank: int
-    host: str
-    pid: int
-    phase: str
-    step: int | None
-    error: str
-    time: float
-
-
-def _publish(store: Store, name: str, mine: _Mine) -> Announcement:
+def _publish(store: Store, name: str, mine: FailureNotice) -> Announcement:
     """``publish``'s work, on its thread: count, write, read the first notice; never raises."""
     try:
         seq = int(store.add(f"{NAMESPACE}/count", 1))
     except Exception as exc:  # noqa: BLE001 - the store is gone: say so, never raise
         return _unknown(f"{name} is unreachable: {_brief(exc)}")
-    notice = FailureNotice(**asdict(mine), seq=seq)
+    notice = replace(mine, seq=seq)
     try:
         store.set(f"{NAMESPACE}/{seq}", json.dumps(asdict(notice)))
     except Exception as exc:  # noqa: BLE001 - counted, but peers will not read it
