@@ -5,7 +5,8 @@ process in which no session ever ran: it imports what the session will use, snap
 every ``megatron.core`` module global, runs ``pretrain`` on a world of one (gloo) with
 a model on megatron-core's tensor-parallel layers that seeds the tensor-parallel RNG
 tracker and records a MoE aux loss, snapshots again and writes the comparison to
-``report.json``.
+``report.json``. The globals reset are those the installed megatron-core release has
+(``expected_leftovers``): one it should have and lacks fails here, never a silent skip.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import json
 import sys
 import types
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,11 +42,23 @@ from lifecycle import (
     TorchActions,
     pretrain,
 )
+from lifecycle._torch.megatron import (
+    LEFTOVERS,
+    Leftover,
+    expected_leftovers,
+    megatron_version,
+    missing_leftovers,
+    reset_leftovers,
+)
+
+MOE_TRACKERS = ("_MOE_LAYER_WISE_LOGGING_TRACKER", "_MOE_METRICS_TRACKER")
+(MOE_TRACKER,) = (leftover for leftover in expected_leftovers() if leftover.name in MOE_TRACKERS)
+"""The MoE aux-loss tracker of the installed release (it moved in 0.18)."""
 
 COVERED = (
     ("megatron.core.parallel_state", "_PIPELINE_GLOBAL_RANKS"),
     ("megatron.core.tensor_parallel.random", "_CUDA_RNG_STATE_TRACKER"),
-    ("megatron.core.transformer.moe.moe_utils", "_MOE_LAYER_WISE_LOGGING_TRACKER"),
+    (MOE_TRACKER.module, MOE_TRACKER.name),
 )
 """Globals a session here sets: the "before" snapshot must hold them, or a clean diff proves nothing."""
 
@@ -88,6 +102,15 @@ class TensorParallelLM(nn.Module):
         return out
 
 
+HELD: list[Any] = []
+"""The MoE tracker objects a scenario's steps recorded into, held as a caller holding them would."""
+
+
+def tracker_entries(tracker: Any) -> int:
+    """How many metrics a MoE tracker holds (a dict up to 0.17, a ``MoEMetricsTracker`` from 0.18)."""
+    return len(tracker if isinstance(tracker, dict) else tracker.metrics)
+
+
 def forward_with_aux_loss(batch: dict[str, torch.Tensor], model: nn.Module) -> torch.Tensor:
     """Cross-entropy, also recorded as a MoE router records its load-balancing loss (with groups to reduce over)."""
     logits = model(batch["tokens"])
@@ -100,6 +123,7 @@ def forward_with_aux_loss(batch: dict[str, torch.Tensor], model: nn.Module) -> t
         reduce_group=parallel_state.get_tensor_model_parallel_group(),
         avg_group=parallel_state.get_data_parallel_group(),
     )
+    HELD.append(getattr(sys.modules[MOE_TRACKER.module], MOE_TRACKER.name))
     return loss
 
 
@@ -125,7 +149,9 @@ def compared(before: dict[Any, Any], **facts: Any) -> dict[str, Any]:
 def success(directory: Path, before: dict[Any, Any]) -> dict[str, Any]:
     """A session that trains two steps and closes."""
     session = run_session(directory, TensorParallelLM)
-    return compared(before, state=session.state.value)
+    held = [tracker_entries(tracker) for tracker in HELD]
+    HELD.clear()
+    return compared(before, state=session.state.value, held_tracker_entries_after=held)
 
 
 def failure(directory: Path, before: dict[Any, Any]) -> dict[str, Any]:
@@ -212,12 +238,52 @@ def test_snapshot_diff_names_what_changed_and_added_skips_resting_values(monkeyp
     assert ("fake_core.state", "run") not in before  # code is not state
 
 
+def test_every_global_the_installed_release_should_have_exists() -> None:
+    """Each global (and helper) the reset list expects for the installed megatron-core exists: a moved one fails."""
+    assert missing_leftovers() == ()
+    assert len(expected_leftovers()) > 15
+
+
+def test_the_reset_list_follows_the_megatron_core_release() -> None:
+    """0.16-0.17 reset the dict MoE tracker; 0.18+ the MoE metrics tracker via its destroy; 0.19 adds GTP state."""
+
+    def names(version: tuple[int, int]) -> set[str]:
+        return {leftover.name for leftover in expected_leftovers(version)}
+
+    everywhere = {leftover.name for leftover in LEFTOVERS if leftover.since == (0, 16) and leftover.until is None}
+    for version in ((0, 16), (0, 17), (0, 18), (0, 19)):
+        assert everywhere <= names(version)
+    assert names((0, 17)) - everywhere == {"_MOE_LAYER_WISE_LOGGING_TRACKER"}
+    assert names((0, 18)) - everywhere == {"_MOE_METRICS_TRACKER"}
+    assert names((0, 19)) - everywhere == {"_MOE_METRICS_TRACKER", "_GTP_GROUPED_BUF_PARITY_COUNTER", "_GTP_PARAMS"}
+    helpers = {leftover.helper for leftover in expected_leftovers((0, 19))} - {None}
+    assert helpers == {"destroy_moe_metrics_tracker", "reset_gtp_state"}
+    assert megatron_version() >= (0, 16)
+
+
+def test_a_global_missing_from_the_installed_release_is_named_not_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A global the list expects but megatron-core lacks fails missing_leftovers and makes reset_leftovers warn."""
+    gone: Leftover = MOE_TRACKER
+    module = sys.modules[gone.module]
+    monkeypatch.delattr(module, gone.name)
+    assert missing_leftovers() == (str(gone),)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reset_leftovers()
+    assert [str(w.message) for w in caught if str(gone) in str(w.message)], [str(w.message) for w in caught]
+    assert not hasattr(module, gone.name)  # not created
+
+
 @pytest.mark.timeout(150)
 def test_closed_session_leaves_megatron_core_as_before(reports: dict[str, dict[str, Any]]) -> None:
     """After a session that trains and closes, every megatron.core module global equals its value before."""
     report = run_scenario("success", reports)
     assert report["state"] == State.CLOSED.value
     assert_as_before(report)
+    # Emptied, not zeroed: a MoE tracker someone still holds keeps no loss and no group.
+    held = report["held_tracker_entries_after"]
+    assert held, "no step recorded into the MoE tracker"
+    assert set(held) == {0}, held
 
 
 @pytest.mark.timeout(90)
