@@ -19,14 +19,13 @@ request): there the session still ends final, its report and journal written in 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import weakref
 from collections.abc import Iterator
 from types import CodeType, FrameType
 
-from lifecycle._core.signals import Handler
+from lifecycle._core.signals import Handler, Link, deliver
 
 SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
 """The signals the shield holds back."""
@@ -65,48 +64,56 @@ class Shield:
         Only frames whose ``self`` is ``owner`` (the session, held weakly) count: another
         session's teardown is not this shield's. Once ``owner`` is gone, or a session
         dropped before it was final left this shield installed, the shield passes every
-        signal through.
+        signal through. Each ``install`` makes new handlers (``lifecycle._core.signals.Link``);
+        ``remove`` deactivates them for good: wherever they are installed later, they pass
+        every signal to the handler they replaced.
         """
         self._protected, self._steps = protected, steps
         self._owner = weakref.ref(owner)
-        self._previous: dict[int, Handler] = {}
+        self._links: dict[int, Link] = {}
         self._pending: tuple[int, FrameType | None] | None = None
         self.escalation: TeardownInterrupted | None = None
         """The escalated interrupt of the current teardown, until ``remove``; None if none."""
 
+    @property
+    def owner(self) -> object | None:
+        """The session this shield protects; None once it is gone (the shield then passes every signal through)."""
+        return self._owner()
+
     def install(self) -> bool:
         """Install the handlers; False (and nothing installed) off the main thread or if already installed."""
-        if self._previous or threading.current_thread() is not threading.main_thread():
+        if self._links or threading.current_thread() is not threading.main_thread():
             return False
-        # Known before ours is installed: a signal landing in between finds them.
-        self._previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+        # Known before ours are installed: a signal landing in between finds its link.
+        self._links = {signum: Link(signum, self._handle) for signum in SIGNALS}
         try:
-            for signum in SIGNALS:
-                signal.signal(signum, self._handle)
+            for link in self._links.values():
+                link.install()
         except (ValueError, OSError):  # an embedding that forbids handlers: run unshielded
             self._restore()
             return False
         return True
 
     def remove(self, cause: BaseException | None = None) -> TeardownInterrupted | None:
-        """Put back the previous handlers (where ours is still installed); return the escalation, if any.
+        """Deactivate the handlers and put back the previous ones (where ours run); return the escalation, if any.
 
         Without an escalation, a deferred signal is then delivered to its previous handler:
         that may raise (``KeyboardInterrupt`` for a deferred Ctrl-C, raised from ``cause``)
         or end the process (a deferred SIGTERM whose previous handler is the default).
         SIGINT and SIGTERM are blocked while the handlers are swapped (where the platform
         allows), so none lands half way; one that arrives meanwhile is delivered right
-        after, to the previous handler: the session is final by then.
+        after, to the previous handler: the session is final by then. Where another
+        handler was installed above ours since, ours stays below it, passing every signal on.
         """
         try:
             with _blocked(SIGNALS):
                 escalation, self.escalation = self.escalation, None
-                previous = dict(self._previous)
+                links = dict(self._links)
                 self._restore()
                 pending, self._pending = self._pending, None
             if escalation is not None or pending is None:
                 return escalation
-            _deliver(pending[0], pending[1], previous.get(pending[0], signal.SIG_DFL))
+            deliver(pending[0], pending[1], links[pending[0]])  # inactive now: its previous handler
         except KeyboardInterrupt as deferred:  # deferred, or arrived while the handlers were swapped
             if cause is not None and deferred.__cause__ is None:
                 raise deferred from cause
@@ -114,17 +121,17 @@ class Shield:
         return None
 
     def _restore(self) -> None:
-        # Put each back before forgetting it: a signal landing meanwhile still finds its previous handler.
-        for signum, previous in self._previous.items():
-            with contextlib.suppress(ValueError, OSError):
-                if signal.getsignal(signum) == self._handle:
-                    signal.signal(signum, signal.SIG_DFL if previous is None else previous)
-        self._previous = {}
+        # Deactivate every link before putting any back: from here on a signal reaches its previous handler.
+        for link in self._links.values():
+            link.deactivate()
+        for link in self._links.values():
+            link.uninstall()
+        self._links = {}
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
+    def _handle(self, signum: int, frame: FrameType | None, previous: Handler) -> None:
         owner = self._owner()
         if owner is None or not _on_stack(frame, self._protected, owner):
-            _deliver(signum, frame, self._previous.get(signum, signal.SIG_DFL))
+            deliver(signum, frame, previous)
         elif self._pending is None and self.escalation is None:
             self._pending = (signum, frame)
         elif self.escalation is None:
@@ -155,18 +162,3 @@ def _on_stack(frame: FrameType | None, codes: frozenset[CodeType], owner: object
             return True
         frame = frame.f_back
     return False
-
-
-def _deliver(signum: int, frame: FrameType | None, previous: Handler) -> None:
-    """Do what ``previous`` (a handler ``signal.signal`` returned) does for ``signum``."""
-    if previous is None:  # installed from C: the default is the closest we can do
-        previous = signal.SIG_DFL
-    if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_IGN:
-        return
-    elif signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    else:  # the default action: put it back and let the signal do it
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)

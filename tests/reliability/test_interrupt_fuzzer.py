@@ -268,7 +268,7 @@ def test_handlers_left_installed_is_caught_by_the_handler_check(pool: None, monk
     problems = _fine_then_broken(
         check_handlers,
         lambda: _anchored(Scenario.FAIL, Variant.SIGTERM, _MID_TEARDOWN),
-        lambda: monkeypatch.setattr(Shield, "_restore", lambda self: self._previous.clear()),
+        lambda: monkeypatch.setattr(Shield, "_restore", lambda self: self._links.clear()),
     )
     assert problems, problems
 
@@ -278,12 +278,12 @@ def test_interrupt_raised_twice_is_caught_by_the_interrupt_check(pool: None, mon
     real = Shield.remove
 
     def remove_twice(self: Shield, cause: BaseException | None = None) -> Any:
-        pending, previous = self._pending, dict(self._previous)
+        pending, links = self._pending, dict(self._links)
         with contextlib.suppress(KeyboardInterrupt):
             real(self, cause)
-        handler = previous.get(pending[0]) if pending is not None else None
-        if pending is not None and callable(handler):
-            handler(*pending)
+        link = links.get(pending[0]) if pending is not None else None
+        if pending is not None and link is not None:
+            link(*pending)  # deactivated by now: it passes the signal to the previous handler
 
     problems = _fine_then_broken(
         check_interrupts,
