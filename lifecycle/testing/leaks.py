@@ -2,11 +2,13 @@
 
 A ``Snapshot`` records what exists in this process now: the declared resource kinds
 that are alive (``live_resources``: a process group, the Megatron-core globals, a store
-server lifecycle hosts), the signal handlers lifecycle installed, and the threads. Two
-snapshots give the ``Leak`` list: what is alive in the second and was not in the first
-(or is another object of that kind now). A leak is named with what lifecycle knows of
-it: the session that created it and the ``file:line`` that acquired it (the record of
-``lifecycle._core.leftovers``), the session whose handler is installed.
+server lifecycle hosts) with their live objects, the handler of each watched signal (the
+object itself, whoever installed it), and the threads. Two snapshots give the ``Leak``
+list: what is alive in the second and was not in the first (or is another object of
+that kind now: a second hosted store counts, compared by object). A leak is named with
+what lifecycle knows of it: the session that created it and the ``file:line`` that
+acquired it (the record of ``lifecycle._core.leftovers``), the session whose handler is
+installed. Releasing a leaked handler puts back exactly the handler seen before.
 
 Nothing here imports torch or megatron-core: the probes read only modules already in
 ``sys.modules`` (a resource of a module never imported cannot exist), and releasing
@@ -23,12 +25,14 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field
 from typing import Any
 
 from lifecycle._core.leftovers import LEFTOVERS, Leftover
 from lifecycle._core.resources import Resource, declared_resources
+from lifecycle._core.shield import Shield
+from lifecycle._core.signals import Handler, InstalledHandlers, Link, resolve
 
 __all__ = ["KINDS", "SIGNAL_HANDLER", "THREAD", "Leak", "Snapshot", "find_leaks", "release_leaks", "snapshot"]
 
@@ -60,55 +64,84 @@ def _same(token: Any, obj: object) -> bool:
     return bool(token == id(obj))
 
 
+def _objects(resource: Resource) -> tuple[object, ...]:
+    """The live objects of ``resource`` by its ``identity``: the object, or each member of a set it returns.
+
+    Empty where the kind declares no identity or it gives None (then only the probe tells).
+    """
+    if resource.identity is None:
+        return ()
+    found = resource.identity()
+    if found is None:
+        return ()
+    if isinstance(found, Set):  # several at once (the stores this process hosts): each by object
+        return tuple(found)
+    return (found,)
+
+
 def _lifecycle_handler(handler: object) -> bool:
-    """True for a signal handler lifecycle installed (a function or bound method defined in the package)."""
+    """True for a signal handler of lifecycle's that runs: an active ``Link``, or another callable of the package."""
+    if isinstance(handler, Link):
+        return handler.active
     return callable(handler) and str(getattr(handler, "__module__", "") or "").startswith("lifecycle.")
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What exists in this process at one moment: live resource kinds, lifecycle's signal handlers, threads.
+    """What exists in this process at one moment: live resource kinds, signal handlers, threads.
 
-    ``resources``: kind → a token of its live object (None where the kind declares no
-    identity). ``handlers``: signal number → a token of the lifecycle handler installed
-    for it. ``threads``: the ``threading`` idents alive.
+    ``resources``: kind → tokens (weak references, else ids) of its live objects (empty
+    where the kind declares no identity). ``handlers``: signal number → the handler
+    installed for it, the object itself (lifecycle's or not; None: installed from C).
+    ``threads``: the ``threading`` idents alive.
     """
 
-    resources: dict[Resource, Any] = field(default_factory=dict)
-    handlers: dict[int, Any] = field(default_factory=dict)
-    previous_handlers: dict[int, Any] = field(default_factory=dict)
+    resources: dict[Resource, tuple[Any, ...]] = field(default_factory=dict)
+    handlers: dict[int, Handler] = field(default_factory=dict)
     threads: frozenset[int] = frozenset()
 
     def __or__(self, other: Snapshot) -> Snapshot:
-        """Both snapshots' contents (``other`` wins where both name a kind): a baseline that allows both."""
-        return Snapshot(
-            {**self.resources, **other.resources},
-            {**self.handlers, **other.handlers},
-            {**other.previous_handlers, **self.previous_handlers},
-            self.threads | other.threads,
-        )
+        """Both snapshots' contents (``other``'s handler wins where both name a signal): a baseline that allows both."""
+        resources = dict(self.resources)
+        for resource, tokens in other.resources.items():
+            resources[resource] = resources.get(resource, ()) + tokens
+        return Snapshot(resources, {**self.handlers, **other.handlers}, self.threads | other.threads)
+
+    def added_since(self, before: Snapshot) -> Snapshot:
+        """What this snapshot has that ``before`` had not: new objects per kind, changed handlers, new threads."""
+        resources: dict[Resource, tuple[Any, ...]] = {}
+        for resource, tokens in self.resources.items():
+            if resource not in before.resources:
+                resources[resource] = tokens
+                continue
+            new = tuple(t for t in tokens if not any(_same_token(t, old) for old in before.resources[resource]))
+            if new:
+                resources[resource] = new
+        handlers = {s: h for s, h in self.handlers.items() if s not in before.handlers or before.handlers[s] is not h}
+        return Snapshot(resources, handlers, self.threads - before.threads)
+
+
+def _same_token(one: Any, other: Any) -> bool:
+    if isinstance(one, weakref.ref) and isinstance(other, weakref.ref):
+        found = one()
+        return found is not None and found is other()
+    return bool(one == other)
 
 
 def snapshot() -> Snapshot:
     """Record what is alive now (cheap: a few attribute reads per kind, one ``getsignal`` per signal)."""
-    resources: dict[Resource, Any] = {}
+    resources: dict[Resource, tuple[Any, ...]] = {}
     for resource in declared_resources():
         if resource.probe is None or not resource.probe():
             continue
-        obj = resource.identity() if resource.identity is not None else None
-        resources[resource] = None if obj is None else _token(obj)
-    handlers: dict[int, Any] = {}
-    previous: dict[int, Any] = {}
+        resources[resource] = tuple(_token(obj) for obj in _objects(resource))
+    handlers: dict[int, Handler] = {}
     for signum in WATCHED_SIGNALS:
         try:
-            handler = signal.getsignal(signum)
+            handlers[signum] = signal.getsignal(signum)
         except (ValueError, OSError):
             continue
-        if _lifecycle_handler(handler):
-            handlers[signum] = _token(handler)
-        else:
-            previous[signum] = handler
-    return Snapshot(resources, handlers, previous, frozenset(t.ident for t in threading.enumerate() if t.ident))
+    return Snapshot(resources, handlers, frozenset(t.ident for t in threading.enumerate() if t.ident))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +173,12 @@ def _made_by(left: Leftover | None) -> str:
 
 
 def _session_of_handler(handler: object) -> object | None:
-    """The session whose handler this is: the closure of ``install_signal_handlers``, or a shield's owner."""
-    owner = getattr(getattr(handler, "__self__", None), "_owner", None)
-    if callable(owner):
-        found: object | None = owner()
-        return found
+    """The session whose handler this is: a shield's owner, or the closure of ``install_signal_handlers``."""
+    installed = getattr(_target_of(handler), "__self__", None)
+    if isinstance(installed, Shield):
+        return installed.owner
+    if isinstance(installed, InstalledHandlers):
+        handler = installed.handler
     for cell in getattr(handler, "__closure__", None) or ():
         try:
             value = cell.cell_contents
@@ -156,10 +190,16 @@ def _session_of_handler(handler: object) -> object | None:
     return None
 
 
+def _target_of(handler: object) -> object:
+    """What a lifecycle handler runs: a link's target (a shield's or ``InstalledHandlers``' method), else itself."""
+    return handler.target if isinstance(handler, Link) else handler
+
+
 def _handler_leak(signum: int, handler: object) -> Leak:
     name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
     session = _session_of_handler(handler)
-    shield = hasattr(getattr(handler, "__self__", None), "_owner")
+    installed = getattr(_target_of(handler), "__self__", None)
+    shield = isinstance(installed, Shield)
     made_by = ""
     if session is not None:
         label = f"{getattr(session, 'label', 'session')} [session {getattr(session, 'id', '?')}]"
@@ -174,7 +214,8 @@ def _handler_leak(signum: int, handler: object) -> Leak:
     elif shield:
         what = f"{name} handler of the interrupt shield still installed (its session is not final)"
     else:
-        what = f"{name} handler {getattr(handler, '__qualname__', handler)!s} still installed"
+        function = installed.handler if isinstance(installed, InstalledHandlers) else handler
+        what = f"{name} handler {getattr(function, '__qualname__', function)!s} still installed"
     return Leak(SIGNAL_HANDLER, what, made_by, signum)
 
 
@@ -191,15 +232,22 @@ def find_leaks(before: Snapshot, *, allowed_threads: Iterable[str] = (), wait_th
     for resource in now.resources:
         if resource in before.resources:
             old = before.resources[resource]
-            current = resource.identity() if resource.identity is not None else None
-            if old is None or current is None or _same(old, current):
+            new = [obj for obj in _objects(resource) if not any(_same(token, obj) for token in old)]
+            if not old or not new:  # not told apart by object (no identity), or the same objects
                 continue
-        leaks.append(Leak(resource.value, "still alive", _made_by(left.get(resource))))
-    for signum in now.handlers:
-        handler = signal.getsignal(signum)
-        old = before.handlers.get(signum)
-        if old is None or not _same(old, handler):
-            leaks.append(_handler_leak(signum, handler))
+            what = "still alive" if len(new) == 1 else f"{len(new)} still alive"
+            if len(new) < len(_objects(resource)):
+                what += " (besides those alive before the test)"
+        else:
+            what = "still alive"
+        leaks.append(Leak(resource.value, what, _made_by(left.get(resource))))
+    for signum, handler in now.handlers.items():
+        was = before.handlers.get(signum)
+        if handler is was:
+            continue
+        running = resolve(handler)  # a handler that only passes signals on is not the one that runs
+        if running is not resolve(was) and _lifecycle_handler(running):
+            leaks.append(_handler_leak(signum, running))
     patterns = tuple(allowed_threads)
     started = [
         t
@@ -219,7 +267,9 @@ def find_leaks(before: Snapshot, *, allowed_threads: Iterable[str] = (), wait_th
 def release_leaks(leaks: list[Leak], before: Snapshot, bound_s: float) -> bool:
     """Release what ``leaks`` name (threads cannot be: they are left); True if it finished within ``bound_s``.
 
-    Signal handlers go back to what ``before`` had (main thread, at once). Resources a
+    Signal handlers go back to exactly the handler ``before`` saw, lifecycle's or not
+    (main thread, at once; one installed from C cannot be put back from Python: the
+    default instead). Resources a
     session created are released with that session's failure steps (the callables it
     bound when it acquired them, as a later session would reclaim them); then whatever
     is still alive (a test's own group, a half-made Megatron state) is force-released
@@ -229,7 +279,9 @@ def release_leaks(leaks: list[Leak], before: Snapshot, bound_s: float) -> bool:
     """
     for leak in leaks:
         if leak.kind == SIGNAL_HANDLER and leak.signum is not None:
-            previous = before.previous_handlers.get(leak.signum, signal.SIG_DFL)
+            if leak.signum not in before.handlers:
+                continue
+            previous = before.handlers[leak.signum]
             with contextlib.suppress(ValueError, OSError):
                 signal.signal(leak.signum, signal.SIG_DFL if previous is None else previous)
     kinds = {leak.kind for leak in leaks}

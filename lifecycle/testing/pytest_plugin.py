@@ -193,13 +193,7 @@ class _Guard:
         try:
             return (yield)
         finally:
-            after = snapshot()
-            self.held[id(fixturedef)] = Snapshot(
-                {k: v for k, v in after.resources.items() if k not in before.resources},
-                {k: v for k, v in after.handlers.items() if k not in before.handlers},
-                {},
-                after.threads - before.threads,
-            )
+            self.held[id(fixturedef)] = snapshot().added_since(before)
 
     def pytest_fixture_post_finalizer(self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> None:
         """A wider-scoped fixture's teardown ran: what it held counts as a leak again."""

@@ -209,3 +209,141 @@ def test_loading_the_plugin_imports_no_torch(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_plain="def test_x():\n    pass\n")
     result = _run(pytester, "--co", "-s")
     result.stdout.fnmatch_lines(["HEAVY []"])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the guard tells objects apart by the kind's identity: the rendezvous_store declaration in "
+    "lifecycle/_core/resources.py needs identity=_global('lifecycle._torch.store', 'HOSTED') (a set: each store "
+    "by object); remove this mark with it",
+)
+@pytest.mark.timeout(120)
+def test_a_second_leaked_store_is_reported_compared_by_object(pytester: pytest.Pytester) -> None:
+    """A store hosted while another is alive (an earlier test's, a module fixture's) is a leak of its own.
+
+    Stores are told apart by object, not by "some store is hosted": the test that hosts
+    the second one is named, a test that hosts none is not.
+    """
+    pytester.makepyfile(
+        test_stores="""
+        import pytest
+        from lifecycle import DistributedConfig, ParallelConfig, TorchActions
+
+        KEPT = []
+
+        def host():
+            config = DistributedConfig(world_size=1, rank=0, master_addr="127.0.0.1", master_port=0, timeout_s=10)
+            actions = TorchActions(config, ParallelConfig())
+            actions.init_store()
+            KEPT.append(actions)
+
+        @pytest.fixture(scope="module")
+        def module_store():
+            host()
+            yield
+
+        def test_first():
+            host()
+
+        def test_second():
+            host()
+
+        def test_hosts_nothing(module_store):
+            pass
+
+        def test_beside_the_module_store(module_store):
+            host()
+        """
+    )
+    result = _run(pytester, "-rw")
+    result.assert_outcomes(passed=4)  # torch's import warnings vary: count the guard's own
+    text = result.stdout.str()
+    assert text.count("LifecycleLeakWarning: lifecycle: ") == 3
+    for name in ("test_first", "test_second", "test_beside_the_module_store"):
+        assert f"test_stores.py::{name} left 1 thing(s) alive" in text
+    assert "test_hosts_nothing left" not in text
+    assert "rendezvous_store: still alive (besides those alive before the test)" in text
+
+
+# A module-scoped session (its shield installed for the whole module) and a test that leaks
+# a second session's shield above it.
+WIDER_SESSION = """
+import signal
+import pytest
+from lifecycle import Session
+from lifecycle.testing import RecordingActions
+
+@pytest.fixture(scope="module")
+def outer():
+    session = Session(RecordingActions())
+    session.init_distributed()
+    yield {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    session.fail(RuntimeError("module done"))
+
+def test_sets_up_the_module_session(outer):
+    pass
+
+def test_leaks_a_shield(outer):
+    LEAKED.append(Session(RecordingActions()))
+    LEAKED[-1].init_distributed()
+
+def test_ctrl_c_still_raises(outer):
+    assert {s: signal.getsignal(s) for s in outer} == outer
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+
+LEAKED = []
+"""
+
+
+@pytest.mark.timeout(120)
+def test_releasing_a_leaked_shield_puts_back_the_handler_from_before_the_test_even_lifecycles(
+    pytester: pytest.Pytester,
+) -> None:
+    """``fail``: the released shield's signals get exactly the wider session's handlers back; Ctrl-C still raises.
+
+    Before, the guard put back only handlers that were not lifecycle's, and ``SIG_DFL``
+    for the others: a Ctrl-C then killed the pytest process.
+    """
+    pytester.makepyfile(test_wider=WIDER_SESSION)
+    result = _run(pytester, "--lifecycle-leaks=fail")
+    result.assert_outcomes(passed=3, errors=1)
+    text = result.stdout.str()
+    assert "ERROR at teardown of test_leaks_a_shield" in text
+    assert "SIGINT handler of the interrupt shield still installed" in text
+    assert "test_sets_up_the_module_session left" not in text and "test_ctrl_c_still_raises left" not in text
+
+
+@pytest.mark.timeout(120)
+def test_handlers_put_back_by_other_code_after_their_session_ended_are_no_leak(pytester: pytest.Pytester) -> None:
+    """A final session's handlers that other code installed again only pass signals on: not reported.
+
+    Code saved the session's handlers, installed its own, and restored the saved ones
+    after the session failed; SIGTERM and Ctrl-C still reach the handlers from before.
+    """
+    pytester.makepyfile(
+        test_restored="""
+        import os, signal
+        import pytest
+        from lifecycle import Session
+        from lifecycle.testing import RecordingActions
+
+        RECEIVED = []
+
+        def test_restores_a_final_sessions_handlers():
+            signal.signal(signal.SIGTERM, lambda signum, frame: RECEIVED.append(signum))
+            session = Session(RecordingActions())
+            session.init_distributed()
+            session.install_signal_handlers()
+            saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+            session.fail(RuntimeError("boom"))
+            for signum, handler in saved.items():
+                signal.signal(signum, handler)
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert RECEIVED == [signal.SIGTERM] and session.exit_requested is None
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+        """
+    )
+    result = _run(pytester, "--lifecycle-leaks=fail")
+    result.assert_outcomes(passed=1)
