@@ -49,9 +49,11 @@ from lifecycle._torch.store import open_store
 from lifecycle._training.callbacks import Callback
 from lifecycle._training.config import PretrainConfig
 from lifecycle._training.pretrain import BatchProvider, ForwardStepFunc, ModelProvider, PretrainResult, pretrain
+from lifecycle.restart._nvml import NvmlHealthChecksOff, drop_nvml_health_checks
 
 __all__ = [
     "CudaHealthCheck",
+    "NvmlHealthChecksOff",
     "SessionAbort",
     "SessionFinalize",
     "abort",
@@ -302,7 +304,10 @@ def make_wrapper(
     nccl last (the watchdog outlasts NVRx's hard-timeout kill); ``wrapper_kwargs`` may
     override them (and the intervals) but not break that order. With nccl a
     ``CudaHealthCheck`` runs before each iteration, before any ``health_check`` given.
-    Raises ``ConfigError`` for a bad value.
+    NVRx 0.5+ adds NVML GPU and NVLink checks before each restart when ``LOCAL_RANK``
+    is set; where NVML does not load (no NVIDIA driver: a CPU host) they would fail every
+    restart, so they are turned off with an ``NvmlHealthChecksOff`` warning (see
+    ``lifecycle.restart._nvml``). Raises ``ConfigError`` for a bad value.
     """
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError("max_restarts", f"must be an integer >= 0, got {max_restarts!r}")
@@ -323,7 +328,9 @@ def make_wrapper(
     options["finalize"] = _then(finalize(), options.get("finalize"))
     if backend == "nccl":
         options["health_check"] = _then(CudaHealthCheck(), options.get("health_check"))
-    return Wrapper(**options)
+    wrapper = Wrapper(**options)
+    drop_nvml_health_checks(wrapper)
+    return wrapper
 
 
 def _then(first: Any, second: Any) -> Any:
