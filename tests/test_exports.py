@@ -109,6 +109,7 @@ EXPORTS: dict[str, list[str]] = {
     ],
     "lifecycle.restart": [
         "CudaHealthCheck",
+        "NvmlHealthChecksOff",
         "SessionAbort",
         "SessionFinalize",
         "abort",
