@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -320,7 +321,7 @@ def cuda_device_index(local_rank: int | None, device_count: int, env: Mapping[st
 
 
 NCCL_ENV_DEFAULTS: Mapping[str, str] = MappingProxyType(
-    {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0"}
+    {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "TORCH_DIST_USE_NCCL2": "0"}
 )
 """What a session on nccl sets when the variable is unset (read by torch at each group's creation).
 
@@ -334,7 +335,18 @@ SkipCleanUp (kill the process without aborting; torch's default, and torchrun se
 when unset). Only 2 keeps a rank alive to run its own teardown or an in-process
 restart. ``TORCH_NCCL_RETHROW_CUDA_ERRORS`` (default true): the watchdog rethrows a
 CUDA error, which terminates the process; false lets the error reach the main thread.
+
+``TORCH_DIST_USE_NCCL2`` (torch 2.15+; older releases never read it): backend ``"nccl"``
+builds the new ``ProcessGroupNCCL2`` (not a subclass of ``ProcessGroupNCCL``) unless it is
+exactly ``"0"``, read once, when the process creates its first nccl group. The error
+handling above was read from ``ProcessGroupNCCL``; ``ProcessGroupNCCL2``'s behaviour on a
+timeout and on an abort with work in flight has not been shown by a GPU check yet, so a
+session on nccl selects the legacy backend: 0 when unset, any other value refused
+(``check_nccl_backend`` refuses a process whose "nccl" is already the new one).
 """
+
+NCCL2_VARIABLE = "TORCH_DIST_USE_NCCL2"
+_NCCL2_CREATOR = "_create_nccl2_process_group"  # torch 2.15's distributed_c10d
 
 _ASYNC_MODES = {
     0: "NoHandling: the watchdog neither aborts the communicators nor raises, so a rank blocked in a collective "
@@ -386,7 +398,38 @@ def check_nccl_environment(env: Mapping[str, str] | None = None) -> dict[str, st
         else:
             why = "not a boolean torch reads (0/1, true/false, yes/no)"
         raise ConfigError(name, f"{name}={raw!r} is {why}; set {name}=0, or unset it and the session sets 0")
+    name = NCCL2_VARIABLE
+    if name not in env:
+        missing[name] = NCCL_ENV_DEFAULTS[name]
+    elif (raw := env[name]) != "0":  # torch compares with "0" exactly: anything else is the new backend
+        raise ConfigError(
+            name,
+            f"{name}={raw!r} selects torch 2.15's ProcessGroupNCCL2 for backend 'nccl', whose abort and timeout "
+            "behaviour under TORCH_NCCL_ASYNC_ERROR_HANDLING=2 no GPU check has shown yet; set "
+            f"{name}=0 (the legacy ProcessGroupNCCL), or unset it and the session sets 0",
+        )
     return missing
+
+
+def check_nccl_backend() -> None:
+    """Refuse a process whose backend ``"nccl"`` is already torch 2.15's ``ProcessGroupNCCL2``, saying how to avoid it.
+
+    torch binds the name at the process's first nccl group (``TORCH_DIST_USE_NCCL2``,
+    see ``NCCL_ENV_DEFAULTS``): once bound to the new backend, setting the variable later
+    changes nothing, so every group a session would create (Megatron's too) would be a
+    ``ProcessGroupNCCL2``. ``ConfigError`` (field ``TORCH_DIST_USE_NCCL2``) then; nothing
+    on torch before 2.15 or before any nccl group exists. Only reads torch's registry.
+    """
+    c10d = sys.modules.get("torch.distributed")  # not imported: no nccl group exists (no torch import here)
+    plugins = getattr(getattr(c10d, "Backend", None), "_plugins", None) or {}
+    plugin = plugins.get("NCCL")
+    if getattr(getattr(plugin, "creator_fn", None), "__name__", None) == _NCCL2_CREATOR:
+        raise ConfigError(
+            NCCL2_VARIABLE,
+            "this process's backend 'nccl' is already torch 2.15's ProcessGroupNCCL2 (its first nccl group was "
+            f"created without {NCCL2_VARIABLE}=0), whose abort and timeout behaviour no GPU check has shown yet; "
+            f"export {NCCL2_VARIABLE}=0 before the process creates any nccl group (before torchrun starts it)",
+        )
 
 
 def set_nccl_environment(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
@@ -407,12 +450,14 @@ def validate(
     """Check both configs against each other and the environment, and return the resolved rendezvous.
 
     Raises ``ConfigError`` naming the field for the first bad or missing value (for
-    nccl, also naming an NCCL variable that would keep a rank from aborting on its own:
-    ``check_nccl_environment``). Call it before acquiring anything; it only reads
+    nccl, also naming an NCCL variable that would keep a rank from aborting on its own,
+    or select torch 2.15's unverified ``ProcessGroupNCCL2``: ``check_nccl_environment``,
+    ``check_nccl_backend``). Call it before acquiring anything; it only reads
     ``env`` (default ``os.environ``).
     """
     rendezvous = distributed.resolve(env)
     parallel.check_world(rendezvous.world_size)
     if distributed.backend == "nccl":
         check_nccl_environment(os.environ if env is None else env)
+        check_nccl_backend()
     return rendezvous

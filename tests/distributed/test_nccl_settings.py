@@ -10,13 +10,18 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import socket
+import subprocess
+import sys
 import zipfile
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
+import torch.distributed
 from support.configs import FAST, config_of_one
 from support.launch import suite_env
 from support.probes import alive
@@ -35,7 +40,8 @@ from lifecycle.testing import launch_ranks
 NOTHING_ALIVE = dict.fromkeys(alive(), False)
 ASYNC = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 RETHROW = "TORCH_NCCL_RETHROW_CUDA_ERRORS"
-SAFE = {ASYNC: "2", RETHROW: "0"}
+NCCL2 = "TORCH_DIST_USE_NCCL2"
+SAFE = {ASYNC: "2", RETHROW: "0", NCCL2: "0"}
 NCCL_OF_ONE = DistributedConfig(backend="nccl", world_size=1, rank=0, local_rank=0)
 
 # -- the device each rank binds ------------------------------------------------------------
@@ -93,11 +99,11 @@ def test_nccl_needs_no_local_rank_when_one_device_is_visible() -> None:
 
 
 def test_unset_nccl_variables_get_the_documented_safe_defaults() -> None:
-    """Unset: CleanUpOnly (2) and no CUDA-error rethrow (0) are returned to set, and set_nccl_environment sets them."""
+    """Unset: CleanUpOnly (2), no CUDA-error rethrow (0) and the legacy nccl backend (0) are returned and set."""
     assert check_nccl_environment({}) == dict(NCCL_ENV_DEFAULTS) == SAFE
-    env = {RETHROW: "false"}  # an explicit safe value is kept as written
+    env = {RETHROW: "false", NCCL2: "0"}  # an explicit safe value is kept as written
     assert set_nccl_environment(env) == {ASYNC: "2"}
-    assert env == {RETHROW: "false", ASYNC: "2"}
+    assert env == {RETHROW: "false", NCCL2: "0", ASYNC: "2"}
     assert check_nccl_environment(env) == {}
 
 
@@ -113,6 +119,8 @@ def test_unset_nccl_variables_get_the_documented_safe_defaults() -> None:
         ({RETHROW: "1"}, RETHROW, "terminates the process"),
         ({RETHROW: "TRUE"}, RETHROW, "terminates the process"),
         ({RETHROW: "maybe"}, RETHROW, "not a boolean"),
+        ({NCCL2: "1"}, NCCL2, "ProcessGroupNCCL2"),  # torch 2.15's new backend: not shown on a GPU yet
+        ({NCCL2: "false"}, NCCL2, "ProcessGroupNCCL2"),  # torch compares with "0" exactly
     ],
 )
 def test_a_setting_that_kills_or_strands_the_rank_is_refused_naming_it(
@@ -129,7 +137,7 @@ def test_a_setting_that_kills_or_strands_the_rank_is_refused_naming_it(
 
 def test_the_new_name_overrides_the_legacy_one_as_torch_reads_them() -> None:
     """TORCH_NCCL_ASYNC_ERROR_HANDLING=2 wins over a legacy NCCL_ASYNC_ERROR_HANDLING=1 (torch reads the new first)."""
-    assert check_nccl_environment({ASYNC: "2", "NCCL_ASYNC_ERROR_HANDLING": "1", RETHROW: "0"}) == {}
+    assert check_nccl_environment({ASYNC: "2", "NCCL_ASYNC_ERROR_HANDLING": "1", RETHROW: "0", NCCL2: "0"}) == {}
 
 
 def test_validate_checks_the_nccl_environment_only_for_nccl() -> None:
@@ -139,6 +147,39 @@ def test_validate_checks_the_nccl_environment_only_for_nccl() -> None:
         validate(NCCL_OF_ONE, ParallelConfig(), torchrun_env)
     assert refused.value.field == ASYNC
     validate(DistributedConfig(world_size=1, rank=0), ParallelConfig(), torchrun_env)
+
+
+NCCL2_BOUND = """
+import torch.distributed as dist
+from lifecycle import ConfigError, DistributedConfig, ParallelConfig
+from lifecycle._torch.config import validate
+dist.Backend._ensure_backend_registered("nccl")  # what torch does at the process's first nccl group
+print(dist.Backend._plugins["NCCL"].creator_fn.__name__)
+config = DistributedConfig(backend="nccl", world_size=1, rank=0, local_rank=0)
+try:
+    validate(config, ParallelConfig(), {"TORCH_DIST_USE_NCCL2": "0"})
+except ConfigError as refused:
+    print(refused.field, "|", refused.message)
+"""
+
+
+@pytest.mark.skipif(not hasattr(torch.distributed, "ProcessGroupNCCL2"), reason="torch before 2.15: no NCCL2")
+@pytest.mark.parametrize(("env", "bound"), [({}, "_create_nccl2_process_group"), ({NCCL2: "0"}, None)])
+def test_a_process_whose_nccl_is_already_nccl2_is_refused_saying_how(env: dict[str, str], bound: str | None) -> None:
+    """torch 2.15 binds "nccl" at the first nccl group: bound to ProcessGroupNCCL2, validate refuses; legacy passes."""
+    child_env = {key: value for key, value in os.environ.items() if key != NCCL2} | suite_env() | env
+    done = subprocess.run(
+        [sys.executable, "-c", NCCL2_BOUND], env=child_env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    if bound is None:
+        assert lines == ["_create_nccl_process_group"], done.stdout
+        return
+    assert lines[0] == bound, done.stdout
+    field, message = lines[1].split(" | ", 1)
+    assert field == NCCL2
+    assert "ProcessGroupNCCL2" in message and f"export {NCCL2}=0" in message
 
 
 def test_a_session_refuses_a_tearing_down_watchdog_before_acquiring_anything(monkeypatch: pytest.MonkeyPatch) -> None:
