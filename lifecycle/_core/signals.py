@@ -102,7 +102,9 @@ class Link:
 
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"
-        return f"<lifecycle signal link {signal.Signals(self.signum).name} {state} → {self.previous!r}>"
+        # One level only: a chain of links can be longer than the recursion limit.
+        previous = "a link" if isinstance(self.previous, Link) else repr(self.previous)
+        return f"<lifecycle signal link for {signal.Signals(self.signum).name}, {state}, after {previous}>"
 
 
 def resolve(handler: Handler) -> Handler:

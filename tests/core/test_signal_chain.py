@@ -176,17 +176,25 @@ def test_a_handler_installed_above_a_session_is_left_installed(preemption: Preem
     assert sigterm_reaches(above) and preemption.received == 0
 
 
-def test_a_long_chain_of_restored_handlers_delivers_without_recursion(preemption: Preemption) -> None:
-    """3,000 closed sessions whose handlers other code put back, one above the other: one SIGTERM, one delivery."""
-    for _ in range(3000):
-        session = start()
-        saved = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        saved_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        close(session)
-        signal.signal(signal.SIGTERM, saved)
-        signal.signal(signal.SIGINT, saved_int)
+def test_a_long_chain_of_ended_handlers_delivers_without_recursion(preemption: Preemption) -> None:
+    """3,000 nested handler sets restored outermost first, the innermost put back after: one SIGTERM, one call.
+
+    Each set was installed above the previous one while it was active, so after all are
+    restored the innermost sits on a chain of 3,000 inactive handlers: walking it (and
+    printing one) must not recurse past Python's recursion limit.
+    """
+    requests: list[int] = []
+    nested = [InstalledHandlers(SIGNALS, lambda signum, frame: requests.append(signum)) for _ in range(3000)]
+    saved = {s: signal.getsignal(s) for s in SIGNALS}
+    for handlers in nested:
+        handlers.restore()
+    assert signal.getsignal(signal.SIGTERM) is preemption
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+    assert "inactive" in repr(saved[signal.SIGTERM])
     assert sigterm_reaches(preemption)
     assert ctrl_c_raises()
+    assert requests == []
 
 
 def test_installed_handlers_restored_while_another_is_above_keep_delegating_forever(preemption: Preemption) -> None:
@@ -229,7 +237,7 @@ def interleavings(draw: st.DrawFn) -> list[Operation]:
     return ops
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(interleavings())
 def test_any_interleaving_of_sessions_and_saved_handlers_keeps_the_preemption_handler(ops: list[Operation]) -> None:
     """Whatever the order of starts, closes and other code's save/restore: once all are done, one SIGTERM, one call."""
