@@ -25,6 +25,7 @@ from lifecycle._core.executor import StepFailure, StepRecord, TeardownError, Tea
 from lifecycle._core.ownership import Ledger, LedgerEntry
 from lifecycle._core.plans import LeftReason, Outcome, Plan, RestartMode, Step, Teardown, plan_teardown, teardown
 from lifecycle._core.resources import (
+    Handler,
     Releases,
     Resource,
     StepKind,
@@ -102,6 +103,7 @@ __all__ = [
     "FailureEvent",
     "FaultInjection",
     "ForeignResource",
+    "Handler",
     "InjectedFault",
     "InvalidTransition",
     "JournalEntry",

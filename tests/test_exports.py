@@ -64,6 +64,7 @@ EXPORTS: dict[str, list[str]] = {
         "ExitConfig",
         "ExitReason",
         "FaultInjection",
+        "Handler",
         "InjectedFault",
         "InvalidTransition",
         "JournalEntry",

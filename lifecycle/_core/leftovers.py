@@ -1,23 +1,24 @@
-"""What lifecycle sessions created in this process and did not release: never adopted, always reclaimed.
+"""What lifecycle sessions created in this process and no longer look after: never adopted, always reclaimed.
 
-A session records here each process-wide resource it creates (a kind with an ``init``
-action: the default group, the Megatron-core globals) with the release callables it
-bound, and forgets it when a release step of it succeeds. What is still recorded when
-a later session is about to acquire the same kind was left by an earlier session (an
-interrupt or a failed release cut its teardown short). The later session must not
-adopt it as the caller's: it reclaims it first, with the release callables of the
-session that created it (``Session`` does this; see ``Leftover``).
+Derived from the holdings of every session (``lifecycle._core.holdings.REGISTRY``): an
+entry a session recorded as its own (or the wrapper's) for a kind a trigger acquires,
+still held once that session is final or was garbage-collected, is a ``Leftover`` (an
+interrupt or a failed release cut its teardown short). A later session must not adopt
+it as the caller's: it reclaims it first, with the release callables of the session that
+created it. What a *live* session holds is not a leftover: another session in the same
+process finds it as the caller's.
 """
 
 from __future__ import annotations
 
-import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from lifecycle._core.holdings import REGISTRY, Holdings
 from lifecycle._core.ownership import LedgerEntry
 from lifecycle._core.resources import Releases, Resource
+from lifecycle._core.states import Owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +27,8 @@ class Leftover:
 
     ``session`` names it for people; ``session_id`` identifies it. ``token``: a weak
     reference to the object itself (the kind's ``identity``), None where the kind
-    declares none or the object cannot be referenced weakly.
+    declares none or the object cannot be referenced weakly. ``abandoned``: its session
+    is final or gone (a live session's entries are listed for leak reports, never reclaimed).
     """
 
     entry: LedgerEntry
@@ -34,6 +36,8 @@ class Leftover:
     session: str
     session_id: int
     token: weakref.ref[Any] | None = None
+    abandoned: bool = True
+    holdings: Holdings | None = field(default=None, repr=False, compare=False)
 
     def is_live(self) -> bool:
         """True if its object still exists and is the one alive now (by the probe alone where there is no identity)."""
@@ -45,49 +49,57 @@ class Leftover:
         current = resource.identity()
         return self.token is not None and current is not None and self.token() is current
 
+    def done(self) -> None:
+        """The reclaim released it, or found it gone: its session no longer holds it."""
+        if self.holdings is not None:
+            self.holdings.reclaimed(self.entry)
 
-def token_of(resource: Resource) -> weakref.ref[Any] | None:
-    """A weak reference to the live object of ``resource`` (its ``identity``), or None."""
-    if resource.identity is None:
-        return None
-    current = resource.identity()
-    if current is None:
-        return None
-    try:
-        return weakref.ref(current)
-    except TypeError:  # not weakly referenceable: never hold it strongly (a gloo group would stay open)
-        return None
+    def give_back(self) -> None:
+        """The reclaim failed or was interrupted: it stays a leftover, for the next session to try again."""
+        if self.holdings is not None:
+            self.holdings.unclaim(self.entry.key)
 
 
 class Leftovers:
-    """The process-wide record. Thread-safe: the restart wrapper releases from its monitor thread."""
-
-    def __init__(self) -> None:
-        """Nothing recorded."""
-        self._created: dict[Resource, Leftover] = {}
-        self._lock = threading.Lock()
-
-    def created(self, leftover: Leftover) -> None:
-        """Record that ``leftover.session`` created ``leftover.entry``'s resource (replacing an older record of it)."""
-        with self._lock:
-            self._created[leftover.entry.resource] = leftover
-
-    def released(self, resource: Resource, session_id: int) -> None:
-        """Forget ``resource`` if the session ``session_id`` is the one recorded as its creator."""
-        with self._lock:
-            found = self._created.get(resource)
-            if found is not None and found.session_id == session_id:
-                del self._created[resource]
-
-    def take(self, resource: Resource) -> Leftover | None:
-        """Forget and return the record of ``resource``, or None if no session left one."""
-        with self._lock:
-            return self._created.pop(resource, None)
+    """The process-wide view of what sessions hold of the kinds triggers acquire."""
 
     def peek(self) -> tuple[Leftover, ...]:
-        """Every record, oldest first (for leak reports)."""
-        with self._lock:
-            return tuple(self._created.values())
+        """Every entry sessions created and still hold, oldest session first; ``abandoned`` says whose are leftovers."""
+        return tuple(left for holdings in REGISTRY.holdings() for left in _of(holdings))
+
+    def take(self, resource: Resource) -> Leftover | None:
+        """Claim the newest abandoned leftover of ``resource`` for a reclaim, or None if there is none.
+
+        The claimer calls ``done()`` once it released it (or found it gone), or
+        ``give_back()`` if it could not: the record stays until then.
+        """
+        for left in reversed(self.peek()):
+            mine = left.entry.resource is resource and left.abandoned and left.holdings is not None
+            if mine and left.holdings is not None and left.holdings.claim(left.entry.key):
+                return left
+        return None
+
+    def held_live(self, resource: Resource) -> Leftover | None:
+        """What a live session created and holds of ``resource`` (another session finds it as the caller's)."""
+        return next((left for left in self.peek() if left.entry.resource is resource and not left.abandoned), None)
+
+
+def _of(holdings: Holdings) -> list[Leftover]:
+    abandoned = holdings.abandoned
+    return [
+        Leftover(
+            entry,
+            holdings.releases(entry.key),
+            holdings.label(),
+            holdings.session_id,
+            holdings.token(entry.key),
+            abandoned,
+            holdings,
+        )
+        for entry in holdings.left()
+        if (entry.resource.acquired_by is not None or entry.resource.handler is not None)
+        and entry.owner is not Owner.CALLER
+    ]
 
 
 LEFTOVERS = Leftovers()

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lifecycle._core.errors import LifecycleError
-from lifecycle._core.resources import GLOBALS, Resource
+from lifecycle._core.resources import Resource
 from lifecycle._core.states import Owner
 
-__all__ = ["GLOBALS", "Ledger", "LedgerEntry", "Owner", "Resource", "caller_site"]
+__all__ = ["Ledger", "LedgerEntry", "Owner", "Resource", "caller_site"]
 
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
 

@@ -11,6 +11,7 @@ import itertools
 from dataclasses import dataclass
 from enum import StrEnum
 
+from lifecycle._core.errors import ForeignResource
 from lifecycle._core.ownership import Ledger, LedgerEntry, Owner
 from lifecycle._core.resources import Resource, StepKind, WrapperRole
 
@@ -101,6 +102,24 @@ def left_because(
     ):
         return LeftReason.RESTART_WRAPPER
     return None
+
+
+def recorded_owner(resource: Resource, owner: Owner, mode: RestartMode) -> Owner:
+    """Who a session records as the owner of ``resource`` it acquired as ``owner`` in ``mode``: the one owner rule.
+
+    Under ``inprocess`` restart, a kind the wrapper releases (``WrapperRole.RELEASES``) is
+    the wrapper's when the session created it, and refused (``ForeignResource``) when it
+    was found: the wrapper could not release the caller's. Otherwise ``owner`` as it is.
+    """
+    if mode is RestartMode.INPROCESS and resource.wrapper is WrapperRole.RELEASES:
+        if owner is Owner.CALLER:
+            raise ForeignResource(
+                resource.value,
+                "already exists, created by the caller; under in-process restart the session must "
+                "create it (the restart wrapper releases it on failure)",
+            )
+        return Owner.RESTART_WRAPPER
+    return owner
 
 
 def teardown(ledger: Ledger, restart_mode: RestartMode, outcome: Outcome) -> Teardown:

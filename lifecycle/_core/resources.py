@@ -2,10 +2,10 @@
 
 A ``Resource`` declares everything the library needs to know about one kind of
 resource a session can hold: where it sits in the teardown order, the steps that
-release it on success and on failure, which trigger acquires it and how (``init``),
-which callables release it (``release``, bound when it is acquired), whether the
-in-process restart wrapper releases it on a failure, and how to see it alive in
-this process (``probe``). ``declare_resource`` adds a kind; ``declared_resources()`` lists them in
+release it on success and on failure, which trigger acquires it (``acquired_by``), its
+``Handler`` (the callables that acquire and release one instance, bound when it is
+acquired), whether the in-process restart wrapper releases it on a failure, and how to
+see it alive in this process (``probe``). ``declare_resource`` adds a kind; ``declared_resources()`` lists them in
 acquisition order. The built-in kinds are declared at the bottom of this module.
 
 No torch here: a probe reads only modules already in ``sys.modules`` (a resource of
@@ -18,12 +18,9 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from lifecycle._core.states import Owner, Trigger
-
-if TYPE_CHECKING:
-    from lifecycle._core.seams import DistributedActions
 
 
 class WrapperRole(StrEnum):
@@ -46,13 +43,16 @@ class StepKind:
     ``releases``: a successful step of this kind releases its resource (a barrier does not).
     ``abandonable``: an escalated interrupt may skip it; False for an instant, local step
     that must never be left undone (restoring the signal handlers: skipping it would leave
-    a dead session's handler installed for good).
+    a dead session's handler installed for good). ``main_thread``: it must run on the
+    thread that drives the session (only the main thread may set signal handlers), not
+    on the worker a teardown runs on.
     """
 
     value: str
     unblocks: bool = False
     releases: bool = True
     abandonable: bool = True
+    main_thread: bool = False
 
     FINALIZE_CHECKPOINTS: ClassVar[StepKind]
     ABORT_CHECKPOINTS: ClassVar[StepKind]
@@ -90,6 +90,27 @@ Releases = Mapping[StepKind, Callable[[], object]]
 """What releases one acquired resource: a callable per step kind of its declaration."""
 
 
+@dataclass(frozen=True)
+class Handler:
+    """The callables that acquire and release one instance of a kind, bound together before it is acquired.
+
+    ``acquire()``: creates it and returns ``Owner.SESSION``, or finds one and returns
+    ``Owner.CALLER``; if it raises it has created nothing, or what it created is seen by
+    the kind's ``probe``/``identity`` (the session then releases it). None for a kind the
+    session records without acquiring (``Session.register``). ``releases``: one callable per
+    step kind of the declaration (success and failure). ``check()``: a refusal decided
+    before anything of the same trigger is acquired (raises; None: nothing to check).
+    """
+
+    acquire: Callable[[], Owner] | None
+    releases: Releases
+    check: Callable[[], None] | None = None
+
+
+HandlerFactory = Callable[[Any], Handler]
+"""Builds a kind's ``Handler`` from the session's context: its ``DistributedActions``."""
+
+
 @dataclass(frozen=True, eq=False)
 class Resource:
     """The declaration of one kind of resource a session can hold; compared by identity.
@@ -97,12 +118,12 @@ class Resource:
     ``value``: its public name. ``order``: its place in the teardown order (lower is
     released first). ``success`` / ``failure``: the steps that release it at the end of
     a run of that outcome, in order. ``acquired_by``: the trigger whose work acquires
-    it through ``init(actions)``, which returns who owns it (``Owner.SESSION`` if it
-    created it, ``Owner.CALLER`` if it found it); None for a kind the session acquires
-    through one of its own methods (``register``, ``track_checkpoints``,
-    ``install_signal_handlers``), which supply the release callables themselves.
-    ``release(actions)``: the callables, one per step kind, bound at acquisition.
-    ``wrapper``: see ``WrapperRole``. ``probe()``: True while one exists in this
+    it (None: acquired while live, by ``Session.acquire`` or one of the session's own
+    methods: ``register``, ``track_checkpoints``, ``install_signal_handlers``).
+    ``handler(context)``: its ``Handler``, built from the session's ``DistributedActions``;
+    None for the built-in kinds, whose handlers the actions give (``actions.handler(kind)``:
+    one implementation per kind, no method per step), and for the kinds the session's own
+    methods record. ``wrapper``: see ``WrapperRole``. ``probe()``: True while one exists in this
     process, whoever made it (None: not observable). ``named``: several instances,
     told apart by name, may be held at once. ``identity()``: the live object itself (or
     None), so that what an earlier session left is told apart from what the caller
@@ -119,8 +140,7 @@ class Resource:
     success: tuple[StepKind, ...]
     failure: tuple[StepKind, ...]
     acquired_by: Trigger | None = None
-    init: Callable[[DistributedActions], Owner] | None = field(default=None, repr=False)
-    release: Callable[[DistributedActions], Releases] | None = field(default=None, repr=False)
+    handler: HandlerFactory | None = field(default=None, repr=False)
     wrapper: WrapperRole = WrapperRole.NONE
     probe: Callable[[], bool] | None = field(default=None, repr=False)
     named: bool = False
@@ -166,16 +186,11 @@ def declare_resource(resource: Resource) -> Resource:
     """Add ``resource`` to the declared kinds (after those declared before it) and return it.
 
     Raises ``ValueError`` if its name or one of its step kinds' names is taken, if a
-    step kind is declared twice, if it has ``init`` without ``acquired_by`` (or the
-    reverse) or ``init`` without ``release``, if a success or failure list is empty, or
-    if a step other than the last of each list ``releases`` (or the last does not).
+    step kind is declared twice, if a success or failure list is empty, or if a step
+    other than the last of each list ``releases`` (or the last does not).
     """
     if resource.value in _DECLARED:
         raise ValueError(f"a resource kind named {resource.value!r} is already declared")
-    if (resource.init is None) != (resource.acquired_by is None) or (
-        resource.init is not None and resource.release is None
-    ):
-        raise ValueError(f"{resource.value}: init, acquired_by and release are declared together")
     if not resource.success or not resource.failure:
         raise ValueError(f"{resource.value}: every resource has at least one success and one failure step")
     for path in (resource.success, resource.failure):
@@ -279,7 +294,7 @@ StepKind.BARRIER = StepKind("barrier", releases=False)
 StepKind.DESTROY_PROCESS_GROUP = StepKind("destroy_process_group")
 StepKind.ABORT_PROCESS_GROUP = StepKind("abort_process_group", unblocks=True)
 StepKind.CLOSE_STORE = StepKind("close_store")
-StepKind.RESTORE_SIGNAL_HANDLERS = StepKind("restore_signal_handlers", abandonable=False)
+StepKind.RESTORE_SIGNAL_HANDLERS = StepKind("restore_signal_handlers", abandonable=False, main_thread=True)
 
 Resource.RENDEZVOUS_STORE = declare_resource(
     Resource(
@@ -288,8 +303,6 @@ Resource.RENDEZVOUS_STORE = declare_resource(
         success=(StepKind.CLOSE_STORE,),
         failure=(StepKind.CLOSE_STORE,),
         acquired_by=Trigger.INIT_DISTRIBUTED,
-        init=lambda actions: actions.init_store(),
-        release=lambda actions: {StepKind.CLOSE_STORE: actions.close_store},
         # Rank-local and instant, so the session closes it itself, also under the
         # restart wrapper (whose path passes a store it keeps: the caller's, left alone).
         probe=_store_hosted,
@@ -303,12 +316,6 @@ Resource.PROCESS_GROUP = declare_resource(
         success=(StepKind.BARRIER, StepKind.DESTROY_PROCESS_GROUP),
         failure=(StepKind.ABORT_PROCESS_GROUP,),
         acquired_by=Trigger.INIT_DISTRIBUTED,
-        init=lambda actions: actions.init_process_group(),
-        release=lambda actions: {
-            StepKind.BARRIER: actions.barrier,
-            StepKind.DESTROY_PROCESS_GROUP: actions.destroy_process_group,
-            StepKind.ABORT_PROCESS_GROUP: actions.abort_process_group,
-        },
         wrapper=WrapperRole.RELEASES,
         probe=_process_group_alive,
         identity=_default_group,
@@ -322,8 +329,6 @@ Resource.MODEL_PARALLEL = declare_resource(
         success=(StepKind.DESTROY_MODEL_PARALLEL,),
         failure=(StepKind.DESTROY_MODEL_PARALLEL,),
         acquired_by=Trigger.INIT_GLOBALS,
-        init=lambda actions: actions.init_model_parallel(),
-        release=lambda actions: {StepKind.DESTROY_MODEL_PARALLEL: actions.destroy_model_parallel},
         wrapper=WrapperRole.RELEASES,
         probe=_model_parallel_alive,
         identity=_global("megatron.core.parallel_state", "_TENSOR_MODEL_PARALLEL_GROUP"),
@@ -332,15 +337,7 @@ Resource.MODEL_PARALLEL = declare_resource(
 )
 
 
-def _megatron_global(
-    value: str,
-    order: int,
-    step: StepKind,
-    init: Callable[[DistributedActions], Owner],
-    release: Callable[[DistributedActions], Callable[[], object]],
-    module: str,
-    name: str,
-) -> Resource:
+def _megatron_global(value: str, order: int, step: StepKind, module: str, name: str) -> Resource:
     """A Megatron-core global held in one module attribute: one step on either outcome, the wrapper's on failure."""
     return Resource(
         value,
@@ -348,8 +345,6 @@ def _megatron_global(
         success=(step,),
         failure=(step,),
         acquired_by=Trigger.INIT_GLOBALS,
-        init=init,
-        release=lambda actions: {step: release(actions)},
         wrapper=WrapperRole.RELEASES,
         probe=_global_set(module, name),
         identity=_global(module, name),
@@ -361,8 +356,6 @@ Resource.MICROBATCH_CALCULATOR = declare_resource(
         "microbatch_calculator",
         500,
         StepKind.DESTROY_MICROBATCH_CALCULATOR,
-        lambda actions: actions.init_microbatch_calculator(),
-        lambda actions: actions.destroy_microbatch_calculator,
         "megatron.core.num_microbatches_calculator",
         "_GLOBAL_NUM_MICROBATCHES_CALCULATOR",
     )
@@ -372,8 +365,6 @@ Resource.RERUN_STATE_MACHINE = declare_resource(
         "rerun_state_machine",
         400,
         StepKind.DESTROY_RERUN_STATE_MACHINE,
-        lambda actions: actions.init_rerun_state_machine(),
-        lambda actions: actions.destroy_rerun_state_machine,
         "megatron.core.rerun_state_machine",
         "_GLOBAL_RERUN_STATE_MACHINE",
     )
@@ -405,8 +396,3 @@ Resource.USER = declare_resource(
         retry_release=False,
     )
 )
-
-GLOBALS: frozenset[Resource] = frozenset(
-    {Resource.MODEL_PARALLEL, Resource.MICROBATCH_CALCULATOR, Resource.RERUN_STATE_MACHINE}
-)
-"""The Megatron-core globals."""

@@ -10,53 +10,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from lifecycle._core.states import Owner
+from lifecycle._core.resources import Handler, Resource
 
 
 class DistributedActions(Protocol):
-    """What a session does to torch.distributed and Megatron-core.
+    """What a session does to torch.distributed and Megatron-core: one ``Handler`` per built-in kind.
 
-    Each ``init_*`` method acquires one resource and returns ``Owner.SESSION`` if it
-    created it or ``Owner.CALLER`` if it found it already there; if it raises, it has
-    acquired nothing. Each release method releases exactly one resource.
-    ``lifecycle.testing.RecordingActions`` is a recording double.
+    ``handler(kind)`` returns the ``Handler`` of one of the built-in kinds a trigger
+    acquires (``Resource.RENDEZVOUS_STORE``, ``PROCESS_GROUP``, ``MODEL_PARALLEL``,
+    ``MICROBATCH_CALCULATOR``, ``RERUN_STATE_MACHINE``), or of any declared kind with no
+    ``handler`` of its own; ``LookupError`` for a kind it does not know. Its ``acquire``
+    returns ``Owner.SESSION`` if it created the resource or ``Owner.CALLER`` if it found
+    it; its ``releases`` release exactly that one resource. The session asks once per
+    acquisition, before acquiring anything of the trigger (so ``check`` refusals come
+    first). ``lifecycle.testing.RecordingActions`` is a generic recording double;
+    ``lifecycle.TorchActions`` the real thing.
     """
 
-    def init_store(self) -> Owner:
-        """Open the rendezvous store (or take the caller's)."""
-
-    def init_process_group(self) -> Owner:
-        """Create (or find) the default process group, on the store."""
-
-    def init_model_parallel(self) -> Owner:
-        """Create (or find) the model-parallel groups and global memory buffer."""
-
-    def init_microbatch_calculator(self) -> Owner:
-        """Create (or find) the microbatch calculator."""
-
-    def init_rerun_state_machine(self) -> Owner:
-        """Create (or find) the rerun state machine."""
-
-    def destroy_rerun_state_machine(self) -> None:
-        """Destroy the rerun state machine."""
-
-    def destroy_microbatch_calculator(self) -> None:
-        """Destroy the microbatch calculator."""
-
-    def destroy_model_parallel(self) -> None:
-        """Destroy the model-parallel groups and the global memory buffer."""
-
-    def barrier(self) -> None:
-        """Wait for every rank of the default group (success teardown only)."""
-
-    def destroy_process_group(self) -> None:
-        """Destroy the default process group after a barrier (success)."""
-
-    def abort_process_group(self) -> None:
-        """Abort every process group without waiting on outstanding collectives (failure)."""
-
-    def close_store(self) -> None:
-        """Drop the rendezvous store it opened (rank-local, after the group)."""
+    def handler(self, resource: Resource) -> Handler:
+        """The handler of ``resource`` bound to this object's state; ``LookupError`` if it has none."""
 
 
 class CheckpointWriter(Protocol):

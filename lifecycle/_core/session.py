@@ -6,7 +6,6 @@ import dataclasses
 import itertools
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +13,6 @@ from types import FrameType, TracebackType
 
 from lifecycle._core.errors import (
     AlreadyHeld,
-    ForeignResource,
     LifecycleError,
     SessionFinished,
     StaleResource,
@@ -23,11 +21,12 @@ from lifecycle._core.errors import (
 )
 from lifecycle._core.executor import StepFailure, StepRecord, TeardownReport, execute, raise_failures
 from lifecycle._core.frames import clear_frames_of
-from lifecycle._core.leftovers import LEFTOVERS, Leftover, token_of
+from lifecycle._core.holdings import Holdings
+from lifecycle._core.leftovers import LEFTOVERS, Leftover
 from lifecycle._core.machine import Driver
 from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
-from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown, teardown
-from lifecycle._core.resources import Releases, Resource, StepKind, WrapperRole, declared_resources
+from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown, recorded_owner, teardown
+from lifecycle._core.resources import Handler, Releases, Resource, StepKind, declared_resources
 from lifecycle._core.seams import Announcement, AnnouncesFailures, CheckpointWriter, DistributedActions
 from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.signals import InstalledHandlers
@@ -138,14 +137,11 @@ class Session:
         self.id = next(_IDS)
         self._reclaimed: list[StepRecord] = []
         self._driver = Driver()
-        self._ledger = Ledger()
-        self._releases: dict[tuple[Resource, str], Releases] = {}
+        self._holdings = Holdings(self, self.id, lambda: f"{self.label} [session {self.id}]")
         self._journal: list[JournalEntry] = []
         self._report: TeardownReport | None = None
         self._exit_request: str | None = None
         self._shield = Shield(_PROTECTED, _STEPS, self)
-        self._claimed: set[tuple[Resource, str]] = set()
-        self._claims_lock = threading.Lock()
         self._observers: list[Callable[[SessionEvent], object]] = []
         self._phase: tuple[str, State] | None = None  # (phase, the state it was given in)
         self._step: int | None = None
@@ -165,7 +161,16 @@ class Session:
     @property
     def ledger(self) -> Ledger:
         """The ownership ledger (an immutable snapshot): which ``Owner`` holds each acquired ``Resource``."""
-        return self._ledger
+        return self._holdings.ledger
+
+    @property
+    def holdings(self) -> Holdings:
+        """What this session holds: its ledger, the release callables bound to each entry, their claims.
+
+        ``holdings.run(step)`` is the one way to release an entry (the restart wrapper's
+        abort uses it too): a resource is released at most once, whichever thread asks.
+        """
+        return self._holdings
 
     @property
     def journal(self) -> tuple[JournalEntry, ...]:
@@ -226,6 +231,7 @@ class Session:
         ``lifecycle._core.shield``); a second one during the teardown abandons the rest
         of it: the session takes the failure edge at once (what it still holds is
         reclaimed by the next session) and ``TeardownInterrupted`` is raised.
+
         """
         self._shield.install()
         try:
@@ -285,6 +291,7 @@ class Session:
         that was there before (a Ctrl-C then raises ``KeyboardInterrupt``, from
         ``error``); a second one during the teardown abandons the rest of it and
         ``TeardownInterrupted`` is raised at once, the session final all the same.
+
         """
         self._shield.install()
         try:
@@ -312,7 +319,7 @@ class Session:
             logger.error("%s failed in state %s: %s; releasing what it owns", self.label, state, text)
 
         report = self._fail_teardown(start, text, error, log_first)
-        holders = tuple(dict.fromkeys(p for e in self._ledger.entries for p in e.resource.held_in_frames_of))
+        holders = tuple(dict.fromkeys(p for e in self.ledger.entries for p in e.resource.held_in_frames_of))
         clear_frames_of(error, holders)  # only torch's own frames: never the caller's, never ours
         for failure in report.failed:
             error.add_note(f"lifecycle: teardown step {failure.step} also failed: {describe(failure.error)}")
@@ -435,14 +442,14 @@ class Session:
 
     def _holds_nothing(self) -> bool:
         """True if the ledger records nothing the session would release (only what the caller owns, if anything)."""
-        return all(entry.owner is Owner.CALLER for entry in self._ledger.entries)
+        return all(entry.owner is Owner.CALLER for entry in self.ledger.entries)
 
     def _check_live(self, what: str) -> None:
         if self.state.is_final:
             raise SessionFinished(self.state, what)
 
     def _refuse_held(self, resource: Resource, name: str = "") -> None:
-        entry = self._ledger.entry(resource, name)
+        entry = self.ledger.entry(resource, name)
         if entry is not None:
             label = f"{resource.value}:{name}" if name else resource.value
             raise AlreadyHeld(label, f"this session already holds it ({entry.described()})")
@@ -462,46 +469,86 @@ class Session:
             except Exception:  # an observer must never change the session's outcome
                 logger.warning("session observer %r failed on %s; ignored", observer, event, exc_info=True)
 
+    def _handler(self, resource: Resource) -> Handler:
+        """``resource``'s handler: its own declaration's, else the one the session's actions give for it."""
+        if resource.handler is not None:
+            return resource.handler(self._actions)
+        return self._actions.handler(resource)
+
     def _acquire_declared(self, trigger: Trigger, site: str) -> None:
-        acquired = [resource for resource in declared_resources() if resource.acquired_by is trigger]
+        kinds = [resource for resource in declared_resources() if resource.acquired_by is trigger]
+        handlers = [(resource, self._handler(resource)) for resource in kinds]
+        releases = [_checked(resource, handler.releases) for resource, handler in handlers]  # before anything exists
+        for _, handler in handlers:  # every refusal before anything is acquired
+            if handler.check is not None:
+                handler.check()
         # What earlier sessions left of these kinds goes first, all of it, in release
         # order (a group before its store): an init must not see a leftover of a kind
         # acquired before it as the caller's (the store's init takes a live group for one).
-        for resource in reversed(acquired):
-            left = LEFTOVERS.take(resource)
-            if left is not None and left.is_live():
-                self._reclaim(left)
-        for resource in acquired:
-            assert resource.init is not None and resource.release is not None  # declare_resource() checks
-            releases = _checked(resource, resource.release(self._actions))  # before it exists: nothing to undo
-            owner = resource.init(self._actions)
-            if self.restart_mode is RestartMode.INPROCESS and resource.wrapper is WrapperRole.RELEASES:
-                if owner is Owner.CALLER:
-                    raise ForeignResource(
-                        resource.value,
-                        "already exists, created by the caller; under in-process restart the session must "
-                        "create it (the restart wrapper releases it on failure)",
-                    )
-                owner = Owner.RESTART_WRAPPER
-            self._record(resource, owner, releases, site=site)
+        for resource in reversed(kinds):
+            self._reclaim_left(resource)
+        for (resource, handler), bound in zip(handlers, releases, strict=True):
+            self._acquire_one(resource, handler, bound, "", site)
 
-    def _record(
-        self, resource: Resource, owner: Owner, releases: Releases, name: str = "", *, site: str | None = None
-    ) -> None:
-        """Write the ledger entry of an acquisition (``site``: where; default the caller's) and bind its releases."""
-        entry = LedgerEntry(resource, owner, name, caller_site() if site is None else site)
-        self._ledger = self._ledger.acquire(entry)
-        self._releases[entry.key] = _checked(resource, releases)
-        if resource.init is not None and owner is not Owner.CALLER:
-            name = f"{self.label} [session {self.id}]"
-            LEFTOVERS.created(Leftover(entry, self._releases[entry.key], name, self.id, token_of(resource)))
+    def _acquire_one(self, resource: Resource, handler: Handler, releases: Releases, name: str, site: str) -> None:
+        """Acquire one instance through ``handler``, atomically recorded (see ``lifecycle._core.holdings``)."""
+        assert handler.acquire is not None
+        acquire = handler.acquire
+
+        def owned() -> Owner:
+            return recorded_owner(resource, acquire(), self.restart_mode)
+
+        self._holdings.acquire(LedgerEntry(resource, Owner.SESSION, name, site), releases, owned)
+
+    def acquire(self, resource: Resource, name: str = "") -> None:
+        """Acquire one instance of a declared kind that has a handler of its own, while live (e.g. mid-training).
+
+        For a kind with ``acquired_by`` None and a ``handler``: a data-loader worker pool,
+        a profiler, a server the job starts. Its ``check`` runs first, then what an earlier
+        session left of the kind is reclaimed, then its ``acquire`` runs, recorded
+        atomically; it is released by the teardown plans like any other kind.
+        ``SessionFinished`` once final; ``AlreadyHeld`` if this session holds it already;
+        ``LifecycleError`` for a kind a trigger acquires or one without a handler.
+        """
+        self._check_live("acquire")
+        if resource.acquired_by is not None or resource.handler is None:
+            raise LifecycleError(
+                f"{resource.value}: Session.acquire takes a kind with a handler of its own and no acquired_by "
+                "(a trigger acquires the others)"
+            )
+        self._refuse_held(resource, name)
+        handler = resource.handler(self._actions)
+        releases = _checked(resource, handler.releases)
+        if handler.check is not None:
+            handler.check()
+        site = caller_site()
+        self._reclaim_left(resource)
+        self._acquire_one(resource, handler, releases, name, site)
+
+    def _record(self, resource: Resource, owner: Owner, releases: Releases, name: str = "") -> None:
+        """Record an acquisition the caller made (``register`` and the like) and bind its releases."""
+        self._holdings.record(LedgerEntry(resource, owner, name, caller_site()), _checked(resource, releases))
+
+    def _reclaim_left(self, resource: Resource) -> None:
+        """Release what a final or collected session left of ``resource`` (see ``lifecycle._core.leftovers``).
+
+        ``StaleResource`` naming that session if a step raises (the record is kept: the
+        next session tries again); an interruption (Ctrl-C) is re-raised as itself, the
+        record kept too. What a live session holds is left alone: the init finds it.
+        """
+        left = LEFTOVERS.take(resource)
+        if left is None:
+            return
+        try:
+            if left.is_live():  # a probe may raise too: the claim is given back whatever is raised
+                self._reclaim(left)
+        except BaseException:
+            left.give_back()
+            raise
+        left.done()
 
     def _reclaim(self, left: Leftover) -> None:
-        """Release what an earlier session left, with its failure steps and the callables it bound.
-
-        ``StaleResource`` naming that session if a step raises: the resource cannot be
-        adopted (it is not the caller's) and could not be released.
-        """
+        """Run ``left``'s failure steps with the callables its session bound; ``StaleResource`` if one raises."""
         entry = left.entry
         planned = Teardown(
             Plan(tuple(Step(kind, entry) for kind in entry.resource.failure)), (), Outcome.FAILURE, self.restart_mode
@@ -515,6 +562,9 @@ class Session:
             left.releases[step.kind]()
 
         report = execute(planned, perform, on_step=observed)
+        interruption = next((f.error for f in report.failed if not isinstance(f.error, Exception)), None)
+        if interruption is not None:
+            raise interruption
         if report.failed:
             error = report.failed[0].error
             raise StaleResource(
@@ -544,44 +594,17 @@ class Session:
             self._notify(FailureEvent(phase, self._step, describe(error), now, announcement))
 
     def _perform(self, step: Step) -> bool:
-        """Run the callable bound, when ``step.entry`` was acquired, to ``step.kind``; False if it did not run.
-
-        A releasing step first claims its entry: the restart wrapper's abort runs steps
-        of this session from its monitor thread while the main thread may still be
-        tearing down, and a resource must be released once. A step whose entry the other
-        thread already claimed does nothing; a release that raised gives the claim back
-        (a later plan may retry it).
-        """
-        release = self._releases[step.entry.key][step.kind]
-        call = _run_step if step.kind.abandonable else _run_step_to_the_end
-        if not step.kind.releases:
-            call(release)
-            return True
-        key = step.entry.key
-        with self._claims_lock:
-            if key in self._claimed:
-                return False
-            self._claimed.add(key)
-        try:
-            call(release)
-        except BaseException:
-            with self._claims_lock:
-                self._claimed.discard(key)
-            raise
-        LEFTOVERS.released(step.entry.resource, self.id)
-        return True
+        """Run ``step`` through the holdings (claimed, at most once); False if another thread released it first."""
+        return self._holdings.run(step, _run_step if step.kind.abandonable else _run_step_to_the_end)
 
     def _teardown(self, outcome: Outcome, *, stop_at_failure: bool = False) -> TeardownReport:
-        """Run the plan of ``outcome``; the ledger is updated step by step, so an interrupt loses no release."""
-        planned = teardown(self._ledger, self.restart_mode, outcome)
+        """Run the plan of ``outcome``; the holdings mark each release as it happens: an interrupt loses none."""
+        self._holdings.settle_pending(lambda resource: recorded_owner(resource, Owner.SESSION, self.restart_mode))
+        planned = teardown(self.ledger, self.restart_mode, outcome)
         ran: list[StepRecord] = []
 
         def observed(record: StepRecord) -> None:
             ran.append(record)
-            if record.error is not None:
-                self._ledger = self._ledger.release_failed(record.step.entry)
-            elif record.step.kind.releases:
-                self._ledger = self._ledger.release(record.step.entry)
             if self._observers:
                 self._notify(TeardownEvent(outcome, record, record.start, record.end))
 

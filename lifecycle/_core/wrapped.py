@@ -67,7 +67,7 @@ class Attempt:
             skipped: set[tuple[Resource, str]] = set()
 
             def perform(step: Step) -> None:
-                if not self.session._perform(step):  # the main thread is releasing it: not done by us
+                if not self.session.holdings.run(step):  # the main thread is releasing it: not done by us
                     skipped.add(step.entry.key)
 
             report = execute(owed, perform)

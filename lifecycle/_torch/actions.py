@@ -1,8 +1,10 @@
 """``TorchActions``: the real ``DistributedActions``, on torch.distributed and megatron-core.
 
-The facade the session drives; ``store``, ``groups`` and ``megatron`` beside it hold the
-pieces. Every ``init_*`` either acquires its one resource and reports who
-owns it, or raises having acquired nothing; every release tolerates partial state.
+The facade the session drives: ``handler(kind)`` gives each built-in kind's ``Handler``,
+made of this object's ``init_*`` and release methods; ``store``, ``groups`` and
+``megatron`` beside it hold the pieces. Every ``init_*`` either acquires its one
+resource and reports who owns it, or raises having acquired nothing; every release
+tolerates partial state.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch.distributed import (  # type: ignore[attr-defined]  # re-exported at 
 from lifecycle._core.errors import ConfigError, LifecycleError, MissingResource, ResourceMismatch, StaleResource
 from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.ownership import Owner, Resource
+from lifecycle._core.resources import Handler, StepKind
 from lifecycle._core.seams import Announcement
 from lifecycle._torch.config import (
     DistributedConfig,
@@ -131,11 +134,6 @@ class TorchActions:
         return dist.get_world_size()
 
     @property
-    def owns_process_group(self) -> bool:
-        """True while the default group exists because this object's ``init_process_group`` created it."""
-        return self._created_group and dist.is_initialized()
-
-    @property
     def store_prefix(self) -> str | None:
         """The store prefix of the group this object created last, or None if it never created one."""
         return self._prefix
@@ -144,6 +142,58 @@ class TorchActions:
     def attempt(self) -> int | None:
         """The attempt the ranks agreed on for the group this object created last (None: none, or not agreed)."""
         return self._attempt
+
+    # -- one handler per built-in kind ----------------------------------------------------
+
+    def handler(self, resource: Resource) -> Handler:
+        """The ``Handler`` of a built-in kind, bound to this object (``DistributedActions``); ``LookupError`` otherwise.
+
+        The store's and the group's handlers check the fixed ``store_prefix`` before
+        anything of ``init_distributed`` is acquired (``check_store_prefix``).
+        """
+        handlers: dict[Resource, Callable[[], Handler]] = {
+            Resource.RENDEZVOUS_STORE: lambda: Handler(
+                self.init_store, {StepKind.CLOSE_STORE: self.close_store}, self.check_store_prefix
+            ),
+            Resource.PROCESS_GROUP: lambda: Handler(
+                self.init_process_group,
+                {
+                    StepKind.BARRIER: self.barrier,
+                    StepKind.DESTROY_PROCESS_GROUP: self.destroy_process_group,
+                    StepKind.ABORT_PROCESS_GROUP: self.abort_process_group,
+                },
+                self.check_store_prefix,
+            ),
+            Resource.MODEL_PARALLEL: lambda: Handler(
+                self.init_model_parallel, {StepKind.DESTROY_MODEL_PARALLEL: self.destroy_model_parallel}
+            ),
+            Resource.MICROBATCH_CALCULATOR: lambda: Handler(
+                self.init_microbatch_calculator,
+                {StepKind.DESTROY_MICROBATCH_CALCULATOR: self.destroy_microbatch_calculator},
+            ),
+            Resource.RERUN_STATE_MACHINE: lambda: Handler(
+                self.init_rerun_state_machine,
+                {StepKind.DESTROY_RERUN_STATE_MACHINE: self.destroy_rerun_state_machine},
+            ),
+        }
+        make = handlers.get(resource)
+        if make is None:
+            raise LookupError(f"TorchActions has no handler for the resource kind {resource.value!r}")
+        return make()
+
+    def check_store_prefix(self) -> None:
+        """``ConfigError`` if the fixed ``store_prefix`` already served a group (one prefix serves one attempt).
+
+        A refusal: checked before the store is opened or the group created.
+        """
+        if self._fixed_prefix is not None and self._fixed_prefix_used and not dist.is_initialized():
+            # A second creation under one prefix could read the first one's keys.
+            raise ConfigError(
+                "store_prefix",
+                f"{self._fixed_prefix!r} was already used for a group (one prefix serves one attempt, else the new "
+                "group could read the old one's keys); pass a new one per attempt, or None to agree on one "
+                "through the store at each creation",
+            )
 
     # -- the rendezvous store ----------------------------------------------------------
 
@@ -205,14 +255,7 @@ class TorchActions:
             return Owner.CALLER
         rendezvous = validate(self.distributed, self.parallel)
         device = self._select_device(rendezvous)
-        if self._fixed_prefix is not None and self._fixed_prefix_used:
-            # A second creation under one prefix could read the first one's keys.
-            raise ConfigError(
-                "store_prefix",
-                f"{self._fixed_prefix!r} was already used for a group (one prefix serves one attempt, else the new "
-                "group could read the old one's keys); pass a new one per attempt, or None to agree on one "
-                "through the store at each creation",
-            )
+        self.check_store_prefix()
         if self._store is None:  # used on its own, without init_store: the group's release drops it
             self.init_store()
             self._store_with_group = self._opened_store

@@ -1,31 +1,37 @@
 """Test doubles: recording, fault-injecting stand-ins for the real resource actions.
 
-``RecordingActions`` implements ``DistributedActions`` without torch: each call is
-appended to ``calls`` (shared with a ``RecordingCheckpoints``), and a call named in
-``fail_on`` raises the given exception instead (after nothing was acquired). It
-announces failures too (``AnnouncesFailures``), recorded apart, in ``announced``.
+``RecordingActions`` implements ``DistributedActions`` for every declared kind without
+torch: one generic ``Handler`` per kind, whose acquire appends ``acquire_name(kind)``
+(``"init_process_group"`` for the built-in group, ``"init_<kind>"`` for a kind of your own)
+and whose releases append their step kind's name (``"abort_process_group"``) to ``calls``
+(shared with a ``RecordingCheckpoints``); a call named in ``fail_on`` raises the given
+exception instead (after nothing was acquired). It announces failures too
+(``AnnouncesFailures``), recorded apart, in ``announced``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from lifecycle._core.ownership import Owner, Resource
+from lifecycle._core.resources import Handler
 from lifecycle._core.seams import Announcement
 
-_INIT = {
-    "init_store": Resource.RENDEZVOUS_STORE,
-    "init_process_group": Resource.PROCESS_GROUP,
-    "init_model_parallel": Resource.MODEL_PARALLEL,
-    "init_microbatch_calculator": Resource.MICROBATCH_CALCULATOR,
-    "init_rerun_state_machine": Resource.RERUN_STATE_MACHINE,
-}
+__all__ = ["COLLECTIVES", "NOT_PUBLISHED", "RecordingActions", "RecordingCheckpoints", "acquire_name"]
 
 NOT_PUBLISHED = Announcement(None, "a RecordingActions double publishes nothing")
 """What ``RecordingActions.announce_failure`` returns unless told otherwise."""
 
 COLLECTIVES = frozenset({"barrier", "destroy_process_group", "finalize_checkpoints"})
 """Recorded calls that involve every rank."""
+
+_ACQUIRE_NAMES = {Resource.RENDEZVOUS_STORE: "init_store"}
+"""The one built-in kind whose acquire is not ``init_<kind>`` (the name ``TorchActions`` gives it)."""
+
+
+def acquire_name(resource: Resource) -> str:
+    """What ``RecordingActions`` records when it acquires ``resource``: ``init_<kind>`` (the store: ``init_store``)."""
+    return _ACQUIRE_NAMES.get(resource, f"init_{resource.value}")
 
 
 class _Recorder:
@@ -41,7 +47,7 @@ class _Recorder:
 
 
 class RecordingActions(_Recorder):
-    """A ``DistributedActions`` double that records every call and injects faults.
+    """A ``DistributedActions`` double for every declared kind that records every call and injects faults.
 
     Resources named in ``caller_owns`` are reported as found (``Owner.CALLER``);
     the rest as created (``Owner.SESSION``). ``announce_failure`` appends
@@ -63,6 +69,18 @@ class RecordingActions(_Recorder):
         self.announcement = announcement
         self.announced: list[tuple[BaseException, str, int | None]] = []
 
+    def handler(self, resource: Resource) -> Handler:
+        """A recording ``Handler`` of ``resource``: any declared kind, built from its declaration alone."""
+
+        def acquire() -> Owner:
+            self._record(acquire_name(resource))
+            return Owner.CALLER if resource in self.caller_owns else Owner.SESSION
+
+        def release(name: str) -> Callable[[], None]:
+            return lambda: self._record(name)
+
+        return Handler(acquire, {kind: release(kind.value) for kind in resource.steps})
+
     def announce_failure(self, error: BaseException, *, phase: str, step: int | None, time: float) -> Announcement:
         """Record the failure in ``announced``; return ``announcement`` (or raise the injected fault)."""
         self.announced.append((error, phase, step))
@@ -70,58 +88,6 @@ class RecordingActions(_Recorder):
         if injected is not None:
             raise injected
         return self.announcement
-
-    def _acquire(self, name: str) -> Owner:
-        self._record(name)
-        return Owner.CALLER if _INIT[name] in self.caller_owns else Owner.SESSION
-
-    def init_store(self) -> Owner:
-        """Record; report the store opened or the caller's."""
-        return self._acquire("init_store")
-
-    def init_process_group(self) -> Owner:
-        """Record; report the group created or found."""
-        return self._acquire("init_process_group")
-
-    def init_model_parallel(self) -> Owner:
-        """Record; report model-parallel state created or found."""
-        return self._acquire("init_model_parallel")
-
-    def init_microbatch_calculator(self) -> Owner:
-        """Record; report the calculator created or found."""
-        return self._acquire("init_microbatch_calculator")
-
-    def init_rerun_state_machine(self) -> Owner:
-        """Record; report the rerun state machine created or found."""
-        return self._acquire("init_rerun_state_machine")
-
-    def destroy_rerun_state_machine(self) -> None:
-        """Record the release."""
-        self._record("destroy_rerun_state_machine")
-
-    def destroy_microbatch_calculator(self) -> None:
-        """Record the release."""
-        self._record("destroy_microbatch_calculator")
-
-    def destroy_model_parallel(self) -> None:
-        """Record the release."""
-        self._record("destroy_model_parallel")
-
-    def barrier(self) -> None:
-        """Record the barrier."""
-        self._record("barrier")
-
-    def destroy_process_group(self) -> None:
-        """Record the release."""
-        self._record("destroy_process_group")
-
-    def abort_process_group(self) -> None:
-        """Record the release."""
-        self._record("abort_process_group")
-
-    def close_store(self) -> None:
-        """Record the release."""
-        self._record("close_store")
 
 
 class RecordingCheckpoints(_Recorder):

@@ -306,10 +306,12 @@ def _release_resources(kinds: set[str]) -> None:
         resource = left.entry.resource
         if resource.value not in kinds or not left.is_live():
             continue
-        if LEFTOVERS.take(resource) is None:
+        taken = LEFTOVERS.take(resource)  # a final or collected session's; a live one's goes to the force-release
+        if taken is None:
             continue
         for kind in resource.failure:
-            _quietly(left.releases[kind])
+            _quietly(taken.releases[kind])
+        taken.done()  # released, or left to the force-release below: no longer a leftover either way
     gc.collect()
     _force_release()
     gc.collect()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from lifecycle import (
+    Handler,
     LedgerEntry,
     Outcome,
     Owner,
@@ -78,8 +79,7 @@ def scratch() -> Iterator[Resource]:
             success=(FLUSH, DROP),
             failure=(KILL,),
             acquired_by=Trigger.INIT_GLOBALS,
-            init=lambda actions: SCRATCH.create(),
-            release=lambda actions: SCRATCH.releases(),
+            handler=lambda actions: Handler(SCRATCH.create, SCRATCH.releases()),
             wrapper=WrapperRole.RELEASES,
             probe=lambda: SCRATCH.alive,
             identity=lambda: SCRATCH.instance,
@@ -152,15 +152,11 @@ def test_declared_kinds_and_steps_pickle_to_the_same_objects(scratch: Resource) 
 
 
 def test_a_declaration_is_checked(scratch: Resource) -> None:
-    """A taken name, a reused step kind, or an init without a trigger or releases is refused."""
+    """A taken name, a reused step kind, or a releasing step before the last is refused."""
     with pytest.raises(ValueError, match="already declared"):
         declare_resource(Resource("scratch", order=1, success=(StepKind("a"),), failure=(StepKind("b"),)))
     with pytest.raises(ValueError, match="already declared"):
         declare_resource(Resource("other", order=1, success=(DROP,), failure=(StepKind("b"),)))
-    with pytest.raises(ValueError, match="together"):
-        declare_resource(
-            Resource("other", order=1, success=(StepKind("a"),), failure=(StepKind("b"),), init=lambda a: Owner.SESSION)
-        )
     with pytest.raises(ValueError, match="only it, releases"):
         declare_resource(Resource("other", order=1, success=(StepKind("a"), StepKind("c")), failure=(StepKind("b"),)))
     assert [r.value for r in declared_resources()][-1] == "scratch"

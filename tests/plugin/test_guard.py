@@ -15,7 +15,7 @@ pytest_plugins = ["pytester"]
 # and where), its release never ends in time. No torch.
 STUCK_KIND = """
 import time
-from lifecycle import Owner, Resource, StepKind, Trigger, declare_resource
+from lifecycle import Handler, Owner, Resource, StepKind, Trigger, declare_resource
 
 ALIVE = []
 STUCK = StepKind("stuck_release")
@@ -26,8 +26,7 @@ declare_resource(
         success=(STUCK,),
         failure=(STUCK,),
         acquired_by=Trigger.INIT_DISTRIBUTED,
-        init=lambda actions: (ALIVE.append(1), Owner.SESSION)[1],
-        release=lambda actions: {STUCK: lambda: time.sleep(30)},
+        handler=lambda actions: Handler(lambda: (ALIVE.append(1), Owner.SESSION)[1], {STUCK: lambda: time.sleep(30)}),
         probe=lambda: bool(ALIVE),
     )
 )

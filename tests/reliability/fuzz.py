@@ -36,6 +36,7 @@ from typing import Any
 
 import lifecycle
 from lifecycle import (
+    Handler,
     Owner,
     Resource,
     Session,
@@ -47,9 +48,9 @@ from lifecycle import (
     declare_resource,
     undeclare_resource,
 )
-from lifecycle._core.leftovers import LEFTOVERS, Leftover, Leftovers
+from lifecycle._core.holdings import Holdings
+from lifecycle._core.leftovers import LEFTOVERS, Leftover
 from lifecycle._core.shield import TeardownInterrupted
-from lifecycle._core.signals import resolve
 from lifecycle.testing import RecordingActions, RecordingCheckpoints
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(lifecycle.__file__)) + os.sep
@@ -104,8 +105,7 @@ POOL_KIND = Resource(
     success=(CLOSE_POOL,),
     failure=(DROP_POOL,),
     acquired_by=Trigger.INIT_GLOBALS,
-    init=lambda actions: POOL.open(),
-    release=lambda actions: {CLOSE_POOL: POOL.close, DROP_POOL: POOL.close},
+    handler=lambda actions: Handler(POOL.open, {CLOSE_POOL: POOL.close, DROP_POOL: POOL.close}),
     probe=POOL.is_open,
     identity=lambda: POOL.current,
 )
@@ -123,9 +123,9 @@ def declare_pool() -> Iterator[None]:
 
 
 def drain_leftovers() -> None:
-    """Forget every record of ``LEFTOVERS`` (through the class: a meta-test may patch the instance's ``take``)."""
+    """Forget every record of ``LEFTOVERS`` (each one's holdings forget it: a meta-test may patch ``take``)."""
     for left in LEFTOVERS.peek():
-        Leftovers.take(LEFTOVERS, left.entry.resource)
+        left.done()
 
 
 # -- the tracer --------------------------------------------------------------------------
@@ -548,7 +548,7 @@ def run_case(
         around.session = built.session
 
         def route(signum: int) -> str:
-            handler = resolve(signal.getsignal(signum))  # a deactivated handler of lifecycle's only passes it on
+            handler = signal.getsignal(signum)
             return (
                 "previous" if handler is around.handler else "session" if handler is built.own_handler else "lifecycle"
             )
@@ -564,7 +564,7 @@ def run_case(
         except BaseException as exc:  # noqa: BLE001 - what reached the caller is the result
             raised = exc
         restored = all(signal.getsignal(s) is around.handler for s in SIGNALS)
-        lock_held = not _unlocked(LEFTOVERS)
+        lock_held = not _unlocked(built.session.holdings)
         left = LEFTOVERS.peek()
         live = tuple(item.entry.resource.value for item in left if item.is_live())
         run = Run(
@@ -578,9 +578,9 @@ def run_case(
         return run
 
 
-def _unlocked(leftovers: Leftovers) -> bool:
-    """True if the record's lock is free; if an interrupt left it held, free it (so the run goes on) and say so."""
-    lock = leftovers._lock
+def _unlocked(holdings: Holdings) -> bool:
+    """True if the holdings' lock is free; if an interrupt left it held, free it (so the run goes on) and say so."""
+    lock = holdings._lock
     if lock.acquire(blocking=False):
         lock.release()
         return True
@@ -648,7 +648,7 @@ def check_interrupts(run: Run) -> list[str]:
     """
     problems = [f"{signal.Signals(n).name} went to its default action: the process would have died" for n in run.killed]
     if run.lock_held:
-        problems.append("an interrupt left LEFTOVERS' lock held: every later session would hang")
+        problems.append("an interrupt left the holdings' lock held: every later session would hang")
     if not run.fired:
         return [*problems, "no signal was raised: the case's line event never came"]
     problems += [
@@ -706,12 +706,12 @@ def check_handlers(run: Run) -> list[str]:
 
 
 def check_leftovers(run: Run) -> list[str]:
-    """``LEFTOVERS`` names exactly what the session left held of its process-wide kinds (those with an ``init``)."""
+    """``LEFTOVERS`` names exactly what the session left held of its process-wide kinds (acquired by a trigger)."""
     recorded = {(left.entry.resource.value, left.session_id) for left in run.left}
     wanted = {
         (e.resource.value, run.session.id)
         for e in run.session.ledger.held()
-        if e.resource.init is not None and e.owner is not Owner.CALLER
+        if e.resource.acquired_by is not None and e.owner is not Owner.CALLER
     }
     problems = [f"left {kind} held, not recorded in LEFTOVERS" for kind, _ in sorted(wanted - recorded)]
     problems += [f"LEFTOVERS records {kind} of session {sid}, not left held" for kind, sid in sorted(recorded - wanted)]

@@ -63,15 +63,18 @@ from lifecycle import (
     DistributedConfig,
     ExitConfig,
     ForeignResource,
+    Handler,
     ModelConfig,
     Owner,
     ParallelConfig,
     PretrainConfig,
     PretrainResult,
+    Resource,
     Session,
     SessionHandle,
     StaleResource,
     State,
+    StepKind,
     TeardownError,
     TorchActions,
     TrainingConfig,
@@ -81,6 +84,7 @@ from lifecycle._training.model import SyntheticTokens  # the default batches: pr
 from lifecycle.checkpoint import AsyncCheckpointer
 from lifecycle.restart import wrapped_pretrain
 from lifecycle.testing import release_everything
+from lifecycle.testing.doubles import acquire_name
 
 CELL_LIMIT_S = 8.0
 """A cell must finish well inside the group timeout: nothing waited for a peer that is gone."""
@@ -317,8 +321,8 @@ class FaultyActions:
             self.created.append(name)
         return owner
 
-    def _release(self, name: str) -> None:
-        getattr(self.inner, name)()
+    def _release(self, name: str, release: Callable[[], object]) -> None:
+        release()
         try:
             self.probe.released()
         except OSError:
@@ -326,66 +330,54 @@ class FaultyActions:
             raise
         self.releases.append(RELEASED_BY[name])
 
-    def init_store(self) -> Owner:
-        """The next session starts: the failure path of the previous one is over.
+    def handler(self, resource: Resource) -> Handler:
+        """The inner actions' handler of ``resource``, each callable wrapped with the cell's faults (``_before``)."""
+        inner = self.inner.handler(resource)
+        acquire, name = inner.acquire, acquire_name(resource)
+        assert acquire is not None
 
-        The ``pg_init`` fault fires here, before the store opens: a rank 0 that hosted
-        the store and failed at once would leave peers that had not connected yet
+        def acquired() -> Owner:
+            self._before(name)
+            owner = acquire()
+            if owner is Owner.SESSION:
+                self.created.append(name)
+            return owner
+
+        def wrapped(kind: StepKind, release: Callable[[], object]) -> Callable[[], None]:
+            def run() -> None:
+                self._before(kind.value)
+                if kind.releases:
+                    self._release(kind.value, release)
+                else:
+                    release()
+
+            return run
+
+        releases = {kind: wrapped(kind, release) for kind, release in inner.releases.items()}
+        return Handler(acquired, releases, inner.check)
+
+    def _before(self, name: str) -> None:
+        """The cell's fault due at ``name``, if any (and the failure path's start or end, as the probe tracks it).
+
+        ``init_store``: the next session starts (the failure path of the previous one is
+        over); the ``pg_init`` fault fires here, before the store opens: a rank 0 that
+        hosted the store and failed at once would leave peers that had not connected yet
         retrying a refused connection for the store timeout (torch cannot tell a host
         that is gone from one not up yet), which no lifecycle can shorten.
         """
-        self.probe.failing = False
-        self.probe.fire("pg_init")
-        return self._init("init_store")
-
-    def init_process_group(self) -> Owner:
-        """Delegated."""
-        return self._init("init_process_group")
-
-    def init_model_parallel(self) -> Owner:
-        """Delegated."""
-        return self._init("init_model_parallel")
-
-    def init_microbatch_calculator(self) -> Owner:
-        """Delegated, unless the fault is due in ``init_globals``."""
-        self.probe.fire("globals_init")
-        return self._init("init_microbatch_calculator")
-
-    def init_rerun_state_machine(self) -> Owner:
-        """Delegated."""
-        return self._init("init_rerun_state_machine")
-
-    def destroy_rerun_state_machine(self) -> None:
-        """Delegated."""
-        self._release("destroy_rerun_state_machine")
-
-    def destroy_microbatch_calculator(self) -> None:
-        """Delegated."""
-        self._release("destroy_microbatch_calculator")
-
-    def destroy_model_parallel(self) -> None:
-        """Delegated, unless the fault is due at the globals' destroy in the success plan."""
-        self.probe.fire_in_success_plan("success_destroy_globals")
-        self._release("destroy_model_parallel")
-
-    def barrier(self) -> None:
-        """Delegated, unless the fault is due at the success plan's barrier."""
-        self.probe.fire_in_success_plan("success_barrier")
-        self.inner.barrier()
-
-    def destroy_process_group(self) -> None:
-        """Delegated, unless the fault is due at the group's destroy in the success plan (after the barrier)."""
-        self.probe.fire_in_success_plan("success_destroy_group")
-        self._release("destroy_process_group")
-
-    def abort_process_group(self) -> None:
-        """Delegated; a failure path is running."""
-        self.probe.failing = True
-        self._release("abort_process_group")
-
-    def close_store(self) -> None:
-        """Delegated."""
-        self._release("close_store")
+        if name == "init_store":
+            self.probe.failing = False
+            self.probe.fire("pg_init")
+        elif name == "init_microbatch_calculator":
+            self.probe.fire("globals_init")
+        elif name == "destroy_model_parallel":
+            self.probe.fire_in_success_plan("success_destroy_globals")
+        elif name == "barrier":
+            self.probe.fire_in_success_plan("success_barrier")
+        elif name == "destroy_process_group":
+            self.probe.fire_in_success_plan("success_destroy_group")
+        elif name == "abort_process_group":
+            self.probe.failing = True
 
 
 class WatchedSession(Session):

@@ -1,0 +1,257 @@
+"""Holdings: what one session holds, the only object that changes its ledger.
+
+Acquisition is atomic with respect to asynchronous exceptions (a Ctrl-C, NVRx's
+``RankShouldRestart`` raised into the main thread): before a kind's ``acquire`` runs,
+a *pending* acquisition is recorded in one assignment, with what the kind's probe saw;
+once ``acquire`` returned, the entry is confirmed in one assignment. Whatever bytecode an
+exception lands on, the resource is either not created, or recorded (confirmed), or
+pending, and ``settle_pending`` (run first by every teardown) tells from the probe whether
+it was created: then it is recorded as the session's, else the pending record is dropped.
+A kind without a probe that was pending is recorded as the session's: its release must
+tolerate a resource that was never made.
+
+Releases keep per-entry claims: the restart wrapper's abort releases from its monitor
+thread while the main thread may be tearing down, and a resource is released once.
+
+Every ``Holdings`` is known to the process (``REGISTRY``): what a *final* or
+garbage-collected session still holds of a kind it created is a leftover, which the next
+session reclaims (``lifecycle._core.leftovers``); what a *live* session holds is never
+reclaimed by another session, which finds it as the caller's.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from lifecycle._core.ownership import Ledger, LedgerEntry
+from lifecycle._core.plans import Step
+from lifecycle._core.resources import Releases, Resource
+from lifecycle._core.states import Owner, State
+
+Key = tuple[Resource, str]
+
+
+class _Stateful(Protocol):
+    @property
+    def state(self) -> State: ...
+
+
+def token_of(resource: Resource) -> weakref.ref[Any] | None:
+    """A weak reference to the live object of ``resource`` (its ``identity``), or None."""
+    if resource.identity is None:
+        return None
+    current = resource.identity()
+    if current is None:
+        return None
+    try:
+        return weakref.ref(current)
+    except TypeError:  # not weakly referenceable: never hold it strongly (a gloo group would stay open)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An acquisition under way: what it would record, and what the kind's probe saw before it started."""
+
+    entry: LedgerEntry
+    releases: Releases
+    alive_before: bool | None
+    token_before: weakref.ref[Any] | None
+
+    def created(self) -> bool:
+        """True if the resource exists now and was made since the acquisition started (no probe: assume so)."""
+        resource = self.entry.resource
+        if resource.probe is None:
+            return True
+        if not resource.probe():
+            return False
+        if not self.alive_before:
+            return True
+        if resource.identity is None:
+            return False  # alive before and now, and nothing tells them apart: the one found
+        now = resource.identity()
+        return now is not None and (self.token_before is None or self.token_before() is not now)
+
+
+class Holdings:
+    """The ledger of one session, with the release callables of each entry and their claims.
+
+    ``label()`` names the session for people; ``session_id`` identifies it; ``session``
+    is held weakly: once it is collected, or its state is final, what this still holds of
+    a kind acquired through a handler is a leftover.
+    """
+
+    def __init__(self, session: _Stateful, session_id: int, label: Callable[[], str]) -> None:
+        """Nothing held; registered with the process (``REGISTRY``) at once."""
+        self.ledger = Ledger()
+        self.session_id = session_id
+        self.label = label
+        self._session = weakref.ref(session)
+        self._releases: dict[Key, Releases] = {}
+        self._tokens: dict[Key, weakref.ref[Any] | None] = {}
+        self._pending: Pending | None = None
+        self._claimed: set[Key] = set()
+        self._reclaimed: set[Key] = set()
+        self._lock = threading.Lock()
+        REGISTRY.add(self)
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def abandoned(self) -> bool:
+        """True once its session is final or was collected: what it still holds is nobody's to release but a reclaim."""
+        session = self._session()
+        return session is None or session.state.is_final
+
+    def releases(self, key: Key) -> Releases:
+        """The release callables bound to the entry ``key`` when it was acquired."""
+        return self._releases[key]
+
+    def token(self, key: Key) -> weakref.ref[Any] | None:
+        """A weak reference to the object ``key`` was acquired as (None where its kind has no identity)."""
+        return self._tokens.get(key)
+
+    # -- acquiring ----------------------------------------------------------------------
+
+    def acquire(self, entry: LedgerEntry, releases: Releases, acquire: Callable[[], Owner]) -> LedgerEntry:
+        """Run ``acquire`` with a pending record of ``entry`` first; confirm it with the owner it returns.
+
+        ``entry.owner`` is ignored: the owner is what ``acquire`` returns. If ``acquire``
+        raises, the pending record is settled (see ``settle_pending``) and the error
+        propagates. Returns the confirmed entry.
+        """
+        resource = entry.resource
+        alive = None if resource.probe is None else bool(resource.probe())
+        self._pending = Pending(entry, releases, alive, token_of(resource) if alive else None)
+        try:
+            owner = acquire()
+        except BaseException:
+            self.settle_pending()
+            raise
+        return self.record(LedgerEntry(resource, owner, entry.name, entry.site), releases)
+
+    def record(self, entry: LedgerEntry, releases: Releases) -> LedgerEntry:
+        """Confirm an acquisition (or record one made outside ``acquire``): bind its releases, write the entry.
+
+        ``LifecycleError`` if its key was ever recorded. The ledger is written in one
+        assignment, the pending record dropped after it (a landing in between leaves both,
+        and ``settle_pending`` then sees the entry and drops the pending one).
+        """
+        key = entry.key
+        self._releases[key] = releases
+        self._tokens[key] = token_of(entry.resource) if entry.owner is not Owner.CALLER else None
+        with self._lock:
+            self.ledger = self.ledger.acquire(entry)
+        pending = self._pending
+        if pending is not None and pending.entry.key == key:
+            self._pending = None
+        return entry
+
+    def settle_pending(self, owner: Callable[[Resource], Owner] = lambda resource: Owner.SESSION) -> None:
+        """Resolve an acquisition an exception cut short: recorded as ``owner(kind)`` if created, else dropped."""
+        pending = self._pending
+        if pending is None:
+            return
+        key = pending.entry.key
+        if self.ledger.entry(*key) is None and pending.created():
+            entry = pending.entry
+            self.record(LedgerEntry(entry.resource, owner(entry.resource), entry.name, entry.site), pending.releases)
+        self._pending = None
+
+    # -- releasing ----------------------------------------------------------------------
+
+    def run(self, step: Step, call: Callable[[Callable[[], object]], object] = lambda release: release()) -> bool:
+        """Run ``step``'s release callable (through ``call``); False if another thread claimed its entry first.
+
+        A releasing step claims its entry first and, once it returned, marks it released
+        in the ledger; one that raised gives the claim back and marks the entry failed
+        (a later plan may retry it, per its kind). Every ``BaseException`` propagates.
+        """
+        release = self._releases[step.entry.key][step.kind]
+        recorded = self.ledger.entry(*step.entry.key)  # the wrapper's plan names it with another owner
+        entry = step.entry if recorded is None else recorded
+        if not step.kind.releases:
+            try:
+                call(release)
+            except BaseException:
+                with self._lock:
+                    self.ledger = self.ledger.release_failed(entry)
+                raise
+            return True
+        key = step.entry.key
+        with self._lock:
+            if key in self._claimed or key in self.ledger.released:
+                return False
+            self._claimed.add(key)
+        try:
+            call(release)
+        except BaseException:
+            with self._lock:
+                self._claimed.discard(key)
+                self.ledger = self.ledger.release_failed(entry)
+            raise
+        with self._lock:
+            if key not in self.ledger.released:
+                self.ledger = self.ledger.release(entry)
+        return True
+
+    def reclaimed(self, entry: LedgerEntry) -> None:
+        """Another session released ``entry`` (or found it gone): no longer a leftover; the ledger stays as left."""
+        with self._lock:
+            self._reclaimed.add(entry.key)
+
+    def left(self) -> tuple[LedgerEntry, ...]:
+        """What this holds and no later session reclaimed, in acquisition order."""
+        return tuple(entry for entry in self.ledger.held() if entry.key not in self._reclaimed)
+
+    def claim(self, key: Key) -> bool:
+        """Take ``key`` for a reclaim by another session; False if it is claimed already."""
+        with self._lock:
+            if key in self._claimed or key in self.ledger.released or key in self._reclaimed:
+                return False
+            self._claimed.add(key)
+            return True
+
+    def unclaim(self, key: Key) -> None:
+        """Give back a claim taken with ``claim`` (the reclaim failed: it stays a leftover)."""
+        with self._lock:
+            self._claimed.discard(key)
+
+
+class Registry:
+    """Every ``Holdings`` of this process that may still hold something. Thread-safe."""
+
+    def __init__(self) -> None:
+        """Nothing registered."""
+        self._all: dict[int, Holdings] = {}
+        self._lock = threading.Lock()
+
+    def add(self, holdings: Holdings) -> None:
+        """Register ``holdings`` (kept strongly: what it holds outlives its session)."""
+        with self._lock:
+            self._all[id(holdings)] = holdings
+
+    def holdings(self) -> tuple[Holdings, ...]:
+        """Every registered holdings that still holds something, oldest first (the rest are dropped)."""
+        with self._lock:
+            for key, holdings in list(self._all.items()):
+                if holdings.abandoned and not holdings.left() and holdings._pending is None:
+                    del self._all[key]
+            return tuple(self._all.values())
+
+    def live_holder(self, resource: Resource) -> Holdings | None:
+        """The live (not abandoned) holdings that created and still holds a ``resource``, if any."""
+        for holdings in self.holdings():
+            if not holdings.abandoned and any(
+                e.resource is resource and e.owner is not Owner.CALLER for e in holdings.left()
+            ):
+                return holdings
+        return None
+
+
+REGISTRY = Registry()
+"""This process's holdings."""
