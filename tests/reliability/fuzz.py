@@ -51,6 +51,7 @@ from lifecycle import (
 from lifecycle._core.holdings import Holdings
 from lifecycle._core.leftovers import LEFTOVERS, Leftover
 from lifecycle._core.shield import TeardownInterrupted
+from lifecycle._core.signals import resolve
 from lifecycle.testing import RecordingActions, RecordingCheckpoints
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(lifecycle.__file__)) + os.sep
@@ -548,9 +549,14 @@ def run_case(
         around.session = built.session
 
         def route(signum: int) -> str:
-            handler = signal.getsignal(signum)
+            handler = resolve(signal.getsignal(signum))  # a deactivated handler of lifecycle's only passes it on
             return (
-                "previous" if handler is around.handler else "session" if handler is built.own_handler else "lifecycle"
+                "previous"
+                if handler is around.handler
+                # an ended link (its session's restore already ran) passes the signal on: it is not the session's
+                else "session"
+                if handler is built.own_handler and getattr(handler, "active", True)
+                else "lifecycle"
             )
 
         tracer = Tracer(case.plan, route, lambda: built.session.state.is_final)
