@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST := TORCH_CPP_LOG_LEVEL=error $(PY) -m pytest -q
 TIMED = start=$$(date +%s); $(1); status=$$?; echo "make $@: $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: venv demo test test-unit test-slow lint typecheck diagrams check bench clean mermaid gpu-wheelhouse gpu-check
+.PHONY: venv venv-compat demo test test-unit test-slow test-compat lint typecheck diagrams check bench clean mermaid gpu-wheelhouse gpu-check
 
 venv: $(STAMP)
 
@@ -16,11 +16,52 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,inprocess]'
+	$(PY) -m pip install --quiet -e '.[dev,inprocess]' megatron-core==0.16.1 nvidia-resiliency-ext==0.4.1
 	touch $(STAMP)
+
+# The newest stack this machine installs (README, "Supported versions"), in its own folder:
+# Python 3.12 (here a pyenv shim that runs only with PYENV_VERSION set), torch 2.15.0 (the CUDA
+# build, which runs on the CPU: about 3 GB of downloads), megatron-core 0.19.2, and NVRx 0.7.0.
+# The machines' pip configuration caps torch at 2.14.1: PIP_CONSTRAINT=/dev/null lifts it for the one
+# pip install below (a second install under the cap would swap torch back). NVRx >= 0.5 ships only
+# manylinux_2_39 wheels; tools/compat_wheel.py re-tags 0.7.0's as linux_x86_64 for this test env.
+COMPAT_PYTHON ?= env PYENV_VERSION=3.12.1 python3.12
+COMPAT_VENV := .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_WHEELS := build/compat-wheels
+COMPAT_STACK := torch==2.15.0 megatron-core==0.19.2
+COMPAT_NVRX := nvidia-resiliency-ext==0.7.0
+# The stamp names the pins, so changing one rebuilds the environment; nothing else does.
+empty :=
+space := $(empty) $(empty)
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(subst $(space),+,$(subst ==,-,$(COMPAT_STACK) $(COMPAT_NVRX)))
+
+venv-compat: $(COMPAT_STAMP)
+
+$(COMPAT_STAMP): pyproject.toml tools/compat_wheel.py
+	rm -rf $(COMPAT_VENV) $(COMPAT_WHEELS)
+	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --quiet --upgrade pip
+	$(COMPAT_PY) tools/compat_wheel.py $(COMPAT_NVRX) $(COMPAT_WHEELS)
+	PIP_CONSTRAINT=/dev/null $(COMPAT_PY) -m pip install --quiet $(COMPAT_STACK) -e '.[dev]' $(COMPAT_WHEELS)/*.whl
+	touch $(COMPAT_STAMP)
 
 demo: $(STAMP)
 	$(PY) -m lifecycle demo
+
+# The second stack (venv-compat, installed first and counted in the time; budget < 15 min here):
+# the demo at TP=2 with a failure on rank 1 and a retry, then the suites that touch Megatron-core,
+# NVRx and nccl settings. A second run reuses the environment (stamp), so it only tests.
+COMPAT_TESTS := tests/distributed/test_megatron_clean.py tests/distributed/test_nccl_settings.py \
+	tests/restart tests/training tests/checkpoint
+COMPAT_DEMO := --steps 40 --tp 2 --fail-at step --fail-rank 1 --retry
+COMPAT_LOG := build/test-compat-demo.log
+
+test-compat:
+	@$(call TIMED,$(MAKE) --no-print-directory venv-compat && mkdir -p build && echo "demo $(COMPAT_DEMO)" \
+	&& { $(COMPAT_PY) -m lifecycle demo $(COMPAT_DEMO) >$(COMPAT_LOG) 2>&1 || { tail -n 40 $(COMPAT_LOG); false; }; } \
+	&& grep '^demo: succeeded' $(COMPAT_LOG) \
+	&& TORCH_CPP_LOG_LEVEL=error $(COMPAT_PY) -m pytest -q $(COMPAT_TESTS))
 
 # The README's test command: everything but the slow suites.
 test: $(STAMP)
@@ -57,19 +98,24 @@ diagrams: $(STAMP)
 
 check: lint typecheck test
 
-# The GPU check (README, "On GPUs"). gpu-wheelhouse, where the package index is reachable: the cp312
-# manylinux x86_64 wheels of tools/gpu-wheelhouse.txt (every runtime dependency but torch) in
-# build/gpu-wheelhouse, checked complete and under 60 MiB. gpu-check, on the GPU host (its own python3
-# and CUDA torch, no index; copy the checkout with build/gpu-wheelhouse): tests/gpu, one rank per GPU,
-# and a summary table (also in build/gpu-check/summary.md).
+# The GPU check (README, "On GPUs"), on two stacks of libraries, both on the GPU host's own torch:
+# ci (megatron-core 0.16.1, NVRx 0.4.1) and newest (megatron-core 0.19.2, NVRx 0.7.0). gpu-wheelhouse,
+# where the package index is reachable: the cp312 manylinux x86_64 wheels of tools/gpu-wheelhouse.txt
+# and tools/gpu-wheelhouse-newest.txt (every runtime dependency but torch) in build/gpu-wheelhouse and
+# build/gpu-wheelhouse-newest, each checked complete and under 60 MiB. gpu-check, on the GPU host (its
+# own python3 and CUDA torch, no index; copy the checkout with build/): tests/gpu on each stack, one rank
+# per GPU, and a summary table each (build/gpu-check/summary.md, build/gpu-check-newest/summary.md).
+# NVRx 0.7.0 is manylinux_2_39 only: on an older glibc the newest stack is refused (exit 2) and said so.
 gpu-wheelhouse: $(STAMP)
-	$(PY) tools/gpu_check.py wheelhouse
+	$(PY) tools/gpu_check.py wheelhouse --stack ci
+	$(PY) tools/gpu_check.py wheelhouse --stack newest
 
 gpu-check:
-	python3 tools/gpu_check.py run
+	python3 tools/gpu_check.py run --stack ci; ci=$$?; python3 tools/gpu_check.py run --stack newest; \
+	newest=$$?; echo "gpu-check: ci stack exit $$ci, newest stack exit $$newest"; [ $$ci -eq 0 ] && [ $$newest -eq 0 ]
 
 bench: $(STAMP)
 	TORCH_CPP_LOG_LEVEL=error $(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(COMPAT_VENV) build *.egg-info
