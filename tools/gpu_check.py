@@ -1,19 +1,25 @@
 """The GPU check: carry the wheels to a GPU host without a package index, run tests/gpu there, print a summary.
 
-``python tools/gpu_check.py wheelhouse [--dest DIR]`` (``make gpu-wheelhouse``, where the
-index is reachable): download the cp312 manylinux x86_64 wheels listed in
-``tools/gpu-wheelhouse.txt`` (no dependency resolution: torch stays the host's), then
+Two stacks of libraries, both run on the GPU host's own torch (2.11): ``ci`` (megatron-core
+0.16.1, NVRx 0.4.1: ``make check``'s; ``tools/gpu-wheelhouse.txt``, ``build/gpu-wheelhouse``)
+and ``newest`` (megatron-core 0.19.2, NVRx 0.7.0: ``make test-compat``'s;
+``tools/gpu-wheelhouse-newest.txt``, ``build/gpu-wheelhouse-newest``). NVRx 0.7.0's wheel is
+``manylinux_2_39`` only: ``run --stack newest`` refuses a host with an older glibc.
+
+``python tools/gpu_check.py wheelhouse [--stack S] [--dest DIR]`` (``make gpu-wheelhouse``,
+where the index is reachable): download the cp312 manylinux x86_64 wheels listed in the
+stack's requirements (no dependency resolution: torch stays the host's), then
 check that every requirement of every wheel but torch is in the folder and that the
 folder is under 60 MiB.
 
-``python3 tools/gpu_check.py run [--wheelhouse DIR]`` (``make gpu-check``, on the GPU
+``python3 tools/gpu_check.py run [--stack S] [--wheelhouse DIR]`` (``make gpu-check``, on the GPU
 host, with its own ``python3`` and CUDA build of torch): make a virtual environment with
 the host's site-packages visible (``--system-site-packages``: the host's torch, pytest,
 pytest-timeout, hypothesis), install the wheels into it from the folder (the host's pip
 with ``--no-index``, or, without pip, by unpacking them), run ``tests/gpu`` on one rank
 per visible GPU, and print a table of what passed, failed or was not verified, with
 the date, GPU, torch, CUDA and NCCL versions. The table is also written to
-``build/gpu-check/summary.md``, ready for the README.
+``build/gpu-check/summary.md`` (``ci``) or ``build/gpu-check-newest/summary.md``, ready for the README.
 
 Standard library only, except ``packaging`` for the wheelhouse check.
 """
@@ -32,12 +38,9 @@ import xml.etree.ElementTree as ET
 import zipfile
 from email.parser import Parser
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
-REQUIREMENTS = REPO / "tools" / "gpu-wheelhouse.txt"
-WHEELHOUSE = REPO / "build" / "gpu-wheelhouse"
-VENV = REPO / "build" / "gpu-venv"
-RESULTS = REPO / "build" / "gpu-check"
 LIMIT_MIB = 60
 CHECK_TIMEOUT_S = 300  # the whole pytest run; on one GPU its tests are bounded to 290 s together, even if they hang
 HOST_PROVIDES = ("torch",)
@@ -56,23 +59,71 @@ TARGET = {  # the environment markers of the GPU hosts (Python 3.12, Linux x86_6
 PLATFORMS = ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
+class Stack(NamedTuple):
+    """One set of library versions the GPU check runs: its pinned wheels, folders and the glibc its wheels need."""
+
+    name: str
+    requirements: Path
+    wheelhouse: Path
+    venv: Path
+    results: Path
+    platforms: tuple[str, ...]
+    glibc: tuple[int, int]
+
+
+STACKS = {
+    "ci": Stack(
+        "ci",
+        REPO / "tools" / "gpu-wheelhouse.txt",
+        REPO / "build" / "gpu-wheelhouse",
+        REPO / "build" / "gpu-venv",
+        REPO / "build" / "gpu-check",
+        PLATFORMS,
+        (2, 31),
+    ),
+    "newest": Stack(
+        "newest",
+        REPO / "tools" / "gpu-wheelhouse-newest.txt",
+        REPO / "build" / "gpu-wheelhouse-newest",
+        REPO / "build" / "gpu-venv-newest",
+        REPO / "build" / "gpu-check-newest",
+        ("manylinux_2_39_x86_64", *PLATFORMS),  # NVRx 0.7.0: manylinux_2_39 only
+        (2, 39),
+    ),
+}
+CI = STACKS["ci"]
+REQUIREMENTS, WHEELHOUSE = CI.requirements, CI.wheelhouse  # the ci stack's, as before there were two
+
+
+def host_glibc() -> tuple[int, int] | None:
+    """This host's glibc as (major, minor), or None where it is not glibc."""
+    try:
+        found = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        return None
+    _, _, version = found.partition(" ")
+    parts = version.split(".")
+    return (int(parts[0]), int(parts[1])) if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else None
+
+
 # -- the wheelhouse ------------------------------------------------------------------------
 
 
-def pinned() -> list[str]:
-    """The requirement lines of ``tools/gpu-wheelhouse.txt``."""
-    lines = (line.split("#")[0].strip() for line in REQUIREMENTS.read_text().splitlines())
+def pinned(stack: Stack = CI) -> list[str]:
+    """The requirement lines of the stack's requirements file (default ``tools/gpu-wheelhouse.txt``)."""
+    lines = (line.split("#")[0].strip() for line in stack.requirements.read_text().splitlines())
     return [line for line in lines if line]
 
 
-def download(dest: Path) -> None:
-    """Download the pinned wheels for cp312 manylinux x86_64 into ``dest`` (emptied first); binary wheels only."""
+def download(dest: Path, stack: Stack = CI) -> None:
+    """Download the stack's pinned wheels for cp312 manylinux x86_64 into ``dest`` (emptied first); binary only."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+    platforms = [arg for platform in stack.platforms for arg in ("--platform", platform)]
     command = [
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-        "--python-version", "3.12", "--implementation", "cp", *platforms, "--dest", str(dest), "-r", str(REQUIREMENTS),
+        "--python-version", "3.12", "--implementation", "cp", *platforms, "--dest", str(dest),
+        "-r", str(stack.requirements),
     ]  # fmt: skip
     subprocess.run(command, check=True)
 
@@ -117,9 +168,9 @@ def size_mib(folder: Path) -> float:
     return sum(wheel.stat().st_size for wheel in folder.glob("*.whl")) / 2**20
 
 
-def wheelhouse(dest: Path) -> int:
-    """Download, then check completeness and size; print what is there. Exit status 0 if both hold."""
-    download(dest)
+def wheelhouse(dest: Path, stack: Stack = CI) -> int:
+    """Download the stack's wheels, then check completeness and size; print what is there. 0 if both hold."""
+    download(dest, stack)
     wheels = sorted(dest.glob("*.whl"))
     for wheel in wheels:
         print(f"  {wheel.stat().st_size / 2**20:6.2f} MiB  {wheel.name}")
@@ -136,22 +187,23 @@ def wheelhouse(dest: Path) -> int:
 # -- the check on the GPU host -------------------------------------------------------------
 
 
-def make_venv(wheels: Path) -> Path:
-    """A fresh venv seeing the host's site-packages, with the wheels installed; return its python."""
-    shutil.rmtree(VENV, ignore_errors=True)
+def make_venv(wheels: Path, stack: Stack = CI) -> Path:
+    """A fresh venv seeing the host's site-packages, with the stack's wheels installed; return its python."""
+    shutil.rmtree(stack.venv, ignore_errors=True)
     # --without-pip: the host may lack ensurepip (python3-venv); the host's pip is visible anyway.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(VENV)], check=True)
-    python = VENV / "bin" / "python"
+    command = [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(stack.venv)]
+    subprocess.run(command, check=True)
+    python = stack.venv / "bin" / "python"
     has_pip = subprocess.run([python, "-m", "pip", "--version"], capture_output=True).returncode == 0
     if has_pip:
         install = [str(python), "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--find-links"]
-        subprocess.run([*install, str(wheels), "-r", str(REQUIREMENTS)], check=True)
+        subprocess.run([*install, str(wheels), "-r", str(stack.requirements)], check=True)
     else:
-        unpack(wheels, python)
+        unpack(wheels, python, stack)
     return python
 
 
-def unpack(wheels: Path, python: Path) -> None:
+def unpack(wheels: Path, python: Path, stack: Stack = CI) -> None:
     """Without pip: unpack each pinned wheel into the venv's site-packages (a wheel is a zip of its files)."""
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -159,7 +211,7 @@ def unpack(wheels: Path, python: Path) -> None:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    wanted = {line.split("==")[0].lower().replace("-", "_") for line in pinned()}
+    wanted = {line.split("==")[0].lower().replace("-", "_") for line in pinned(stack)}
     for wheel in sorted(wheels.glob("*.whl")):
         if wheel.name.split("-")[0].lower() in wanted:
             with zipfile.ZipFile(wheel) as archive:
@@ -168,11 +220,13 @@ def unpack(wheels: Path, python: Path) -> None:
 
 
 def host_facts(python: Path) -> dict[str, str]:
-    """Python, torch, CUDA, NCCL versions and the GPUs, read by ``python`` (the venv's)."""
+    """Python, torch, CUDA, NCCL, megatron-core and NVRx versions and the GPUs, read by ``python`` (the venv's)."""
     probe = (
         "import json, platform, torch\n"
+        "from importlib.metadata import version\n"
         "n = torch.cuda.device_count()\n"
-        "print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__,\n"
+        "libraries = ', '.join(f'{d} {version(d)}' for d in ('megatron-core', 'nvidia-resiliency-ext'))\n"
+        "print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__, 'libraries': libraries,\n"
         "  'cuda': str(torch.version.cuda), 'gpus': n,\n"
         "  'gpu': torch.cuda.get_device_name(0) if n else 'none',\n"
         "  'nccl': '.'.join(map(str, torch.cuda.nccl.version())) if n else 'none'}))\n"
@@ -200,16 +254,26 @@ def summary(junit: Path, facts: dict[str, str], wall_s: float) -> str:
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     ranks = max(int(facts["gpus"]), 1)
     head = (
-        f"GPU check, {date}: {facts['gpus']} x {facts['gpu']}, {ranks} rank(s); Python {facts['python']}, "
-        f"torch {facts['torch']}, CUDA {facts['cuda']}, NCCL {facts['nccl']}; {wall_s:.0f} s in all.\n\n"
+        f"GPU check ({facts.get('stack', 'ci')} stack: {facts.get('libraries', '')}), {date}: {facts['gpus']} x "
+        f"{facts['gpu']}, {ranks} rank(s); Python {facts['python']}, torch {facts['torch']}, "
+        f"CUDA {facts['cuda']}, NCCL {facts['nccl']}; {wall_s:.0f} s in all.\n\n"
         "| test | result | time | note |\n|---|---|---|---|\n"
     )
     return head + "\n".join(rows) + "\n"
 
 
-def run(wheels: Path) -> int:
-    """Set up the venv, run tests/gpu, print and write the summary. Exit status: pytest's."""
+def run(wheels: Path, stack: Stack = CI) -> int:
+    """Set up the stack's venv, run tests/gpu, print and write the summary. Exit status: pytest's (2: cannot run)."""
     started = time.monotonic()
+    glibc = host_glibc()
+    if glibc is None or glibc < stack.glibc:
+        shown = ".".join(map(str, glibc)) if glibc else "not glibc"
+        print(
+            f"the {stack.name} stack's wheels need glibc {'.'.join(map(str, stack.glibc))} or newer and this host "
+            f"has {shown}: run the ci stack here (the newest one's NVRx 0.7.0 is manylinux_2_39 only)",
+            file=sys.stderr,
+        )
+        return 2
     if sys.version_info[:2] != (3, 12):
         version = ".".join(map(str, sys.version_info[:2]))
         print(
@@ -219,13 +283,13 @@ def run(wheels: Path) -> int:
     if not any(wheels.glob("*.whl")):
         print(f"no wheels in {wheels}: run `make gpu-wheelhouse` where the package index is reachable", file=sys.stderr)
         return 2
-    python = make_venv(wheels)
-    facts = host_facts(python)
+    python = make_venv(wheels, stack)
+    facts = {**host_facts(python), "stack": stack.name}
     if int(facts["gpus"]) == 0:
         print("torch sees no CUDA device here: nothing to check", file=sys.stderr)
         return 2
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    junit = RESULTS / "junit.xml"
+    stack.results.mkdir(parents=True, exist_ok=True)
+    junit = stack.results / "junit.xml"
     env = {
         **os.environ,
         "LIFECYCLE_GPU_CHECK": "1",
@@ -241,7 +305,7 @@ def run(wheels: Path) -> int:
     if not junit.exists():
         return status or 1
     table = summary(junit, facts, time.monotonic() - started)
-    (RESULTS / "summary.md").write_text(table)
+    (stack.results / "summary.md").write_text(table)
     print("\n" + table)
     return status
 
@@ -250,16 +314,17 @@ def main() -> int:
     """Parse the command line and run ``wheelhouse`` or ``run``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("wheelhouse", help="download and check the wheels").add_argument(
-        "--dest", type=Path, default=WHEELHOUSE
-    )
-    commands.add_parser("run", help="run the GPU check on this host").add_argument(
-        "--wheelhouse", type=Path, default=WHEELHOUSE
-    )
+    build = commands.add_parser("wheelhouse", help="download and check the wheels")
+    build.add_argument("--dest", type=Path, default=None, help="default: the stack's build/gpu-wheelhouse*")
+    check = commands.add_parser("run", help="run the GPU check on this host")
+    check.add_argument("--wheelhouse", type=Path, default=None, help="default: the stack's build/gpu-wheelhouse*")
+    for command in (build, check):
+        command.add_argument("--stack", choices=sorted(STACKS), default="ci", help="which libraries (default ci)")
     args = parser.parse_args()
+    stack = STACKS[args.stack]
     if args.command == "wheelhouse":
-        return wheelhouse(args.dest)
-    return run(args.wheelhouse)
+        return wheelhouse(args.dest or stack.wheelhouse, stack)
+    return run(args.wheelhouse or stack.wheelhouse, stack)
 
 
 if __name__ == "__main__":

@@ -341,6 +341,30 @@ def test_the_wheelhouse_check_names_what_the_gpu_host_would_miss(tmp_path: Path)
     assert gpu_check.missing_requirements(tmp_path) == []
 
 
+def test_each_gpu_stack_pins_the_libraries_ci_tests() -> None:
+    """The ci wheelhouse pins make venv's megatron-core and NVRx; the newest one pins make test-compat's."""
+    gpu_check = load_gpu_check()
+    makefile = (REPO / "Makefile").read_text()
+    for stack, names in (("ci", ("megatron-core", "nvidia-resiliency-ext")), ("newest", ("megatron-core",))):
+        pins = {line.split("==")[0].lower(): line for line in gpu_check.pinned(gpu_check.STACKS[stack])}
+        for name in names:
+            assert pins[name] in makefile, (stack, pins[name])
+    newest = gpu_check.pinned(gpu_check.STACKS["newest"])
+    assert "nvidia-resiliency-ext==0.7.0" in newest and "COMPAT_NVRX := nvidia-resiliency-ext==0.7.0" in makefile
+
+
+def test_the_newest_stack_is_refused_on_a_glibc_older_than_its_nvrx_wheel(capsys: pytest.CaptureFixture[str]) -> None:
+    """NVRx 0.7.0 is manylinux_2_39 only: run --stack newest on an older glibc exits 2, saying so, building nothing."""
+    gpu_check = load_gpu_check()
+    glibc = gpu_check.host_glibc()
+    if glibc is None or glibc >= (2, 39):
+        pytest.skip(f"this host's glibc ({glibc}) would run the newest stack")
+    newest = gpu_check.STACKS["newest"]
+    assert gpu_check.run(newest.wheelhouse, newest) == 2
+    assert "need glibc 2.39 or newer" in capsys.readouterr().err
+    assert not newest.venv.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", ["session", "pretrain", "inprocess"])

@@ -158,7 +158,10 @@ def pretrain_scenario(out: Path) -> dict[str, Any]:
             record["fault"] = type(exc).__name__
         record["fail_s"] = time.monotonic() - started
         record["alive_after_fault"] = alive()
-        retry = pretrain(config(out / f"{phase.value}-retry", SESSION_TIMEOUT_S))
+        # Twice the timeout: after a fault in phase dist, rank 0 leaves only at its group timeout, while
+        # the failed rank starts its retry at once and waits for rank 0's next session; with equal
+        # timeouts that was a race (lost about one run in two on the slower Python 3.12 stack).
+        retry = pretrain(config(out / f"{phase.value}-retry", 2 * SESSION_TIMEOUT_S))
         record["retry_final_step"] = retry.final_step
         record["retry_loss_finite"] = bool(retry.losses) and all(math.isfinite(loss) for _, loss in retry.losses)
         phases[phase.value] = record
