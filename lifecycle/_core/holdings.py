@@ -172,8 +172,9 @@ class Holdings:
         (a later plan may retry it, per its kind). Every ``BaseException`` propagates.
         """
         release = self._releases[step.entry.key][step.kind]
-        recorded = self.ledger.entry(*step.entry.key)  # the wrapper's plan names it with another owner
-        entry = step.entry if recorded is None else recorded
+        entry = step.entry
+        if entry not in self.ledger.entries:  # the wrapper's plan names it with another owner
+            entry = self.ledger.entry(*entry.key) or entry
         if not step.kind.releases:
             try:
                 call(release)

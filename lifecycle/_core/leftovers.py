@@ -67,14 +67,16 @@ class Leftovers:
         """Every entry sessions created and still hold, oldest session first; ``abandoned`` says whose are leftovers."""
         return tuple(left for holdings in REGISTRY.holdings() for left in _of(holdings))
 
-    def take(self, resource: Resource) -> Leftover | None:
+    def take(self, resource: Resource, *, live_too: bool = False) -> Leftover | None:
         """Claim the newest abandoned leftover of ``resource`` for a reclaim, or None if there is none.
 
-        The claimer calls ``done()`` once it released it (or found it gone), or
-        ``give_back()`` if it could not: the record stays until then.
+        ``live_too``: a live session's too (the pytest plugin's leak guard, releasing what a
+        test leaked together with its session; never a session's acquisition). The claimer
+        calls ``done()`` once it released it (or found it gone), or ``give_back()`` if it
+        could not: the record stays until then.
         """
         for left in reversed(self.peek()):
-            mine = left.entry.resource is resource and left.abandoned and left.holdings is not None
+            mine = left.entry.resource is resource and (left.abandoned or live_too) and left.holdings is not None
             if mine and left.holdings is not None and left.holdings.claim(left.entry.key):
                 return left
         return None

@@ -306,7 +306,7 @@ def _release_resources(kinds: set[str]) -> None:
         resource = left.entry.resource
         if resource.value not in kinds or not left.is_live():
             continue
-        taken = LEFTOVERS.take(resource)  # a final or collected session's; a live one's goes to the force-release
+        taken = LEFTOVERS.take(resource, live_too=True)  # the test leaked the session with it
         if taken is None:
             continue
         for kind in resource.failure:
