@@ -206,8 +206,18 @@ class Holdings:
             self._reclaimed.add(entry.key)
 
     def left(self) -> tuple[LedgerEntry, ...]:
-        """What this holds and no later session reclaimed, in acquisition order."""
-        return tuple(entry for entry in self.ledger.held() if entry.key not in self._reclaimed)
+        """What this holds of the kinds acquired through a handler, its own, not reclaimed since; acquisition order.
+
+        Those are what a final or collected session leaves (``lifecycle._core.leftovers``):
+        a caller's entry or a registered user resource is nobody's to reclaim.
+        """
+        return tuple(
+            entry
+            for entry in self.ledger.held()
+            if entry.key not in self._reclaimed
+            and entry.owner is not Owner.CALLER
+            and (entry.resource.acquired_by is not None or entry.resource.handler is not None)
+        )
 
     def claim(self, key: Key) -> bool:
         """Take ``key`` for a reclaim by another session; False if it is claimed already."""
@@ -243,15 +253,6 @@ class Registry:
                 if holdings.abandoned and not holdings.left() and holdings._pending is None:
                     del self._all[key]
             return tuple(self._all.values())
-
-    def live_holder(self, resource: Resource) -> Holdings | None:
-        """The live (not abandoned) holdings that created and still holds a ``resource``, if any."""
-        for holdings in self.holdings():
-            if not holdings.abandoned and any(
-                e.resource is resource and e.owner is not Owner.CALLER for e in holdings.left()
-            ):
-                return holdings
-        return None
 
 
 REGISTRY = Registry()

@@ -18,7 +18,6 @@ from typing import Any
 from lifecycle._core.holdings import REGISTRY, Holdings
 from lifecycle._core.ownership import LedgerEntry
 from lifecycle._core.resources import Releases, Resource
-from lifecycle._core.states import Owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +80,6 @@ class Leftovers:
                 return left
         return None
 
-    def held_live(self, resource: Resource) -> Leftover | None:
-        """What a live session created and holds of ``resource`` (another session finds it as the caller's)."""
-        return next((left for left in self.peek() if left.entry.resource is resource and not left.abandoned), None)
-
 
 def _of(holdings: Holdings) -> list[Leftover]:
     abandoned = holdings.abandoned
@@ -99,8 +94,6 @@ def _of(holdings: Holdings) -> list[Leftover]:
             holdings,
         )
         for entry in holdings.left()
-        if (entry.resource.acquired_by is not None or entry.resource.handler is not None)
-        and entry.owner is not Owner.CALLER
     ]
 
 

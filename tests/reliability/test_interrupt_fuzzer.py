@@ -57,6 +57,7 @@ from lifecycle import Ledger
 from lifecycle._core import executor
 from lifecycle._core import session as session_module
 from lifecycle._core import shield as shield_module
+from lifecycle._core.holdings import REGISTRY
 from lifecycle._core.leftovers import LEFTOVERS
 from lifecycle._core.shield import Shield
 
@@ -124,7 +125,7 @@ class Repro:
         return Case(self.scenario, self.variant, at, lines.find(self.second.region, self.second.line, at) - at)
 
 
-_TEARDOWN_LINE = Anchor("Session._teardown", "planned = teardown(self._ledger, self.restart_mode, outcome)")
+_TEARDOWN_LINE = Anchor("Session._teardown", "planned = teardown(self.ledger, self.restart_mode, outcome)")
 
 
 # -- the torch-free sweep ----------------------------------------------------------------
@@ -254,11 +255,11 @@ def test_ledger_bookkeeping_off_is_caught_by_the_ledger_check(pool: None, monkey
 
 
 def test_leftovers_unrecorded_is_caught_by_the_leftovers_check(pool: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``LEFTOVERS.created`` a no-op, what an escalation abandons is held but not recorded process-wide."""
+    """With holdings never registered process-wide, what an escalation abandons is held but not recorded."""
     problems = _fine_then_broken(
         check_leftovers,
         lambda: _anchored(Scenario.FAIL, Variant.DOUBLE, _TEARDOWN_LINE, _FIRST_STEP),
-        lambda: monkeypatch.setattr(LEFTOVERS, "created", lambda leftover: None),
+        lambda: monkeypatch.setattr(REGISTRY, "add", lambda holdings: None),
     )
     assert any("not recorded in LEFTOVERS" in p for p in problems), problems
 
