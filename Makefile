@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST := TORCH_CPP_LOG_LEVEL=error $(PY) -m pytest -q
 TIMED = start=$$(date +%s); $(1); status=$$?; echo "make $@: $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: venv venv-compat demo test test-unit test-slow test-compat lint typecheck diagrams check bench clean mermaid gpu-wheelhouse gpu-check
+.PHONY: venv venv-compat demo test test-unit test-slow test-compat fuzz-all lint typecheck diagrams check bench clean mermaid gpu-wheelhouse gpu-check
 
 venv: $(STAMP)
 
@@ -70,6 +70,11 @@ test: $(STAMP)
 # Torch-free tests only; the run fails if anything imported torch.
 test-unit: $(STAMP)
 	@$(call TIMED,LIFECYCLE_TORCH_FREE=1 $(PYTEST) -m "not slow" tests/core tests/test_layout.py tests/reliability/test_expected.py)
+
+# Both fuzzers over their whole space (make test runs a seeded sample of each): about 6 minutes. Not in CI.
+fuzz-all: $(STAMP)
+	@$(call TIMED,LIFECYCLE_FUZZ_SAMPLE=0 LIFECYCLE_ASYNC_FUZZ_SAMPLE=0 $(PYTEST) -m "not slow" \
+	tests/reliability/test_interrupt_fuzzer.py tests/reliability/test_async_fuzzer.py)
 
 test-slow: $(STAMP) mermaid
 	@$(call TIMED,$(PYTEST) -m slow)

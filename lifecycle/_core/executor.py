@@ -51,6 +51,8 @@ class TeardownReport:
     """Steps that never ran: an escalated interrupt (``TeardownInterrupted``) cut the teardown short."""
     interrupted: BaseException | None = None
     """The interrupt that cut it short, raised by the session once it is final; None if none did."""
+    left_running: tuple[Step, ...] = ()
+    """A step the session stopped waiting for while a worker ran it (it may still finish): neither ran nor abandoned."""
 
     @property
     def ran(self) -> tuple[Step, ...]:
@@ -74,6 +76,7 @@ class TeardownReport:
             for r in self.records
         ]
         out += [f"abandoned {step}" for step in self.abandoned]
+        out += [f"left running {step}" for step in self.left_running]
         out += [f"left {entry}: {reason}" for entry, reason in self.left]
         return out
 

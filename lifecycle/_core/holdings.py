@@ -22,6 +22,7 @@ reclaimed by another session, which finds it as the caller's.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,6 +98,7 @@ class Holdings:
         self._claimed: set[Key] = set()
         self._reclaimed: set[Key] = set()
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)  # notified when a claimed release ends
         REGISTRY.add(self)
 
     # -- reading ------------------------------------------------------------------------
@@ -194,11 +196,29 @@ class Holdings:
             with self._lock:
                 self._claimed.discard(key)
                 self.ledger = self.ledger.release_failed(entry)
+                self._settled.notify_all()
             raise
         with self._lock:
             if key not in self.ledger.released:
                 self.ledger = self.ledger.release(entry)
+            self._settled.notify_all()
         return True
+
+    def running(self) -> tuple[LedgerEntry, ...]:
+        """Entries whose release is running now (claimed, not released): a worker may still be inside it."""
+        with self._lock:
+            return tuple(e for e in self.ledger.held() if e.key in self._claimed and e.key not in self._reclaimed)
+
+    def wait_settled(self, key: Key, timeout_s: float) -> bool:
+        """Wait until no release of ``key`` runs (at most ``timeout_s``); True if none does."""
+        deadline = time.monotonic() + timeout_s
+        with self._settled:
+            while key in self._claimed and key not in self.ledger.released:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._settled.wait(min(left, 0.05))
+            return True
 
     def reclaimed(self, entry: LedgerEntry) -> None:
         """Another session released ``entry`` (or found it gone): no longer a leftover; the ledger stays as left."""

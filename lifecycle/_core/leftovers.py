@@ -15,6 +15,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from lifecycle._core.errors import StaleResource
 from lifecycle._core.holdings import REGISTRY, Holdings
 from lifecycle._core.ownership import LedgerEntry
 from lifecycle._core.resources import Releases, Resource
@@ -65,6 +66,24 @@ class Leftovers:
     def peek(self) -> tuple[Leftover, ...]:
         """Every entry sessions created and still hold, oldest session first; ``abandoned`` says whose are leftovers."""
         return tuple(left for holdings in REGISTRY.holdings() for left in _of(holdings))
+
+    def wait_for_running(self, resource: Resource, timeout_s: float) -> None:
+        """Wait for a release of ``resource`` that a final session's abandoned teardown left running.
+
+        A session about to acquire ``resource`` calls this first, so that a late release never
+        undoes what it acquires (a late ``destroy_model_parallel`` resetting its globals).
+        ``StaleResource`` naming that session if the release still runs after ``timeout_s``.
+        """
+        for holdings in REGISTRY.holdings():
+            if not holdings.abandoned:
+                continue
+            for entry in holdings.running():
+                if entry.resource is resource and not holdings.wait_settled(entry.key, timeout_s):
+                    raise StaleResource(
+                        resource.value,
+                        f"a release of it that {holdings.label()} left running ({entry.described()}) still runs "
+                        f"after {timeout_s:g} s: not acquiring it over a release that may still undo it",
+                    )
 
     def take(self, resource: Resource, *, live_too: bool = False) -> Leftover | None:
         """Claim the newest abandoned leftover of ``resource`` for a reclaim, or None if there is none.

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from lifecycle._core.seams import Announcement, AnnouncesFailures, CheckpointWri
 from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.signals import InstalledHandlers
 from lifecycle._core.states import Owner, State, Trigger
+from lifecycle._core.worker import POOL, Job, run_waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +145,15 @@ class Session:
         self._report: TeardownReport | None = None
         self._exit_request: str | None = None
         self._shield = Shield(_PROTECTED, _STEPS, self)
+        self._landed: list[BaseException] = []
+        self._escalated: TeardownInterrupted | None = None
+        self._job: Job[TeardownReport] | None = None
+        self._left_thread: threading.Thread | None = None  # a worker this session stopped waiting for
+        self._records: list[StepRecord] = []  # the records of the teardown running now
         self._observers: list[Callable[[SessionEvent], object]] = []
         self._phase: tuple[str, State] | None = None  # (phase, the state it was given in)
         self._step: int | None = None
+        POOL.prepare()  # the thread a teardown runs on, started now: never on the failure path
 
     # -- what can be read -------------------------------------------------------------
 
@@ -232,18 +241,25 @@ class Session:
         of it: the session takes the failure edge at once (what it still holds is
         reclaimed by the next session) and ``TeardownInterrupted`` is raised.
 
+        The teardown runs on a worker thread while this thread waits (see
+        ``lifecycle._core.worker``): an exception raised into this thread meanwhile (an
+        asynchronous one: a restart wrapper's request) cannot cut it short; the first one
+        is raised once the session is final (from the teardown's error, if any).
         """
         self._shield.install()
         try:
-            report = self._close()
+            report = self._waiting(self._close, Outcome.SUCCESS)
         except BaseException as exc:
             escalation = self._end_shield()
             if escalation is not None and escalation is not exc:
                 raise escalation from exc
+            if not isinstance(exc, TeardownInterrupted):
+                self._raise_landed(exc)
             raise
         escalation = self._end_shield()
         if escalation is not None:  # it landed in bookkeeping, after the last step: raised all the same
             raise escalation
+        self._raise_landed(None)
         return report
 
     def _close(self) -> TeardownReport:
@@ -292,18 +308,26 @@ class Session:
         ``error``); a second one during the teardown abandons the rest of it and
         ``TeardownInterrupted`` is raised at once, the session final all the same.
 
+        The teardown runs on a worker thread while this thread waits (see
+        ``lifecycle._core.worker``): an exception raised into this thread meanwhile (NVRx's
+        ``RankShouldRestart``, raised again and again past its soft timeout) cannot cut it
+        short. The first one is raised from ``error`` once the session is final, so a
+        restart wrapper still gets its request; later ones are noted on ``error``.
         """
         self._shield.install()
         try:
-            report = self._fail(error)
+            report = self._waiting(lambda: self._fail(error), Outcome.FAILURE)
         except BaseException as exc:
             escalation = self._end_shield(error)
             if escalation is not None and escalation is not exc:
                 raise escalation from error
+            if not isinstance(exc, TeardownInterrupted):
+                self._raise_landed(error)
             raise
         escalation = self._end_shield(error)
         if escalation is not None:
             raise escalation from error
+        self._raise_landed(error)
         return report
 
     def _end_shield(self, cause: BaseException | None = None) -> TeardownInterrupted | None:
@@ -311,6 +335,80 @@ class Session:
         if not self.state.is_final:
             return None
         return self._shield.remove(cause)
+
+    def _waiting(self, work: Callable[[], TeardownReport], outcome: Outcome) -> TeardownReport:
+        """Run ``work`` on a worker thread while this one waits, recording what lands here; its report or error.
+
+        A second interrupt (``TeardownInterrupted``, raised by the shield in the wait)
+        stops the worker before its next step; if it is inside a step that does not return
+        within ``STEP_GRACE_S`` (a release that hangs), this thread leaves it running there
+        and ends the session itself (``_abandon``).
+        """
+        job: Job[TeardownReport] = Job(work)
+        self._job = job
+        try:
+            run_waiting(job, self._landed, _serve, stop=(TeardownInterrupted,))
+        except TeardownInterrupted as escalation:
+            self._escalated = escalation  # the worker stops between steps, also once the shield is gone
+            start = time.monotonic()
+            running = job.in_step
+            while not job.done.is_set():
+                grace = ABANDON_GRACE_S if running is None else STEP_GRACE_S
+                if time.monotonic() - start >= grace:
+                    return self._abandon(job, running, escalation, outcome)
+                try:
+                    job.serve()
+                except BaseException as exc:  # noqa: BLE001 - a landing: recorded
+                    self._landed.append(exc)
+                running = job.in_step
+        finally:
+            self._job = None
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    def _abandon(
+        self, job: Job[TeardownReport], running: object, escalation: TeardownInterrupted, outcome: Outcome
+    ) -> TeardownReport:
+        """End the session here, leaving the worker inside ``running``: run what must not be skipped, go ``failed``."""
+        self._left_thread = job.thread  # what the worker does from now on is not this session's story
+        job.abandoned = True
+        records = tuple(self._records)  # what the worker's plan ran so far
+        done = {record.step for record in records}
+        held = teardown(self.ledger, self.restart_mode, outcome)  # the plan that was running: what it leaves
+        for step in held.plan:
+            if not step.kind.abandonable:
+                with contextlib.suppress(Exception):
+                    self._holdings.run(step)
+        after = held.plan[held.plan.index(running) + 1 :] if running in held.plan else held.plan
+        rest = tuple(step for step in after if step.kind.abandonable and step not in done and step != running)
+        left_running = (running,) if isinstance(running, Step) else ()
+        report = TeardownReport(outcome, self.restart_mode, records, held.left, rest, escalation, left_running)
+        self._report = report
+        start = time.monotonic()
+        if not self.state.is_final:
+            source = self.state
+            self._driver.force_failed()
+            self._journal_move(source, Trigger.FAIL, start, f"teardown abandoned: {describe(escalation)}")
+        raise escalation
+
+    def _raise_landed(self, cause: BaseException | None) -> None:
+        """Raise the first exception that landed on the waiting thread (from ``cause``), noting the others."""
+        landed, self._landed = self._landed, []
+        if not landed:
+            return
+        first = landed[0]
+        for later in landed[1:]:
+            if cause is not None and later is not first:
+                cause.add_note(f"lifecycle: {describe(later)} also landed during the teardown")
+        if cause is None:
+            raise first
+        raise first from cause
+
+    def _abandoned_here(self) -> bool:
+        """True on a worker this session stopped waiting for: its late bookkeeping is dropped."""
+        return self._left_thread is not None and threading.current_thread() is self._left_thread
 
     def _fail(self, error: BaseException) -> TeardownReport:
         start, text, state = time.monotonic(), describe(error), self.state.value
@@ -366,8 +464,15 @@ class Session:
         def request(signum: int, frame: FrameType | None) -> None:
             self.request_exit(signal.Signals(signum).name)
 
-        handlers = InstalledHandlers(signums, request)
-        self._record(Resource.SIGNAL_HANDLERS, Owner.SESSION, {StepKind.RESTORE_SIGNAL_HANDLERS: handlers.restore})
+        handlers = InstalledHandlers((), request)  # none yet: recorded (pending) before any is installed
+
+        def install() -> Owner:
+            handlers.install(signums)
+            return Owner.SESSION
+
+        releases = _checked(Resource.SIGNAL_HANDLERS, {StepKind.RESTORE_SIGNAL_HANDLERS: handlers.restore})
+        entry = LedgerEntry(Resource.SIGNAL_HANDLERS, Owner.SESSION, "", caller_site())
+        self._holdings.acquire(entry, releases, install)
 
     def request_exit(self, reason: str) -> None:
         """Ask the training loop to stop gracefully; the first reason given is kept."""
@@ -409,17 +514,41 @@ class Session:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if exc is not None:
-            if not self.state.is_final:
-                self.fail(exc)
+            self._fail_surely(exc)
             return
-        if self.state is State.TRAINING:
-            self.finish()
-        if self.state is State.FINALIZING:
-            self.close()
-        elif not self.state.is_final:
-            error = UnfinishedSession(self.state)
-            self.fail(error)
-            raise error
+        try:
+            if self.state is State.TRAINING:
+                self.finish()
+            if self.state is State.FINALIZING:
+                self.close()
+            elif not self.state.is_final:
+                error = UnfinishedSession(self.state)
+                self._fail_surely(error)
+                raise error
+        except BaseException as landed:
+            self._fail_surely(landed)
+            raise
+
+    def _fail_surely(self, error: BaseException) -> None:
+        """``fail(error)`` unless final, also when an exception lands before ``fail`` got going.
+
+        Such an exception (asynchronous: it lands on the first bytecode of ``fail``, and the
+        session is still live) does not stop the teardown: ``fail`` runs again, and the
+        landed exception is raised from ``error`` once the session is final. Whatever
+        ``fail`` raises once the session is final propagates.
+        """
+        landed: BaseException | None = None
+        for _ in range(100):  # each try ends final, or was cut before it began by another landing
+            try:
+                if self.state.is_final:
+                    break
+                self.fail(error)
+            except BaseException as exc:
+                if self.state.is_final and exc is not landed:
+                    raise
+                landed = landed or exc
+        if landed is not None:
+            raise landed from error
 
     # -- internals --------------------------------------------------------------------
 
@@ -455,6 +584,8 @@ class Session:
             raise AlreadyHeld(label, f"this session already holds it ({entry.described()})")
 
     def _journal_move(self, source: State, trigger: Trigger, start: float, detail: str = "") -> None:
+        if self._abandoned_here():
+            return
         now = time.monotonic()
         entry = JournalEntry(source, self.state, trigger, now, now - start, detail)
         self._journal.append(entry)
@@ -463,6 +594,8 @@ class Session:
             self._notify(TransitionEvent(entry, end - entry.duration_s, end))
 
     def _notify(self, event: SessionEvent) -> None:
+        if self._abandoned_here():
+            return
         for observer in self._observers:
             try:
                 observer(event)
@@ -536,6 +669,7 @@ class Session:
         next session tries again); an interruption (Ctrl-C) is re-raised as itself, the
         record kept too. What a live session holds is left alone: the init finds it.
         """
+        LEFTOVERS.wait_for_running(resource, LATE_RELEASE_WAIT_S)
         left = LEFTOVERS.take(resource)
         if left is None:
             return
@@ -594,14 +728,34 @@ class Session:
             self._notify(FailureEvent(phase, self._step, describe(error), now, announcement))
 
     def _perform(self, step: Step) -> bool:
-        """Run ``step`` through the holdings (claimed, at most once); False if another thread released it first."""
-        return self._holdings.run(step, _run_step if step.kind.abandonable else _run_step_to_the_end)
+        """Run ``step`` through the holdings (claimed, at most once); False if another thread released it first.
+
+        A step of a kind that must run on the waiting thread (``StepKind.main_thread``:
+        restoring signal handlers) is posted to it when the teardown runs on a worker.
+        """
+        job = self._job
+
+        def call(release: Callable[[], object]) -> None:
+            if job is not None and step.kind.main_thread:
+                job.on_caller(release)
+                return
+            if job is not None:
+                job.in_step = step
+            try:
+                (_run_step if step.kind.abandonable else _run_step_to_the_end)(release)
+            finally:
+                if job is not None:
+                    job.in_step = None
+
+        return self._holdings.run(step, call)
 
     def _teardown(self, outcome: Outcome, *, stop_at_failure: bool = False) -> TeardownReport:
         """Run the plan of ``outcome``; the holdings mark each release as it happens: an interrupt loses none."""
         self._holdings.settle_pending(lambda resource: recorded_owner(resource, Owner.SESSION, self.restart_mode))
         planned = teardown(self.ledger, self.restart_mode, outcome)
         ran: list[StepRecord] = []
+        if not self._abandoned_here():
+            self._records = ran  # read by _abandon if this thread is left inside a step
 
         def observed(record: StepRecord) -> None:
             ran.append(record)
@@ -614,12 +768,13 @@ class Session:
                 self._perform,
                 on_step=observed,
                 stop_at_failure=stop_at_failure,
-                escalated=lambda: self._shield.escalation,
+                escalated=lambda: self._shield.escalation or self._escalated,
             )
         except BaseException as exc:  # noqa: BLE001 - an interrupt between steps: keep what ran, abandon the rest
             rest = planned.plan[len(ran) :]
             report = TeardownReport(outcome, self.restart_mode, tuple(ran), planned.left, rest, exc)
-        self._report = report
+        if not self._abandoned_here():
+            self._report = report
         return report
 
     def _fail_teardown(
@@ -680,8 +835,22 @@ def _run_step_to_the_end(release: Callable[[], object]) -> None:
     release()
 
 
-_STEPS = frozenset({_run_step.__code__})
-"""Where an escalated interrupt is raised at once: inside a teardown step, which may hang."""
+def _serve(job: Job[TeardownReport]) -> None:
+    """One slice of waiting for a teardown on a worker: where an escalated interrupt is raised at once."""
+    job.serve()
+
+
+_STEPS = frozenset({_run_step.__code__, _serve.__code__})
+"""Where an escalated interrupt is raised at once: inside a teardown step (which may hang), or waiting for one."""
+
+LATE_RELEASE_WAIT_S = 5.0
+"""How long acquiring a kind waits for a release of it an abandoned teardown left running (then: refused)."""
+
+ABANDON_GRACE_S = 1.0
+"""After an escalated interrupt, the longest the worker gets to reach its next step (bookkeeping only)."""
+
+STEP_GRACE_S = 0.2
+"""After an escalated interrupt, how long a step the worker is inside gets to return before it is left running."""
 
 
 def _checked(resource: Resource, releases: Releases) -> Releases:

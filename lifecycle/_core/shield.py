@@ -72,6 +72,7 @@ class Shield:
         self._owner = weakref.ref(owner)
         self._links: dict[int, Link] = {}
         self._pending: tuple[int, FrameType | None] | None = None
+        self._deferred = 0  # signals deferred since install: the second escalates
         self.escalation: TeardownInterrupted | None = None
         """The escalated interrupt of the current teardown, until ``remove``; None if none."""
 
@@ -111,6 +112,7 @@ class Shield:
                 links = dict(self._links)
                 self._restore()
                 pending, self._pending = self._pending, None
+                self._deferred = 0
             if escalation is not None or pending is None:
                 return escalation
             deliver(pending[0], pending[1], links[pending[0]])  # inactive now: its previous handler
@@ -132,13 +134,18 @@ class Shield:
         owner = self._owner()
         if owner is None or not _on_stack(frame, self._protected, owner):
             deliver(signum, frame, previous)
-        elif self._pending is None and self.escalation is None:
+            return
+        # Counted in one line, first: a signal whose handler runs nested inside this one (it
+        # arrives between two of its lines) counts apart, so two never merge into one.
+        self._deferred += 1
+        if self._deferred == 1:
             self._pending = (signum, frame)
-        elif self.escalation is None:
-            self._pending = None  # the escalation delivers it: never a second time at remove()
+            return
+        if self.escalation is None:
             self.escalation = TeardownInterrupted(signum)
-            if _on_stack(frame, self._steps, None):
-                raise self.escalation
+        self._pending = None  # the escalation delivers it: never a second time at remove()
+        if _on_stack(frame, self._steps, None):
+            raise self.escalation
 
 
 @contextlib.contextmanager

@@ -161,6 +161,15 @@ class InstalledHandlers:
         self.handler = handler
         """What each signal runs until ``restore``."""
         self._links: list[Link] = []
+        self.install(signums)
+
+    def install(self, signums: tuple[int, ...]) -> None:
+        """Install ``handler`` for each of ``signums`` too (main thread only).
+
+        Each is known to ``restore`` before it is installed, so a ``restore`` after an
+        exception anywhere in here puts back whatever was installed. If installing one
+        raises, the ones already installed are restored first.
+        """
         try:
             for signum in signums:
                 link = Link(signum, self._handle)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -34,6 +33,7 @@ from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  
 
 from lifecycle._core.errors import describe
 from lifecycle._core.seams import Announcement
+from lifecycle._core.worker import POOL as WORKERS
 
 DEADLINE_S = 0.25
 """Bound on the whole of ``publish``, whatever the store does."""
@@ -109,25 +109,22 @@ def publish(
     ``store`` is this rank's connected client; ``name`` names it in notes (``store_name``).
     Never raises ``Exception`` and returns within ``deadline_s`` whatever the store does:
     about a millisecond on a live store (plus at most ``PEER_WAIT_S`` when the first
-    notice lags its count), at once when its server is gone. The work runs on a daemon
-    thread; one still waiting at the deadline (a server alive but frozen) is left
-    behind, holding its reference to ``store`` until the server answers or dies, and
-    the result says the store did not answer. The result's ``note`` names the first
+    notice lags its count), at once when its server is gone. The work runs on one of
+    lifecycle's workers (``lifecycle._core.worker``, started with the session); one still
+    waiting at the deadline (a server alive but frozen) is left behind, holding its
+    reference to ``store`` until the server answers or dies, and the result says the
+    store did not answer. The result's ``note`` names the first
     rank when it is a peer, or says why the first failure is unknown.
     """
     error_line = _line(describe(error), ERROR_CHARS)
     mine = FailureNotice(rank, socket.gethostname(), os.getpid(), phase, step, error_line, at, seq=0)
-    outcome: list[Announcement] = []
     keys = PrefixStore(prefix, store)
-    # The thread gets the notice's text, never ``error``: a thread left behind must not
-    # keep the failure's frames (and the process groups they reference) alive.
-    worker = threading.Thread(
-        target=lambda: outcome.append(_publish(keys, name, mine)), name="lifecycle-failure-notice", daemon=True
-    )
-    worker.start()
-    worker.join(deadline_s)
-    if outcome:
-        return outcome[0]
+    # On a worker started with the session (no thread starts on the failure path). It gets the
+    # notice's text, never ``error``: a worker left behind must not keep the failure's frames
+    # (and the process groups they reference) alive.
+    finished, outcome = WORKERS.run_within(lambda: _publish(keys, name, mine), deadline_s)
+    if finished and outcome is not None:
+        return outcome
     return _unknown(f"{name} did not answer within {deadline_s * 1000:g} ms")
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import signal
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from lifecycle import Session, State
+from lifecycle import Handler, Resource, Session, State, StepKind
 from lifecycle._core.shield import TeardownInterrupted
 from lifecycle.testing import RecordingActions
 
@@ -34,7 +36,14 @@ class InterruptingActions(RecordingActions):
         super()._record(name)
         if self.at and self.at[0] == name:
             self.at.pop(0)
-            signal.raise_signal(self.signum)  # the handler runs here, inside lifecycle's teardown
+            self.second_at = time.monotonic()
+            main = threading.main_thread()
+            if threading.current_thread() is main:
+                signal.raise_signal(self.signum)  # the handler runs here, inside lifecycle's teardown
+            else:  # a teardown's worker: the main thread, waiting for it, runs the handler (as for a Ctrl-C)
+                assert main.ident is not None
+                signal.pthread_kill(main.ident, self.signum)
+                time.sleep(0.1)  # two sent at once would reach the handler once: let it run first
 
 
 def live(session: Session) -> Session:
@@ -73,9 +82,50 @@ def test_a_second_ctrl_c_abandons_the_rest_of_the_teardown_and_the_session_still
     assert report is not None
     assert [str(step) for step in report.abandoned] == ["destroy_model_parallel", "abort_process_group", "close_store"]
     assert "abort_process_group" not in actions.calls
+    # The step the second Ctrl-C arrived during returned within the grace; the rest are for the
+    # next session to reclaim (the store goes with the group that holds it).
+    assert report.left_running == ()
     held = {entry.resource.value for entry in session.ledger.held()}
-    # For the next session to reclaim (the store goes with the group that holds it).
-    assert held == {"microbatch_calculator", "model_parallel", "process_group", "rendezvous_store"}
+    assert held == {"model_parallel", "process_group", "rendezvous_store"}
+
+
+def test_a_second_ctrl_c_leaves_a_hung_step_running_and_returns_within_a_second() -> None:
+    """A release that hangs: the second Ctrl-C ends the session at once, the step reported as left running."""
+    release = threading.Event()
+    actions = InterruptingActions(at=("destroy_rerun_state_machine", "destroy_microbatch_calculator"))
+    hung = actions.handler
+
+    def handler(resource: Resource) -> Handler:
+        made = hung(resource)
+        if resource is not Resource.MICROBATCH_CALCULATOR:
+            return made
+        step = StepKind.DESTROY_MICROBATCH_CALCULATOR
+
+        def stuck() -> None:
+            made.releases[step]()  # sends the second SIGINT
+            release.wait(10)
+
+        return Handler(made.acquire, {step: stuck})
+
+    actions.handler = handler  # type: ignore[method-assign]
+    session = live(Session(actions))
+    try:
+        with pytest.raises(TeardownInterrupted):
+            session.fail(RuntimeError("boom"))
+        returned = time.monotonic()
+        assert session.state is State.FAILED
+        report = session.report
+        assert report is not None
+        assert [str(step) for step in report.left_running] == ["destroy_microbatch_calculator"]
+        assert [str(step) for step in report.abandoned] == [
+            "destroy_model_parallel",
+            "abort_process_group",
+            "close_store",
+        ]
+        assert signal.getsignal(signal.SIGINT) is not None
+    finally:
+        release.set()
+    assert returned - actions.second_at < 1.0, f"the caller waited {returned - actions.second_at:.2f} s"
 
 
 def test_a_ctrl_c_during_close_waits_and_a_second_abandons_it() -> None:
@@ -92,11 +142,8 @@ def test_a_ctrl_c_during_close_waits_and_a_second_abandons_it() -> None:
     with pytest.raises(TeardownInterrupted):
         session.close()
     assert session.state is State.FAILED and "barrier" not in twice.calls
-    assert session.report is not None and [str(s) for s in session.report.abandoned] == [
-        "barrier",
-        "destroy_process_group",
-        "close_store",
-    ]
+    assert session.report is not None and session.report.left_running == ()
+    assert [str(s) for s in session.report.abandoned] == ["barrier", "destroy_process_group", "close_store"]
 
 
 def test_a_ctrl_c_while_user_code_runs_is_raised_at_once() -> None:

@@ -26,6 +26,7 @@ import os
 import random
 import signal
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,10 +49,13 @@ from lifecycle import (
     declare_resource,
     undeclare_resource,
 )
+from lifecycle._core import worker as worker_module
 from lifecycle._core.holdings import Holdings
 from lifecycle._core.leftovers import LEFTOVERS, Leftover
+from lifecycle._core.session import _serve
 from lifecycle._core.shield import TeardownInterrupted
 from lifecycle._core.signals import resolve
+from lifecycle._core.worker import POOL as WORKERS
 from lifecycle.testing import RecordingActions, RecordingCheckpoints
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(lifecycle.__file__)) + os.sep
@@ -197,14 +201,28 @@ class Tracer:
         self.fired: list[Fired] = []
         self.record = False
         self._due: list[int] = []
+        self._awaited: CodeType | None = None
+        self._handled = threading.Event()
 
     def start(self, record: bool = False) -> None:
-        """Trace this thread from now on; ``record``: keep every event (``events``, ``held_back``)."""
+        """Trace this thread and the teardown's idle workers from now on; ``record``: keep every event."""
         self.record = record
+        WORKERS.on_idle_workers(lambda: sys.settrace(self._call))
         sys.settrace(self._call)
 
+    @staticmethod
+    def stop() -> None:
+        """Stop tracing this thread and the idle workers."""
+        sys.settrace(None)
+        WORKERS.on_idle_workers(lambda: sys.settrace(None))
+
     def _call(self, frame: FrameType, event: str, arg: object) -> Any:
-        return self._line if frame.f_code.co_filename.startswith(PACKAGE_DIR) else None
+        code = frame.f_code
+        if self._awaited is not None and code is self._awaited and threading.current_thread() is MAIN:
+            self._handled.set()  # the handler of the signal a worker sent runs now, on the main thread
+        if not code.co_filename.startswith(PACKAGE_DIR) or code is _SERVE or code.co_filename == WORKER_FILE:
+            return None  # the wait loop's slices come as often as the clock says: not counted
+        return self._line
 
     def _line(self, frame: FrameType, event: str, arg: object) -> Any:
         if event != "line":
@@ -223,8 +241,38 @@ class Tracer:
             signum = self._due.pop(0)
             fired = Fired(index, signum, frame.f_code.co_qualname, _source(frame), self.final(), self.route(signum))
             self.fired.append(fired)
-            signal.raise_signal(signum)  # its handler runs here; if it raises, so does this line (tracing stops)
+            if threading.current_thread() is MAIN:
+                signal.raise_signal(signum)  # its handler runs here; if it raises, so does this line (tracing stops)
+            else:  # a teardown's worker: the main thread, waiting for it, runs the handler, as for a real Ctrl-C
+                self._send_to_main(signum)
         return self._line
+
+    def _send_to_main(self, signum: int) -> None:
+        """Send ``signum`` to the main thread and wait until its Python handler started there (bounded)."""
+        self._awaited, self._handled = _handler_code(signal.getsignal(signum)), threading.Event()
+        assert MAIN.ident is not None
+        signal.pthread_kill(MAIN.ident, signum)
+        self._handled.wait(HANDLER_WAIT_S if self._awaited is not None else 0.05)
+        self._awaited = None
+
+
+HANDLER_WAIT_S = 5.0
+"""The longest a worker that sent a signal waits for the main thread's handler to start."""
+
+MAIN = threading.main_thread()
+_SERVE = _serve.__code__
+WORKER_FILE = worker_module.__file__
+"""The wait machinery's frames (``_serve``, ``lifecycle._core.worker``) are not traced: how often they run is timing."""
+
+
+def _handler_code(handler: object) -> CodeType | None:
+    """The code object a Python signal handler runs first (a function, a bound method, a callable object)."""
+    call = vars(type(handler)).get("__call__")  # a callable object's method (a lifecycle Link)
+    for candidate in (handler, getattr(handler, "__func__", None), call):
+        code = getattr(candidate, "__code__", None)
+        if isinstance(code, CodeType):
+            return code
+    return None
 
 
 def _source(frame: FrameType) -> str:
@@ -364,7 +412,7 @@ def count_lines(scenario: Scenario, actions: Actions = recording) -> Lines:
             try:
                 teardown(built)
             finally:
-                sys.settrace(None)
+                tracer.stop()
         except TeardownError:
             pass  # close_faulty raises it, once every line was counted
     return Lines(tuple(tracer.events), frozenset(tracer.held_back))
@@ -566,7 +614,7 @@ def run_case(
             try:
                 teardown(built)
             finally:
-                sys.settrace(None)
+                tracer.stop()
         except BaseException as exc:  # noqa: BLE001 - what reached the caller is the result
             raised = exc
         restored = all(signal.getsignal(s) is around.handler for s in SIGNALS)
@@ -628,11 +676,12 @@ def check_ledger(run: Run) -> list[str]:
     session, report = run.session, run.session.report
     held = {e.key: e for e in session.ledger.held()}
     abandoned = {step.entry.key: step for step in (report.abandoned if report is not None else ())}
+    running = {step.entry.key for step in (report.left_running if report is not None else ())}
     failed = set(session.ledger.failed)
     problems = [
         f"{entry} still held, neither abandoned nor released with an error"
         for key, entry in held.items()
-        if key not in abandoned and key not in failed
+        if key not in abandoned and key not in failed and key not in running
     ]
     problems += [
         f"abandoned {step}, yet {step.entry} is released" for key, step in abandoned.items() if key not in held
@@ -712,12 +761,19 @@ def check_handlers(run: Run) -> list[str]:
 
 
 def check_leftovers(run: Run) -> list[str]:
-    """``LEFTOVERS`` names exactly what the session left held of its process-wide kinds (acquired by a trigger)."""
-    recorded = {(left.entry.resource.value, left.session_id) for left in run.left}
+    """``LEFTOVERS`` names exactly what the session left held of its process-wide kinds (acquired by a trigger).
+
+    A step the session left running on its worker may end either way (it was recorded while it ran).
+    """
+    report = run.session.report
+    running = {step.entry.resource.value for step in (report.left_running if report is not None else ())}
+    recorded = {
+        (left.entry.resource.value, left.session_id) for left in run.left if left.entry.resource.value not in running
+    }
     wanted = {
         (e.resource.value, run.session.id)
         for e in run.session.ledger.held()
-        if e.resource.acquired_by is not None and e.owner is not Owner.CALLER
+        if e.resource.acquired_by is not None and e.owner is not Owner.CALLER and e.resource.value not in running
     }
     problems = [f"left {kind} held, not recorded in LEFTOVERS" for kind, _ in sorted(wanted - recorded)]
     problems += [f"LEFTOVERS records {kind} of session {sid}, not left held" for kind, sid in sorted(recorded - wanted)]
