@@ -306,6 +306,7 @@ Resource.RENDEZVOUS_STORE = declare_resource(
         # Rank-local and instant, so the session closes it itself, also under the
         # restart wrapper (whose path passes a store it keeps: the caller's, left alone).
         probe=_store_hosted,
+        identity=_global("lifecycle._torch.store", "HOSTED"),  # a set: the leak guard compares each store by object
     )
 )
 

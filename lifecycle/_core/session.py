@@ -513,6 +513,15 @@ class Session:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        try:
+            self._exit(exc)
+        except BaseException as landed:  # what lands on _exit's first line included
+            if not self.state.is_final:
+                self._fail_surely(exc if exc is not None else landed)
+            raise
+
+    def _exit(self, exc: BaseException | None) -> None:
+        """The context manager's exit: the failure edge for ``exc``, else finish and close (see the class)."""
         if exc is not None:
             self._fail_surely(exc)
             return
@@ -532,23 +541,29 @@ class Session:
     def _fail_surely(self, error: BaseException) -> None:
         """``fail(error)`` unless final, also when an exception lands before ``fail`` got going.
 
-        Such an exception (asynchronous: it lands on the first bytecode of ``fail``, and the
-        session is still live) does not stop the teardown: ``fail`` runs again, and the
-        landed exception is raised from ``error`` once the session is final. Whatever
-        ``fail`` raises once the session is final propagates.
+        Such an exception (asynchronous: it lands on the first bytecode of ``fail``, or on
+        this loop's own, and the session is still live) does not stop the teardown:
+        ``fail`` runs again, and the first one is raised from ``error`` once the session is
+        final. Two levels: a landing on the first level's own lines is caught by the second.
         """
-        landed: BaseException | None = None
-        for _ in range(100):  # each try ends final, or was cut before it began by another landing
+        landed: list[BaseException] = []
+        try:
+            self._fail_loop(error, landed)
+        except BaseException as exc:  # noqa: BLE001 - landed on the loop's own lines: the second level
+            landed.append(exc)
+            self._fail_loop(error, landed)
+        if landed:
+            raise landed[0] from error
+
+    def _fail_loop(self, error: BaseException, landed: list[BaseException]) -> None:
+        """Call ``fail(error)`` until final (at most 100 tries); what it raises before that goes to ``landed``."""
+        for _ in range(100):
             try:
                 if self.state.is_final:
-                    break
+                    return
                 self.fail(error)
-            except BaseException as exc:
-                if self.state.is_final and exc is not landed:
-                    raise
-                landed = landed or exc
-        if landed is not None:
-            raise landed from error
+            except BaseException as exc:  # noqa: BLE001 - kept: raised once final
+                landed.append(exc)
 
     # -- internals --------------------------------------------------------------------
 

@@ -210,12 +210,6 @@ def test_loading_the_plugin_imports_no_torch(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["HEAVY []"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the guard tells objects apart by the kind's identity: the rendezvous_store declaration in "
-    "lifecycle/_core/resources.py needs identity=_global('lifecycle._torch.store', 'HOSTED') (a set: each store "
-    "by object); remove this mark with it",
-)
 @pytest.mark.timeout(120)
 def test_a_second_leaked_store_is_reported_compared_by_object(pytester: pytest.Pytester) -> None:
     """A store hosted while another is alive (an earlier test's, a module fixture's) is a leak of its own.
