@@ -1,8 +1,10 @@
 """The core: states, table, ledger, plans, executor, session. No torch, megatron-core or NVRx.
 
 Read bottom-up: ``states`` → ``table`` → ``errors`` → ``resources`` (one declaration
-per resource kind) → ``ownership`` → ``plans`` → ``seams`` (the protocols the world
-implements) → ``executor`` → ``signals`` → ``machine`` (the one ``transitions``
+per resource kind, each with its ``Handler``) → ``ownership`` → ``plans`` → ``holdings``
+(the one owner of a session's ledger; leftovers derive from it in ``leftovers``) →
+``seams`` (the protocols the world implements) → ``executor`` → ``worker`` (the threads a
+teardown runs on while the caller waits) → ``signals`` → ``machine`` (the one ``transitions``
 adapter) → ``session`` → ``wrapped`` (sessions under a restart wrapper) → ``records``
 (the journal schema) → ``journal`` (writing and reading journals).
 """
