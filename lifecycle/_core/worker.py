@@ -57,6 +57,8 @@ class Job(Generic[T]):
         self._posted: deque[_Call] = deque()
         self._posted_event = threading.Event()
         self.thread: threading.Thread | None = None
+        self.waiter = threading.current_thread()
+        """The thread that made the job and waits for it: ``on_caller`` runs there."""
 
     def run(self) -> None:
         """Run ``fn`` here (a worker's thread, or the caller's own as a fallback); never raises."""
@@ -76,7 +78,7 @@ class Job(Generic[T]):
         waiting thread stopped waiting (``abandoned``), ``fn`` does not run and
         ``JobAbandoned`` is raised.
         """
-        if self.thread is None or threading.current_thread() is not self.thread or self._inline:
+        if threading.current_thread() is self.waiter:
             fn()
             return
         call = _Call(fn)
@@ -87,8 +89,6 @@ class Job(Generic[T]):
                 raise JobAbandoned("the waiting thread stopped waiting; not run")
         if call.error is not None:
             raise call.error
-
-    _inline = False
 
     def serve(self) -> None:
         """Wait one slice for the job; run what it posted (each call once, to its end: a landing re-runs it)."""
@@ -221,7 +221,6 @@ def run_waiting(
     Returns the job (``result`` / ``error`` set once ``done``).
     """
     if not POOL.submit(job):
-        job._inline = True
         job.run()
         return job
     while True:
