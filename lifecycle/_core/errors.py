@@ -11,6 +11,7 @@ the exception of a failed iteration).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -117,13 +118,68 @@ class MissingResource(ResourceRefused):
 
 
 class ConfigError(LifecycleError, ValueError):
-    """A configuration value is invalid; raised before anything is acquired."""
+    """A configuration value is invalid; raised before anything is acquired.
+
+    ``field`` is the value's dotted path from what the caller passed: a config
+    section's field is ``section.field``, named as ``PretrainConfig`` and
+    ``TorchActions`` name the section (``training.iterations``,
+    ``distributed.world_size``, ``parallel.tensor_model_parallel_size``); a function's
+    own argument is its name (``max_restarts``); an environment variable is its name
+    (``TORCH_NCCL_ASYNC_ERROR_HANDLING``). ``message`` says what is wrong with it.
+    """
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         self.message = message
         self._fields = (field, message)
         super().__init__(f"{field}: {message}")
+
+
+def check_number(
+    field: str,
+    value: object,
+    *,
+    integer: bool = True,
+    at_least: float | None = None,
+    at_most: float | None = None,
+    above: float | None = None,
+    unit: str = "",
+    optional: bool = False,
+) -> None:
+    """Raise ``ConfigError(field, ...)`` unless ``value`` is a number within the bounds: every config's number check.
+
+    ``integer`` (the default): ``value`` must be an ``int`` (a ``bool`` is not one);
+    otherwise an ``int`` or a finite ``float``. ``at_least`` and ``at_most`` are
+    inclusive bounds, ``above`` an exclusive one; None leaves that side open. ``unit``
+    (``"seconds"``) goes into the message, which says what was expected and what was
+    given: ``must be an integer in 0..65535, got 70000``. ``optional``: None passes too
+    (it means "not set", e.g. read from the environment later).
+    """
+    if optional and value is None:
+        return
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and (isinstance(value, int) or (not integer and math.isfinite(value)))
+        and (at_least is None or value >= at_least)
+        and (at_most is None or value <= at_most)
+        and (above is None or value > above)
+    ):
+        return
+    what = "an integer" if integer else "a finite number"
+    if unit:
+        what += f" of {unit}"
+    if at_least is not None and at_most is not None:
+        limits = [f"in {_bound(at_least)}..{_bound(at_most)}"]
+    else:
+        given = ((">=", at_least), (">", above), ("<=", at_most))
+        limits = [f"{sign} {_bound(bound)}" for sign, bound in given if bound is not None]
+    raise ConfigError(field, f"must be {' '.join([what, *limits])}, got {value!r}")
+
+
+def _bound(bound: float) -> str:
+    """A bound as a message shows it: ``0`` for ``0.0``, ``65535`` as it is."""
+    return f"{bound:g}" if isinstance(bound, float) and bound.is_integer() and abs(bound) < 1e15 else str(bound)
 
 
 class AttemptDisagreement(LifecycleError):

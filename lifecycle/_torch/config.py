@@ -9,14 +9,13 @@ it" (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from lifecycle._core.errors import ConfigError
+from lifecycle._core.errors import ConfigError, check_number
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 """The process-group backends the library supports."""
@@ -44,16 +43,6 @@ class Rendezvous:
     master_port: int
     local_rank: int | None
     use_agent_store: bool
-
-
-def _positive(field: str, value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(field, f"must be a positive integer, got {value!r}")
-
-
-def _non_negative(field: str, value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ConfigError(field, f"must be a non-negative integer, got {value!r}")
 
 
 def _env_int(env: Mapping[str, str], field: str, name: str) -> int | None:
@@ -92,24 +81,16 @@ class DistributedConfig:
     def __post_init__(self) -> None:
         """Reject values that are wrong whatever the environment says."""
         if self.backend not in BACKENDS:
-            raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        _positive("world_size", self.world_size)
-        _non_negative("rank", self.rank)
-        _non_negative("local_rank", self.local_rank)
+            raise ConfigError("distributed.backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        check_number("distributed.world_size", self.world_size, at_least=1, optional=True)
+        check_number("distributed.rank", self.rank, at_least=0, optional=True)
+        check_number("distributed.local_rank", self.local_rank, at_least=0, optional=True)
         if self.world_size is not None and self.rank is not None and self.rank >= self.world_size:
-            raise ConfigError("rank", f"must be below world_size {self.world_size}, got {self.rank}")
-        if self.master_port is not None and (
-            isinstance(self.master_port, bool) or not isinstance(self.master_port, int)
-        ):
-            raise ConfigError("master_port", f"must be an integer, got {self.master_port!r}")
-        if self.master_port is not None and not 0 <= self.master_port <= 65535:
-            raise ConfigError("master_port", f"must be in 0..65535, got {self.master_port}")
+            raise ConfigError("distributed.rank", f"must be below world_size {self.world_size}, got {self.rank}")
+        check_number("distributed.master_port", self.master_port, at_least=0, at_most=65535, optional=True)
         if self.master_addr is not None and not self.master_addr:
-            raise ConfigError("master_addr", "must not be empty")
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, int | float):
-            raise ConfigError("timeout_s", f"must be a number of seconds, got {self.timeout_s!r}")
-        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ConfigError("timeout_s", f"must be a positive, finite number of seconds, got {self.timeout_s!r}")
+            raise ConfigError("distributed.master_addr", "must not be empty")
+        check_number("distributed.timeout_s", self.timeout_s, integer=False, above=0, unit="seconds")
 
     def resolve_world(self, env: Mapping[str, str] | None = None) -> tuple[int | None, int | None]:
         """Return ``(world_size, rank)``, each from the config or else the environment, or None if neither.
@@ -117,12 +98,14 @@ class DistributedConfig:
         Raises ``ConfigError`` if a value read from the environment is invalid.
         """
         env = os.environ if env is None else env
-        world = self.world_size if self.world_size is not None else _env_int(env, "world_size", "WORLD_SIZE")
-        rank = self.rank if self.rank is not None else _env_int(env, "rank", "RANK")
-        _positive("world_size", world)
-        _non_negative("rank", rank)
+        world = (
+            self.world_size if self.world_size is not None else _env_int(env, "distributed.world_size", "WORLD_SIZE")
+        )
+        rank = self.rank if self.rank is not None else _env_int(env, "distributed.rank", "RANK")
+        check_number("distributed.world_size", world, at_least=1, optional=True)
+        check_number("distributed.rank", rank, at_least=0, optional=True)
         if world is not None and rank is not None and rank >= world:
-            raise ConfigError("rank", f"must be below world_size {world}, got {rank}")
+            raise ConfigError("distributed.rank", f"must be below world_size {world}, got {rank}")
         return world, rank
 
     def resolve(self, env: Mapping[str, str] | None = None) -> Rendezvous:
@@ -135,28 +118,33 @@ class DistributedConfig:
         env = os.environ if env is None else env
         world, rank = self.resolve_world(env)
         if world is None:
-            raise ConfigError("world_size", "not given, and WORLD_SIZE is not set in the environment")
+            raise ConfigError("distributed.world_size", "not given, and WORLD_SIZE is not set in the environment")
         if rank is None:
-            raise ConfigError("rank", "not given, and RANK is not set in the environment")
+            raise ConfigError("distributed.rank", "not given, and RANK is not set in the environment")
         addr = self.master_addr if self.master_addr is not None else env.get("MASTER_ADDR") or None
-        port = self.master_port if self.master_port is not None else _env_int(env, "master_port", "MASTER_PORT")
+        port = (
+            self.master_port
+            if self.master_port is not None
+            else _env_int(env, "distributed.master_port", "MASTER_PORT")
+        )
         if addr is None:
             if world != 1:
-                raise ConfigError("master_addr", "not given, and MASTER_ADDR is not set in the environment")
+                raise ConfigError("distributed.master_addr", "not given, and MASTER_ADDR is not set in the environment")
             addr = LOOPBACK
         if port is None:
             if world != 1:
-                raise ConfigError("master_port", "not given, and MASTER_PORT is not set in the environment")
+                raise ConfigError("distributed.master_port", "not given, and MASTER_PORT is not set in the environment")
             port = 0
-        if not 0 <= port <= 65535:
-            raise ConfigError("master_port", f"must be in 0..65535, got {port}")
+        check_number("distributed.master_port", port, at_least=0, at_most=65535)
         if port == 0 and world != 1:
-            raise ConfigError("master_port", "0 (any free port) only works for a world of one")
-        local_rank = self.local_rank if self.local_rank is not None else _env_int(env, "local_rank", "LOCAL_RANK")
-        _non_negative("local_rank", local_rank)
+            raise ConfigError("distributed.master_port", "0 (any free port) only works for a world of one")
+        local_rank = (
+            self.local_rank if self.local_rank is not None else _env_int(env, "distributed.local_rank", "LOCAL_RANK")
+        )
+        check_number("distributed.local_rank", local_rank, at_least=0, optional=True)
         if self.backend == "nccl" and local_rank is None and len(visible_devices(env) or ()) != 1:
             raise ConfigError(
-                "local_rank",
+                "distributed.local_rank",
                 "nccl needs it to pick the CUDA device, and LOCAL_RANK is not set (or make one GPU visible "
                 "to each process with CUDA_VISIBLE_DEVICES)",
             )
@@ -205,14 +193,17 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         """Reject values that are wrong whatever the world size."""
         for name in (*_SIZES, "micro_batch_size"):
-            _positive(name, getattr(self, name))
-        _positive("global_batch_size", self.global_batch_size)
-        _non_negative("seed", self.seed)
+            check_number(f"parallel.{name}", getattr(self, name), at_least=1)
+        check_number("parallel.global_batch_size", self.global_batch_size, at_least=1, optional=True)
+        check_number("parallel.seed", self.seed, at_least=0)
         if self.rerun_mode not in RERUN_MODES:
-            raise ConfigError("rerun_mode", f"must be one of {', '.join(RERUN_MODES)}, got {self.rerun_mode!r}")
+            raise ConfigError(
+                "parallel.rerun_mode", f"must be one of {', '.join(RERUN_MODES)}, got {self.rerun_mode!r}"
+            )
         if not (self.create_gloo_process_groups is None or isinstance(self.create_gloo_process_groups, bool)):
             raise ConfigError(
-                "create_gloo_process_groups", f"must be True, False or None, got {self.create_gloo_process_groups!r}"
+                "parallel.create_gloo_process_groups",
+                f"must be True, False or None, got {self.create_gloo_process_groups!r}",
             )
 
     def gloo_process_groups(self, backend: str) -> bool:
@@ -242,13 +233,13 @@ class ParallelConfig:
             product *= getattr(self, name)
             if world_size % product:
                 raise ConfigError(
-                    name,
+                    f"parallel.{name}",
                     f"{' * '.join(_SIZES)} = {self.model_parallel_size} does not divide world_size {world_size}",
                 )
         per_step = self.micro_batch_size * (world_size // self.model_parallel_size)
         if self.global_batch_size is not None and self.global_batch_size % per_step:
             raise ConfigError(
-                "global_batch_size",
+                "parallel.global_batch_size",
                 f"{self.global_batch_size} is not a multiple of micro_batch_size * data_parallel_size = {per_step}",
             )
 
@@ -296,11 +287,13 @@ def cuda_device_index(local_rank: int | None, device_count: int, env: Mapping[st
     visible = visible_devices(env)
     shown = "unset" if visible is None else repr(env.get("CUDA_VISIBLE_DEVICES"))
     if device_count < 1:
-        raise ConfigError("backend", f"nccl needs a CUDA device, and none is visible (CUDA_VISIBLE_DEVICES {shown})")
+        raise ConfigError(
+            "distributed.backend", f"nccl needs a CUDA device, and none is visible (CUDA_VISIBLE_DEVICES {shown})"
+        )
     if device_count == 1:
         if local_rank not in (None, 0) and visible is None:
             raise ConfigError(
-                "local_rank",
+                "distributed.local_rank",
                 f"{local_rank}, but this process sees one CUDA device and CUDA_VISIBLE_DEVICES is unset: local "
                 "rank 0 binds that device too, and NCCL refuses two ranks on one device; run one rank per GPU, "
                 "or give each rank its own GPU with CUDA_VISIBLE_DEVICES",
@@ -308,13 +301,13 @@ def cuda_device_index(local_rank: int | None, device_count: int, env: Mapping[st
         return 0
     if local_rank is None:
         raise ConfigError(
-            "local_rank",
+            "distributed.local_rank",
             f"this process sees {device_count} CUDA devices (CUDA_VISIBLE_DEVICES {shown}) and LOCAL_RANK is not "
             "set to pick one",
         )
     if local_rank >= device_count:
         raise ConfigError(
-            "local_rank",
+            "distributed.local_rank",
             f"{local_rank} is not below the CUDA device count {device_count} (CUDA_VISIBLE_DEVICES {shown})",
         )
     return local_rank

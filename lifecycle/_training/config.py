@@ -7,22 +7,11 @@ without loading torch. ``PretrainConfig`` gathers the distributed and parallel l
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from lifecycle._core.errors import ConfigError
+from lifecycle._core.errors import ConfigError, check_number
 from lifecycle._torch.config import DistributedConfig, ParallelConfig
-
-
-def _int_at_least(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(name, f"must be an integer >= {low}, got {value!r}")
-
-
-def _positive_number(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
-        raise ConfigError(name, f"must be a positive, finite number, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +31,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         """Reject a shape the default model cannot build."""
         for name in ("vocab_size", "seq_length", "hidden_size", "num_layers", "num_heads"):
-            _int_at_least(f"model.{name}", getattr(self, name), 1)
+            check_number(f"model.{name}", getattr(self, name), at_least=1)
         if self.vocab_size % 8:
             raise ConfigError("model.vocab_size", f"must be a multiple of 8, got {self.vocab_size}")
         if self.hidden_size % self.num_heads:
@@ -83,12 +72,12 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         """Reject values no loop could run with."""
-        _int_at_least("training.iterations", self.iterations, 0)
-        _positive_number("training.lr", self.lr)
-        _int_at_least("training.seed", self.seed, 0)
-        _int_at_least("training.log_interval", self.log_interval, 0)
-        _int_at_least("training.eval_interval", self.eval_interval, 0)
-        _int_at_least("training.eval_iterations", self.eval_iterations, 1)
+        check_number("training.iterations", self.iterations, at_least=0)
+        check_number("training.lr", self.lr, integer=False, above=0)
+        check_number("training.seed", self.seed, at_least=0)
+        check_number("training.log_interval", self.log_interval, at_least=0)
+        check_number("training.eval_interval", self.eval_interval, at_least=0)
+        check_number("training.eval_iterations", self.eval_iterations, at_least=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +104,8 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         """Reject intervals below 0, ``keep_last`` below 1 and checkpoint options without a directory."""
-        _int_at_least("checkpoint.interval", self.interval, 0)
-        if self.keep_last is not None:
-            _int_at_least("checkpoint.keep_last", self.keep_last, 1)
+        check_number("checkpoint.interval", self.interval, at_least=0)
+        check_number("checkpoint.keep_last", self.keep_last, at_least=1, optional=True)
         if self.dir is not None and not self.dir:
             raise ConfigError("checkpoint.dir", "must not be empty (use None for no checkpoints)")
         if self.dir is None and (self.interval or self.resume or self.keep_last is not None):
@@ -140,8 +128,7 @@ class ExitConfig:
 
     def __post_init__(self) -> None:
         """Reject a duration that is not a positive number."""
-        if self.max_duration_s is not None:
-            _positive_number("exit.max_duration_s", self.max_duration_s)
+        check_number("exit.max_duration_s", self.max_duration_s, integer=False, above=0, unit="seconds", optional=True)
 
 
 class Phase(StrEnum):
@@ -188,8 +175,8 @@ class FaultInjection:
         except ValueError:
             names = ", ".join(p.value for p in Phase)
             raise ConfigError("fault.phase", f"must be one of {names}, got {self.phase!r}") from None
-        _int_at_least("fault.rank", self.rank, 0)
-        _int_at_least("fault.step", self.step, 1)
+        check_number("fault.rank", self.rank, at_least=0)
+        check_number("fault.step", self.step, at_least=1)
 
 
 class InjectedFault(RuntimeError):

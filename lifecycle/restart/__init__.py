@@ -36,7 +36,7 @@ from nvidia_resiliency_ext.inprocess.health_check import HealthCheck
 from nvidia_resiliency_ext.inprocess.initialize import RetryController
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
-from lifecycle._core.errors import ConfigError, ForeignResource
+from lifecycle._core.errors import ConfigError, ForeignResource, check_number
 from lifecycle._core.executor import raise_failures
 from lifecycle._core.plans import RestartMode
 from lifecycle._core.resources import WrapperRole, live_resources
@@ -309,8 +309,7 @@ def make_wrapper(
     restart, so they are turned off with an ``NvmlHealthChecksOff`` warning (see
     ``lifecycle.restart._nvml``). Raises ``ConfigError`` for a bad value.
     """
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ConfigError("max_restarts", f"must be an integer >= 0, got {max_restarts!r}")
+    check_number("max_restarts", max_restarts, at_least=0)
     if store_port is None:
         master = os.environ.get("MASTER_PORT")
         if not master:

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from lifecycle._core.errors import check_number
 from lifecycle._core.processes import is_running, process_environments
 from lifecycle._tools.demo import child_env, torchrun_command
 from lifecycle.testing.ports import free_port
@@ -88,8 +89,7 @@ def launch_ranks(
     killed (``timed_out``); after a rank exits, what it started gets ``grace_s`` to exit
     by itself and is then killed (``left_behind``). Also on an exception or Ctrl-C.
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    check_number("world_size", world_size, at_least=1)
     port = free_port(LOOPBACK) if master_port is None else master_port
     base = _base_env(env)
     if torchrun:

@@ -13,6 +13,8 @@ import random
 import socket
 from pathlib import Path
 
+from lifecycle._core.errors import check_number
+
 _LOWEST = 20000
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _DRAWS = 500
@@ -45,8 +47,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> tuple[int, ...]:
     derive ports from one base (NVRx's Wrapper store sits at ``MASTER_PORT + 1``).
     Raises ``RuntimeError`` when no such run of ports is found.
     """
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
+    check_number("n", n, at_least=1)
     top = _first_ephemeral_port() - n
     if top - _LOWEST < 1000:
         if n != 1:

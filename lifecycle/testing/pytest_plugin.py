@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from lifecycle._core.errors import ConfigError, check_number
 from lifecycle.testing.factories import MegatronParallelFactory, SessionFactory
 from lifecycle.testing.leaks import THREAD, Leak, Snapshot, find_leaks, release_leaks, snapshot
 from lifecycle.testing.world import FIXTURES, Call, RankOutcome, World, WorldPool
@@ -320,10 +321,11 @@ def _world_of(marker: pytest.Mark) -> tuple[int, float]:
     """(size, timeout) of a ``world`` marker; ``UsageError`` for a bad one."""
     size = marker.args[0] if marker.args else marker.kwargs.get("n", marker.kwargs.get("size"))
     timeout_s = marker.kwargs.get("timeout", DEFAULT_WORLD_TIMEOUT_S)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise pytest.UsageError(f"@pytest.mark.world(n): n must be a positive integer, got {size!r}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
-        raise pytest.UsageError(f"@pytest.mark.world(timeout=...) must be a positive number, got {timeout_s!r}")
+    try:
+        check_number("n", size, at_least=1)
+        check_number("timeout", timeout_s, integer=False, above=0, unit="seconds")
+    except ConfigError as exc:
+        raise pytest.UsageError(f"@pytest.mark.world({exc.field}=...): {exc.message}") from None
     return size, float(timeout_s)
 
 

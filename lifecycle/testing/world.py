@@ -39,6 +39,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from lifecycle._core.errors import check_number
 from lifecycle._tools.demo import set_parent_death_signal
 from lifecycle.testing.launch import LOOPBACK, MARK, _base_env, _marked, _wait_gone
 from lifecycle.testing.ports import free_port
@@ -167,8 +168,7 @@ class WorldPool:
 
     def __init__(self, size: int, *, sys_path: list[str], cwd: str, env: dict[str, str] | None = None) -> None:
         """Start ``size`` workers (they get ready in the background: ``run`` waits for them)."""
-        if size < 1:
-            raise ValueError(f"a world has at least one rank, got {size}")
+        check_number("size", size, at_least=1)
         self.size = size
         self.launch = uuid.uuid4().hex
         self.procs: list[subprocess.Popen[bytes]] = []

@@ -69,11 +69,11 @@ def test_each_rank_binds_local_rank_or_its_one_visible_device(
 @pytest.mark.parametrize(
     ("local_rank", "count", "env", "field", "says"),
     [
-        (0, 0, {}, "backend", "none is visible"),
-        (None, 4, {}, "local_rank", "LOCAL_RANK is not set"),
-        (4, 4, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "local_rank", "not below the CUDA device count 4"),
+        (0, 0, {}, "distributed.backend", "none is visible"),
+        (None, 4, {}, "distributed.local_rank", "LOCAL_RANK is not set"),
+        (4, 4, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "distributed.local_rank", "not below the CUDA device count 4"),
         # The node's only GPU, unrestricted: local rank 0 binds it too, and NCCL refuses two ranks on it.
-        (1, 1, {}, "local_rank", "NCCL refuses two ranks on one device"),
+        (1, 1, {}, "distributed.local_rank", "NCCL refuses two ranks on one device"),
     ],
 )
 def test_a_rank_without_a_device_of_its_own_is_refused(
@@ -92,7 +92,7 @@ def test_nccl_needs_no_local_rank_when_one_device_is_visible() -> None:
     assert config.resolve({"CUDA_VISIBLE_DEVICES": "GPU-8c1f"}).local_rank is None
     with pytest.raises(ConfigError) as refused:
         config.resolve({"CUDA_VISIBLE_DEVICES": "0,1"})
-    assert refused.value.field == "local_rank"
+    assert refused.value.field == "distributed.local_rank"
 
 
 # -- the NCCL environment ------------------------------------------------------------------
@@ -300,7 +300,7 @@ def test_the_rng_tracker_is_seeded_only_with_cuda() -> None:
     assert tp_random._CUDA_RNG_STATE_TRACKER is tracker  # not replaced by a seeded one
     with pytest.raises(ConfigError) as refused:
         ParallelConfig(seed=-1)
-    assert refused.value.field == "seed"
+    assert refused.value.field == "parallel.seed"
 
 
 # -- the GPU check's own parts, rehearsed on CPU -------------------------------------------
