@@ -427,7 +427,7 @@ class TorchActions:
             global_batch = self.parallel.resolved_global_batch_size(world)
         if global_batch % (self.parallel.micro_batch_size * data_parallel):
             raise ConfigError(
-                "global_batch_size",
+                "parallel.global_batch_size",
                 f"{global_batch} is not a multiple of micro_batch_size * data_parallel_size "
                 f"= {self.parallel.micro_batch_size * data_parallel}",
             )
@@ -562,7 +562,7 @@ class TorchActions:
         if self.distributed.backend != "nccl":
             return None
         if not torch.cuda.is_available():
-            raise ConfigError("backend", "nccl needs CUDA, and torch.cuda.is_available() is False")
+            raise ConfigError("distributed.backend", "nccl needs CUDA, and torch.cuda.is_available() is False")
         index = cuda_device_index(rendezvous.local_rank, torch.cuda.device_count())
         # Before the group exists: torch reads these at each nccl group's creation.
         set_nccl_environment()

@@ -101,17 +101,17 @@ def recorder() -> Iterator[TorchCalls]:
 @pytest.mark.parametrize(
     ("field", "build"),
     [
-        ("world_size", lambda: DistributedConfig(world_size=0)),
-        ("world_size", lambda: DistributedConfig(world_size=-2)),
-        ("rank", lambda: DistributedConfig(world_size=2, rank=2)),
-        ("rank", lambda: DistributedConfig(rank=-1)),
-        ("backend", lambda: DistributedConfig(backend="mpi")),
-        ("timeout_s", lambda: DistributedConfig(timeout_s=0)),
-        ("timeout_s", lambda: DistributedConfig(timeout_s=float("inf"))),
-        ("master_port", lambda: DistributedConfig(master_port=70000)),
-        ("tensor_model_parallel_size", lambda: ParallelConfig(tensor_model_parallel_size=0)),
-        ("global_batch_size", lambda: ParallelConfig(global_batch_size=0)),
-        ("rerun_mode", lambda: ParallelConfig(rerun_mode="sometimes")),
+        ("distributed.world_size", lambda: DistributedConfig(world_size=0)),
+        ("distributed.world_size", lambda: DistributedConfig(world_size=-2)),
+        ("distributed.rank", lambda: DistributedConfig(world_size=2, rank=2)),
+        ("distributed.rank", lambda: DistributedConfig(rank=-1)),
+        ("distributed.backend", lambda: DistributedConfig(backend="mpi")),
+        ("distributed.timeout_s", lambda: DistributedConfig(timeout_s=0)),
+        ("distributed.timeout_s", lambda: DistributedConfig(timeout_s=float("inf"))),
+        ("distributed.master_port", lambda: DistributedConfig(master_port=70000)),
+        ("parallel.tensor_model_parallel_size", lambda: ParallelConfig(tensor_model_parallel_size=0)),
+        ("parallel.global_batch_size", lambda: ParallelConfig(global_batch_size=0)),
+        ("parallel.rerun_mode", lambda: ParallelConfig(rerun_mode="sometimes")),
     ],
 )
 def test_config_rejects_bad_value_at_construction(field: str, build: Callable[[], object]) -> None:
@@ -124,19 +124,19 @@ def test_config_rejects_bad_value_at_construction(field: str, build: Callable[[]
 @pytest.mark.parametrize(
     ("field", "distributed", "parallel", "env"),
     [
-        ("world_size", DistributedConfig(), ParallelConfig(), {"WORLD_SIZE": "0", "RANK": "0"}),
-        ("world_size", DistributedConfig(), ParallelConfig(), {"RANK": "0"}),
-        ("rank", DistributedConfig(), ParallelConfig(), {"WORLD_SIZE": "2", "RANK": "2"}),
-        ("master_addr", DistributedConfig(world_size=2, rank=0), ParallelConfig(), {}),
-        ("tensor_model_parallel_size", ONE, ParallelConfig(tensor_model_parallel_size=2), {}),
+        ("distributed.world_size", DistributedConfig(), ParallelConfig(), {"WORLD_SIZE": "0", "RANK": "0"}),
+        ("distributed.world_size", DistributedConfig(), ParallelConfig(), {"RANK": "0"}),
+        ("distributed.rank", DistributedConfig(), ParallelConfig(), {"WORLD_SIZE": "2", "RANK": "2"}),
+        ("distributed.master_addr", DistributedConfig(world_size=2, rank=0), ParallelConfig(), {}),
+        ("parallel.tensor_model_parallel_size", ONE, ParallelConfig(tensor_model_parallel_size=2), {}),
         (
-            "pipeline_model_parallel_size",
+            "parallel.pipeline_model_parallel_size",
             DistributedConfig(world_size=2, rank=0, master_addr="h", master_port=1),
             ParallelConfig(tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
             {},
         ),
-        ("global_batch_size", ONE, ParallelConfig(micro_batch_size=2, global_batch_size=3), {}),
-        ("local_rank", DistributedConfig(backend="nccl", world_size=1, rank=0), ParallelConfig(), {}),
+        ("parallel.global_batch_size", ONE, ParallelConfig(micro_batch_size=2, global_batch_size=3), {}),
+        ("distributed.local_rank", DistributedConfig(backend="nccl", world_size=1, rank=0), ParallelConfig(), {}),
     ],
 )
 def test_bad_configuration_is_rejected_before_anything_is_acquired(
@@ -599,4 +599,4 @@ def test_megatron_gloo_twins_are_built_only_off_gloo_unless_asked() -> None:
     assert ParallelConfig(create_gloo_process_groups=False).gloo_process_groups("nccl") is False
     with pytest.raises(ConfigError) as refused:
         ParallelConfig(create_gloo_process_groups="yes")  # type: ignore[arg-type]
-    assert refused.value.field == "create_gloo_process_groups"
+    assert refused.value.field == "parallel.create_gloo_process_groups"
