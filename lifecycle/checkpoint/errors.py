@@ -9,11 +9,26 @@ from pathlib import Path
 from lifecycle._core.errors import LifecycleError, ResourceMismatch, ResourceRefused, StaleResource
 from lifecycle._core.ownership import Resource
 
-__all__ = ["CheckpointError", "CheckpointMismatch", "StaleCheckpointer", "os_error_text", "storage_error"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointMismatch",
+    "CheckpointUnreadable",
+    "StaleCheckpointer",
+    "os_error_text",
+    "storage_error",
+]
 
 
 class CheckpointError(LifecycleError):
     """A checkpoint could not be saved, committed or loaded; the message names the path."""
+
+
+class CheckpointUnreadable(CheckpointError):
+    """A checkpoint's manifest or a shard's size could not be read (an I/O error such as ESTALE or EIO).
+
+    Unlike a missing or invalid manifest, this says nothing about whether the
+    checkpoint is complete: it is not loaded now, but clean-up keeps it.
+    """
 
 
 class StaleCheckpointer(CheckpointError, StaleResource):

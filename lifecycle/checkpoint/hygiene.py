@@ -3,8 +3,10 @@
 A directory is owned by the run whose id (``lifecycle._core.journal.run_id()``: the same
 on every rank, across torchrun restarts and across retries in one process) is in its
 ``.lifecycle-owner`` file, written when the first save of a run finds none. Only under
-that run, after a commit, rank 0 removes partial step folders (no valid manifest: a
-crash or an aborted save), files no committed manifest references (a retry's stray
+that run, after a commit, rank 0 removes partial step folders (a manifest that is
+absent or invalid, or lists a shard that is absent or of another size: a crash or an
+aborted save; never one whose manifest could not be read for an I/O error, which is
+kept with a warning), files no committed manifest references (a retry's stray
 shards, hidden ``.tmp`` files) and, with ``keep_last``, the oldest complete steps. A
 directory owned by another run is never cleaned, only warned about.
 """
@@ -19,7 +21,7 @@ import time
 import warnings
 from pathlib import Path
 
-from lifecycle.checkpoint.errors import CheckpointError, os_error_text
+from lifecycle.checkpoint.errors import CheckpointError, CheckpointUnreadable, os_error_text
 from lifecycle.checkpoint.layout import (
     MANIFEST,
     MARKER,
@@ -124,6 +126,15 @@ def clean(directory: Path, committed: int, run_id: str, keep_last: int | None) -
         try:
             try:
                 manifest, _ = read_manifest(folder, step)
+            except CheckpointUnreadable as exc:
+                # An I/O error (a stale NFS handle, EIO) says nothing about completeness: keep it.
+                warnings.warn(
+                    f"checkpoint folder {folder} kept: {exc}; clean-up removes a folder only when its manifest is "
+                    "absent or invalid",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
             except CheckpointError:
                 if step != committed:
                     _remove_folder(folder, removed)

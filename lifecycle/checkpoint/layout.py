@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lifecycle.checkpoint.errors import CheckpointError, storage_error
+from lifecycle.checkpoint.errors import CheckpointError, CheckpointUnreadable, os_error_text, storage_error
 
 MARKER = "latest"
 MANIFEST = "manifest.json"
@@ -184,7 +184,10 @@ def read_manifest(folder: Path, step: int) -> tuple[dict[str, Any], bytes]:
 
     Complete: a manifest of this format and step listing ranks 0..world_size-1 (with
     a layout: shards 0..tensor*pipeline-1), each shard present with its recorded size
-    (checksums are checked by the loader).
+    (checksums are checked by the loader). A manifest or shard that is absent, or a
+    manifest that is invalid, raises ``CheckpointError``: the step is partial. An I/O
+    error reading either (ESTALE, EIO, ...) raises ``CheckpointUnreadable`` (a
+    ``CheckpointError``): the step may be complete, and clean-up must keep it.
     """
     path = folder / MANIFEST
     try:
@@ -205,8 +208,16 @@ def read_manifest(folder: Path, step: int) -> tuple[dict[str, Any], bytes]:
             if not isinstance(name, str) or Path(name).name != name:
                 raise ValueError(f"invalid file name {name!r}")  # never read outside the folder
             shard = folder / name
-            if not shard.is_file() or shard.stat().st_size != s["bytes"]:
+            try:
+                size = shard.stat().st_size
+            except (FileNotFoundError, NotADirectoryError):
+                size = None
+            if size != s["bytes"]:
                 raise CheckpointError(f"shard {shard} is missing or has the wrong size")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise CheckpointError(f"no valid manifest at {path}: it does not exist") from exc
+    except OSError as exc:
+        raise CheckpointUnreadable(f"cannot read {path} or its shards: {os_error_text(exc)}") from exc
+    except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"no valid manifest at {path}: {exc}") from exc
     return dict(manifest), raw

@@ -18,14 +18,17 @@ happens in ``finalize()``, on the caller's thread.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import secrets
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 from pathlib import Path
 from typing import Any
 
@@ -95,13 +98,47 @@ _WROTE, _REPLICA = 1, 2
 
 
 class _Pending:
-    """One in-flight save: its step, its file, the future the writer thread resolves."""
+    """One in-flight save: its step, its file (None: a replica writes none), the future the writer thread resolves."""
 
-    def __init__(self, step: int, token: int) -> None:
+    def __init__(self, step: int, token: int, file: Path | None) -> None:
         self.step = step
         self.token = token
+        self.file = file
         self.future: Future[_Shard] = Future()
         self.abandoned = threading.Event()
+
+
+WAKE_S = 0.05
+"""How often a finalize() waiting for its local write looks for an abort() from another thread."""
+
+
+def group_timeout_s(group: dist.ProcessGroup | None, device: torch.device) -> float:
+    """The timeout of ``group``'s collectives on ``device``, in seconds; torch's default when it cannot be read.
+
+    Reads ``ProcessGroup._get_backend(device).options._timeout`` (private; there is no
+    public getter in torch 2.13 or 2.15; tested on both stacks). None: torch's default
+    (``torch.distributed.default_pg_timeout``).
+    """
+    if group is not None:
+        try:
+            timeout = group._get_backend(device).options._timeout
+            if isinstance(timeout, datetime.timedelta):
+                return timeout.total_seconds()
+        except (AttributeError, RuntimeError, ValueError):
+            pass
+    return float(dist.default_pg_timeout.total_seconds())
+
+
+def _write_bound(requested: float | None, group_timeout: float) -> float:
+    """``write_timeout_s`` as given (validated: above 0, below the group timeout), or half the group timeout."""
+    if requested is None:
+        return group_timeout / 2
+    if isinstance(requested, bool) or not isinstance(requested, (int, float)) or not 0 < requested < group_timeout:
+        raise ValueError(
+            f"write_timeout_s must be a number above 0 and below the group timeout ({group_timeout:g} s), "
+            f"got {requested!r}: peers wait for this rank's commit report only that long"
+        )
+    return float(requested)
 
 
 def _stage(value: Any, where: str) -> Any:
@@ -151,6 +188,12 @@ class AsyncCheckpointer:
     still calls ``save`` and ``finalize`` together. None: every rank writes its own.
     The commit's collectives run on the group with tensors on its device
     (``collective_device``: the current CUDA device for nccl, else the CPU).
+
+    ``write_timeout_s``: how long ``finalize()`` waits for this rank's own write (a hung
+    file system) before it reports the write as failed in the commit, so that its peers,
+    which wait in the commit's collective for at most the group timeout, are still there
+    to hear it. Default: half the group's timeout (without a group, half of torch's
+    default, 30 min); ``ValueError`` unless above 0 and below the group timeout.
     """
 
     def __init__(
@@ -160,6 +203,7 @@ class AsyncCheckpointer:
         process_group: dist.ProcessGroup | None = None,
         keep_last: int | None = None,
         layout: ShardLayout | None = None,
+        write_timeout_s: float | None = None,
     ) -> None:
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last must be None or an int >= 1, got {keep_last!r}")
@@ -182,6 +226,7 @@ class AsyncCheckpointer:
             )
         self.layout = layout
         self._device = collective_device(process_group) if process_group is not None else torch.device("cpu")
+        self.write_timeout_s = _write_bound(write_timeout_s, group_timeout_s(process_group, self._device))
         probe_directory(self.directory, self._rank)
         self._lock = threading.Lock()  # orders abort() (any thread) against save()/finalize()
         self._pending: _Pending | None = None
@@ -214,7 +259,7 @@ class AsyncCheckpointer:
             self.finalize()
         if self.layout is not None and not self.layout.writes:
             # A replica: the slice's first replica writes the same state. Nothing to stage.
-            replica = _Pending(step, 0)
+            replica = _Pending(step, 0, None)
             replica.future.set_result(_Shard(0, bytes(32), written=False))
             with self._lock:
                 self._refuse_if_aborted()
@@ -228,7 +273,8 @@ class AsyncCheckpointer:
             raise CheckpointError(f"cannot create checkpoint folder {folder}: {os_error_text(exc)}") from exc
         if self._rank == 0 and self._owner is None:
             self._owner = hygiene.claim(self.directory, journal.run_id())
-        pending = _Pending(step, secrets.randbits(62))
+        token = secrets.randbits(62)
+        pending = _Pending(step, token, folder / shard_name(self._rank, token))
         with self._lock:
             self._refuse_if_aborted()
             self._pending = pending  # from here on, abort() reaches this save
@@ -249,8 +295,9 @@ class AsyncCheckpointer:
             )
 
     def _write(self, pending: _Pending, staged: Any, folder: Path, hook: Callable[[], object] | None) -> None:
-        name = shard_name(self._rank, pending.token)
-        final, tmp = folder / name, folder / f".{name}.tmp"
+        assert pending.file is not None  # a replica starts no writer
+        final = pending.file
+        tmp = folder / f".{final.name}.tmp"
         try:
             if hook is not None:
                 hook()
@@ -285,12 +332,14 @@ class AsyncCheckpointer:
     def finalize(self) -> int | None:
         """Success path, COLLECTIVE: wait for the in-flight save, then commit it as latest.
 
-        Every rank calls it. Each rank reports its own write (ok, or the error with its
-        OS error text and path) in one all_gather, so a rank whose write failed still
-        joins and all ranks raise the same CheckpointError, which quotes every failed
-        rank's error, instead of hanging. Only when all ranks succeeded does rank 0 check
-        that every listed shard is present with its size (from its own view of the
-        folder), write the manifest and then the ``latest`` marker (write-tmp +
+        Every rank calls it. Each rank waits for its own write at most
+        ``write_timeout_s`` (a write still running then counts as failed; an abort() from
+        another thread ends the wait within ``WAKE_S``), then reports it (ok, or the error
+        with its OS error text and path) in one all_gather, so a rank whose write failed or
+        hung still joins and all ranks raise the same CheckpointError, which quotes every
+        failed rank's error naming the rank and its file, instead of hanging. Only when
+        all ranks succeeded does rank 0 check that every listed shard is present with its
+        size (from its own view of the folder), write the manifest and then the ``latest`` marker (write-tmp +
         os.replace), and clean up (``lifecycle.checkpoint.hygiene``); a broadcast tells
         the other ranks whether that worked, with rank 0's error text. Returns the
         committed step, or None if nothing was in flight or the writer was aborted (then
@@ -328,11 +377,35 @@ class AsyncCheckpointer:
             with self._lock:
                 self._finalizing = None
 
+    def _await_write(self, pending: _Pending) -> _Shard:
+        """This rank's write result, waited for at most ``write_timeout_s``; an abort() ends the wait.
+
+        Local disk only, never a peer. A write still running at the bound, or abandoned by
+        an abort() from another thread (seen within ``WAKE_S``), raises CheckpointError
+        naming this rank and its file, and is flagged abandoned: if it ever completes, the
+        writer thread removes its file.
+        """
+        deadline = time.monotonic() + self.write_timeout_s
+        while True:
+            done, _ = wait_for([pending.future], timeout=max(0.0, min(WAKE_S, deadline - time.monotonic())))
+            if done:
+                return pending.future.result()
+            if pending.abandoned.is_set():
+                raise CheckpointError(
+                    f"rank {self._rank} aborted the save of {pending.file} while finalize() waited for it"
+                )
+            if time.monotonic() >= deadline:
+                pending.abandoned.set()
+                raise CheckpointError(
+                    f"rank {self._rank} could not write its shard {pending.file}: the write did not finish "
+                    f"within {self.write_timeout_s:g} s (write_timeout_s)"
+                )
+
     def _finalize(self, pending: _Pending, group_ref: weakref.ref[dist.ProcessGroup] | None) -> int:
         shard: _Shard | None = None
         local_error: Exception | None = None
         try:
-            shard = pending.future.result()  # local disk only, never a peer
+            shard = self._await_write(pending)
         except Exception as exc:  # noqa: BLE001 - reported to all ranks below, so none hangs
             local_error = exc
         if shard is not None and self._aborted:

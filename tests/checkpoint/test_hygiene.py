@@ -6,7 +6,9 @@ real gloo ranks (``tests/workers/ckpt_race_worker.py``).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -84,6 +86,32 @@ def test_a_partial_folder_holding_foreign_files_is_left_with_a_warning(tmp_path:
     with pytest.warns(RuntimeWarning, match=r"step_0000000005 not removed: .*\['notes.txt'\]"):
         _commit(tmp_path, 2)
     assert (odd / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("code", [errno.ESTALE, errno.EIO], ids=["ESTALE", "EIO"])
+def test_a_manifest_read_error_during_a_commit_keeps_that_checkpoint_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """An I/O error reading an older step's manifest once is not "partial": the step is kept (was: removed)."""
+    _commit(tmp_path, 1)
+    manifest = tmp_path / "step_0000000001" / "manifest.json"
+    read_bytes = Path.read_bytes
+    failures: list[Path] = []
+
+    def flaky(path: Path) -> bytes:
+        if path == manifest and not failures:  # the first read fails, as on a stale NFS handle
+            failures.append(path)
+            raise OSError(code, os.strerror(code), str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", flaky)
+    with pytest.warns(RuntimeWarning, match=rf"step_0000000001 kept: cannot read .*\[Errno {code} "):
+        _commit(tmp_path, 2)
+    assert failures == [manifest]
+    assert _steps(tmp_path) == ["step_0000000001", "step_0000000002"]
+    (tmp_path / "latest").write_text(json.dumps({"step": 1}))
+    target = {"w": torch.zeros(2)}
+    assert load_checkpoint(tmp_path, target) == 1 and torch.equal(target["w"], torch.full((2,), 1.0))
 
 
 def test_keep_last_keeps_the_newest_and_never_the_just_committed_one_less(tmp_path: Path) -> None:

@@ -196,6 +196,69 @@ def test_abort_works_after_the_group_is_destroyed_and_finalize_then_errors(tmp_p
     assert latest_checkpoint(tmp_path) is None
 
 
+def _hung(writer: AsyncCheckpointer) -> threading.Event:
+    """Make ``writer``'s next write hang until the returned event is set (the writer's test seam)."""
+    gate = threading.Event()
+    writer._before_write = gate.wait
+    return gate
+
+
+def test_a_hung_write_fails_finalize_at_its_bound_and_its_late_file_is_removed(tmp_path: Path) -> None:
+    """finalize() waits write_timeout_s for a hung write, then raises naming the rank and file; latest stays."""
+    _commit(tmp_path, 1, seed=1)
+    writer = AsyncCheckpointer(tmp_path, write_timeout_s=0.5)
+    gate = _hung(writer)
+    writer.save(2, {"w": torch.ones(2)})
+    done = _wait_done(writer)
+    start = time.monotonic()
+    with pytest.raises(CheckpointError) as caught:
+        writer.finalize()
+    elapsed = time.monotonic() - start
+    assert 0.5 <= elapsed < 1.5, elapsed
+    assert "ranks [0] failed to write their shard: rank 0 could not write its shard " in str(caught.value)
+    assert f"{tmp_path / 'step_0000000002'}/rank00000-" in str(caught.value)
+    assert "did not finish within 0.5 s (write_timeout_s)" in str(caught.value)
+    gate.set()  # the write completes late: abandoned, it removes its own file
+    assert isinstance(done(), CheckpointError)
+    assert list((tmp_path / "step_0000000002").iterdir()) == []
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_the_write_bound_defaults_to_half_the_group_timeout_and_stays_below_it(tmp_path: Path) -> None:
+    """write_timeout_s: half the group timeout (20 s) unless given; at or above it, or not above 0, is refused."""
+    assert AsyncCheckpointer(tmp_path).write_timeout_s == 10.0
+    assert AsyncCheckpointer(tmp_path, write_timeout_s=19.5).write_timeout_s == 19.5
+    for bad in (20, 25.0, 0, -1, True):
+        with pytest.raises(ValueError, match=r"below the group timeout \(20 s\)"):
+            AsyncCheckpointer(tmp_path, write_timeout_s=bad)
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_abort_from_another_thread_wakes_a_waiting_finalize(tmp_path: Path) -> None:
+    """finalize() waiting for a hung write returns within 0.5 s of abort() from another thread, committing nothing."""
+    _commit(tmp_path, 1, seed=1)
+    writer = AsyncCheckpointer(tmp_path)  # bound: 10 s
+    gate = _hung(writer)
+    writer.save(2, {"w": torch.ones(2)})
+    aborted_at: list[float] = []
+
+    def abort_soon() -> None:
+        time.sleep(0.3)
+        aborted_at.append(time.monotonic())
+        writer.abort()
+
+    aborter = threading.Thread(target=abort_soon)
+    aborter.start()
+    with pytest.raises(CheckpointError, match=r"rank 0 aborted the save of .*rank00000-.* while finalize"):
+        writer.finalize()
+    woke = time.monotonic() - aborted_at[0]
+    aborter.join()
+    gate.set()
+    assert woke < 0.5, woke
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
+
+
 @pytest.mark.usefixtures("world_of_one")
 def test_a_writer_never_keeps_its_group_alive(tmp_path: Path) -> None:
     """The writer holds its group weakly: gloo closes a group's sockets only once the group is freed."""
@@ -446,6 +509,21 @@ def test_two_ranks_finalize_and_each_loads_its_own_shard(tmp_path: Path) -> None
         assert report == {"committed": 1, "loaded": 1, "w": [float(rank)] * 3}
     manifest = json.loads((tmp_path / "step_0000000001" / "manifest.json").read_text())
     assert [s["rank"] for s in manifest["shards"]] == [0, 1]
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_write_on_one_rank_fails_finalize_on_every_rank_within_its_bound(tmp_path: Path) -> None:
+    """Rank 1's write hangs: both finalize() calls raise one error naming rank 1 and its file, before the timeout."""
+    reports = _run_two_ranks("hung_write", tmp_path, "6")
+    assert reports[0]["error"] == reports[1]["error"], reports
+    error = reports[0]["error"]
+    assert "ranks [1] failed to write their shard: rank 1 could not write its shard " in error
+    assert f"{tmp_path / 'step_0000000002'}/rank00001-" in error and "within 3 s (write_timeout_s)" in error
+    for report in reports:
+        assert report["bound"] == 3.0 and report["latest"] == 1
+        assert report["elapsed"] < 5.5, reports  # the group timeout is 6 s: the peer was still there
+    assert reports[1]["elapsed"] >= 3.0, reports
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
 
 
 @pytest.mark.timeout(60)

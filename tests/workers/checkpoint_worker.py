@@ -173,8 +173,31 @@ def peer_aborts(directory: str, timeout: str, peer_destroys: str) -> None:
     os._exit(0)  # the group may be broken; do not let teardown wait on it
 
 
+def hung_write(directory: str, timeout: str) -> None:
+    """Step 1 commits; rank 1's write of step 2 hangs; both ranks finalize step 2 (default write bound)."""
+    _init(float(timeout))
+    writer = AsyncCheckpointer(directory)
+    writer.save(1, {"w": torch.full((3,), 1.0)})
+    writer.finalize()
+    if RANK == 1:
+        hung = threading.Event()  # never set: this rank's write hangs forever (a hard-mounted NFS outage)
+        writer._before_write = hung.wait  # the writer's test seam
+    writer.save(2, {"w": torch.full((3,), 2.0)})
+    start = time.monotonic()
+    try:
+        writer.finalize()
+        error = None
+    except CheckpointError as exc:
+        error = str(exc)
+    elapsed = time.monotonic() - start
+    latest = latest_checkpoint(directory)
+    _report(error=error, elapsed=elapsed, bound=writer.write_timeout_s, latest=None if latest is None else latest[0])
+    _close()
+
+
 if __name__ == "__main__":
     scenarios = {
+        "hung_write": hung_write,
         "both_finalize": both_finalize,
         "peer_aborts": peer_aborts,
         "stale_view": stale_view,
