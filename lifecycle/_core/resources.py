@@ -60,6 +60,7 @@ class StepKind:
     DESTROY_RERUN_STATE_MACHINE: ClassVar[StepKind]
     DESTROY_MICROBATCH_CALCULATOR: ClassVar[StepKind]
     DESTROY_MODEL_PARALLEL: ClassVar[StepKind]
+    ABORT_MODEL_PARALLEL: ClassVar[StepKind]
     BARRIER: ClassVar[StepKind]
     DESTROY_PROCESS_GROUP: ClassVar[StepKind]
     ABORT_PROCESS_GROUP: ClassVar[StepKind]
@@ -290,6 +291,7 @@ StepKind.RELEASE_USER_RESOURCE = StepKind("release_user_resource")
 StepKind.DESTROY_RERUN_STATE_MACHINE = StepKind("destroy_rerun_state_machine")
 StepKind.DESTROY_MICROBATCH_CALCULATOR = StepKind("destroy_microbatch_calculator")
 StepKind.DESTROY_MODEL_PARALLEL = StepKind("destroy_model_parallel")
+StepKind.ABORT_MODEL_PARALLEL = StepKind("abort_model_parallel")
 StepKind.BARRIER = StepKind("barrier", releases=False)
 StepKind.DESTROY_PROCESS_GROUP = StepKind("destroy_process_group")
 StepKind.ABORT_PROCESS_GROUP = StepKind("abort_process_group", unblocks=True)
@@ -328,7 +330,8 @@ Resource.MODEL_PARALLEL = declare_resource(
         "model_parallel",
         order=600,
         success=(StepKind.DESTROY_MODEL_PARALLEL,),
-        failure=(StepKind.DESTROY_MODEL_PARALLEL,),
+        # Its groups aborted before Megatron's own destroy, which would wait on pending work.
+        failure=(StepKind.ABORT_MODEL_PARALLEL,),
         acquired_by=Trigger.INIT_GLOBALS,
         wrapper=WrapperRole.RELEASES,
         probe=_model_parallel_alive,

@@ -38,7 +38,7 @@ from lifecycle._torch.config import (
     set_nccl_environment,
     validate,
 )
-from lifecycle._torch.groups import abort_group, is_registered
+from lifecycle._torch.groups import abort_group, abort_groups, free_in_parallel, is_registered
 from lifecycle._torch.megatron import (
     MP_GLOBALS,
     drop_leftover_groups,
@@ -165,7 +165,11 @@ class TorchActions:
                 self.check_store_prefix,
             ),
             Resource.MODEL_PARALLEL: lambda: Handler(
-                self.init_model_parallel, {StepKind.DESTROY_MODEL_PARALLEL: self.destroy_model_parallel}
+                self.init_model_parallel,
+                {
+                    StepKind.DESTROY_MODEL_PARALLEL: self.destroy_model_parallel,
+                    StepKind.ABORT_MODEL_PARALLEL: self.abort_model_parallel,
+                },
             ),
             Resource.MICROBATCH_CALCULATOR: lambda: Handler(
                 self.init_microbatch_calculator,
@@ -373,35 +377,44 @@ class TorchActions:
             )
             seed_model_parallel_rng(self.parallel.seed)  # with CUDA only; released with the state
         except BaseException:
-            self.destroy_model_parallel()
+            self.abort_model_parallel()
             raise
         return Owner.SESSION
 
     def destroy_model_parallel(self) -> None:
-        """Drop Megatron's model-parallel groups and its global memory buffers; tolerates partial state.
+        """Success path: drop Megatron's model-parallel groups and its global memory buffers; tolerates partial state.
 
         Rank-local. When the default group is the caller's, the subgroups Megatron
         created in it are aborted here too (the caller's group outlives the session, so
         nothing else would release them); when this object owns the default group,
-        they go with it. Then what megatron-core's own destroy leaves set (rank lists,
-        group aliases, the tensor-parallel RNG tracker, the MoE aux-loss tracker; see
-        ``reset_leftovers``, measured on megatron-core 0.16.1) goes back to rest: every
+        Megatron destroys them (gracefully: nothing is pending after a success) and the
+        rest go with the default group. Then what megatron-core's own destroy leaves set
+        (rank lists, group aliases, the tensor-parallel RNG tracker, the MoE metrics
+        tracker; see ``lifecycle._torch.megatron``) goes back to rest: every
         ``megatron.core`` module global is as before the session.
         """
-        subgroups = list(getattr(_ps, "_global_process_group_list", None) or ())
-        errors: list[BaseException] = []
-        if dist.is_initialized() and not self._created_group:
-            # Newest first, like torch's own shutdown of every group.
-            for group in reversed(subgroups):
-                if is_registered(group):
-                    try:
-                        abort_group(group)
-                    except Exception as exc:  # noqa: BLE001 - release the others, then report
-                        errors.append(exc)
+        self._release_model_parallel(abort=dist.is_initialized() and not self._created_group)
+
+    def abort_model_parallel(self) -> None:
+        """Failure path: abort every Megatron group of this rank first, then reset Megatron's globals as on success.
+
+        Rank-local, no collective, no graceful destroy: the failed step's asynchronous
+        work may still be pending on any of them, and Megatron's own destroy would wait
+        on it (a gloo copy of a data-parallel group: the whole group timeout). Aborted
+        first, they are unregistered, so Megatron's destroy skips them; the gloo ones are
+        then freed in parallel (at most ``FREE_WAIT_S``), which releases a peer blocked
+        in a collective on them.
+        """
+        self._release_model_parallel(abort=dist.is_initialized())
+
+    def _release_model_parallel(self, *, abort: bool) -> None:
+        subgroups = [g for g in getattr(_ps, "_global_process_group_list", None) or () if g is not None]
+        errors: list[Exception] = abort_groups(subgroups) if abort else []
         _ps.destroy_model_parallel()
         _ps.destroy_global_memory_buffer()
         drop_leftover_groups()
         reset_leftovers()
+        free_in_parallel(subgroups)  # Megatron's references are gone: ours are the last
         if errors:
             raise LifecycleError(
                 f"{Resource.MODEL_PARALLEL.value}: {len(errors)} model-parallel subgroup(s) failed to abort "

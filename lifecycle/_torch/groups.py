@@ -36,12 +36,13 @@ def is_registered(group: Any) -> bool:
 def abort_group(group: Any, *, wait_s: float = FREE_WAIT_S) -> None:
     """Abort ``group`` (None: every group) without waiting on its outstanding collectives.
 
-    Uses torch's ``_abort_process_group`` (torch >= 2.5): for nccl it aborts the
-    communicators; for gloo it unregisters the groups, and their connections close when
-    the last reference to them goes, which releases a peer blocked in a collective
-    within milliseconds ("Connection closed by peer"). Where it is missing, or raises
-    while the group is still registered, falls back to ``destroy_process_group``, which
-    for gloo does not wait on a peer either.
+    Uses torch's ``_abort_process_group``: for nccl it aborts the communicators; for
+    gloo it unregisters the groups, and their connections close when the last reference
+    to them goes, which releases a peer blocked in a collective within milliseconds
+    ("Connection closed by peer"). If it raises while the group is still registered, a
+    gloo-only group is destroyed instead (gloo's destroy waits on no peer); any other
+    backend is never destroyed gracefully here (nccl's destroy can wait on pending work
+    without bound): the error propagates and the group stays registered.
 
     ``abort_group(None)`` in a world of more than one rank frees the gloo groups in
     parallel, each in a daemon thread, when those threads hold the last references to
@@ -72,17 +73,49 @@ def _gloo_only(backend: object) -> bool:
 
 
 def _abort_or_destroy(group: Any) -> None:
-    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort is not None:
-        try:
-            abort(group)
-            return
-        except Exception:
-            still_there = dist.is_initialized() if group is None else is_registered(group)
-            if not still_there:
-                raise  # it is gone, but the abort itself failed: report it
-            _log.warning("aborting process group %r failed; destroying it instead", group, exc_info=True)
-    dist.destroy_process_group(group)
+    try:
+        dist.distributed_c10d._abort_process_group(group)
+    except Exception:
+        still_there = dist.is_initialized() if group is None else is_registered(group)
+        if not still_there:
+            raise  # it is gone, but the abort itself failed: report it
+        if not _all_gloo(group):
+            raise  # never a graceful destroy on a failure path: it may wait on pending work
+        _log.warning("aborting process group %r failed; destroying it instead (gloo)", group, exc_info=True)
+        dist.destroy_process_group(group)
+
+
+def _all_gloo(group: Any) -> bool:
+    """True if ``group`` (None: every group) is served by gloo alone."""
+    entries = pg_map().values() if group is None else [pg_map()[group]]
+    return all(_gloo_only(entry[0]) for entry in entries)
+
+
+def abort_groups(groups: list[Any]) -> list[Exception]:
+    """Abort each registered group of ``groups`` (newest last in the list: aborted first); the errors, in order.
+
+    Rank-local and non-graceful (see ``abort_group``); the groups stay in ``groups``,
+    for the caller to drop its other references first and then ``free_in_parallel``.
+    """
+    errors: list[Exception] = []
+    for group in reversed(groups):
+        if is_registered(group):
+            try:
+                _abort_or_destroy(group)
+            except Exception as exc:  # noqa: BLE001 - abort the others, then report
+                errors.append(exc)
+    return errors
+
+
+def free_in_parallel(groups: list[Any], wait_s: float = FREE_WAIT_S) -> None:
+    """Drop the references in ``groups`` (emptied): aborted gloo groups are freed in parallel, within ``wait_s``.
+
+    In a world of one there is no connection to close: they are dropped here.
+    """
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        groups.clear()
+        return
+    _free_in_parallel(groups, wait_s)
 
 
 def _free_in_parallel(groups: list[Any], wait_s: float) -> None:

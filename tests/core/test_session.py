@@ -99,7 +99,7 @@ def test_final_states_refuse_every_trigger(final: State) -> None:
 def test_the_original_exception_propagates_with_a_note_per_failed_step() -> None:
     """Failed teardown steps never replace the original exception; each adds a note and later steps run."""
     actions = RecordingActions(
-        fail_on={"destroy_model_parallel": RuntimeError("mp"), "destroy_rerun_state_machine": OSError("rerun")}
+        fail_on={"abort_model_parallel": RuntimeError("mp"), "destroy_rerun_state_machine": OSError("rerun")}
     )
     original = ValueError("the real problem")
     with pytest.raises(ValueError) as info, Session(actions) as session:
@@ -108,12 +108,12 @@ def test_the_original_exception_propagates_with_a_note_per_failed_step() -> None
     assert info.value is original
     assert len(original.__notes__) == 2
     assert "destroy_rerun_state_machine" in original.__notes__[0] and "OSError: rerun" in original.__notes__[0]
-    assert "destroy_model_parallel" in original.__notes__[1]
+    assert "abort_model_parallel" in original.__notes__[1]
     assert actions.calls[-2:] == ["abort_process_group", "close_store"]  # the later steps still ran
     assert session.state is State.FAILED
     assert [f.step.kind for f in session.report.failed] == [  # type: ignore[union-attr]
         StepKind.DESTROY_RERUN_STATE_MACHINE,
-        StepKind.DESTROY_MODEL_PARALLEL,
+        StepKind.ABORT_MODEL_PARALLEL,
     ]
     # What failed to release is still held: nothing pretends it is gone.
     assert {e.resource for e in session.ledger.held()} == {Resource.MODEL_PARALLEL, Resource.RERUN_STATE_MACHINE}
@@ -134,18 +134,20 @@ def test_interrupts_take_the_failure_path_and_propagate(interrupt: BaseException
 
 def test_a_failing_success_step_switches_to_the_failure_plan() -> None:
     """From the first failed success step on, the failure plan runs: no barrier, abort not destroy; all reported."""
-    actions = RecordingActions(fail_on={"destroy_model_parallel": RuntimeError("mp")})
+    actions = RecordingActions(
+        fail_on={"destroy_model_parallel": RuntimeError("mp"), "abort_model_parallel": RuntimeError("mp abort")}
+    )
     session = Session(actions)
     run_to_training(session, actions)
     session.finish()
     with pytest.raises(TeardownError) as info:
         session.close()
     # The success plan's failure, then the failure plan's retry of what was still held.
-    assert [f.step.kind for f in info.value.failures] == [StepKind.DESTROY_MODEL_PARALLEL] * 2
+    assert [f.step.kind for f in info.value.failures] == [StepKind.DESTROY_MODEL_PARALLEL, StepKind.ABORT_MODEL_PARALLEL]
     assert session.state is State.FAILED
     assert actions.calls[-4:] == [
         "destroy_model_parallel",
-        "destroy_model_parallel",
+        "abort_model_parallel",
         "abort_process_group",
         "close_store",
     ]
@@ -156,7 +158,7 @@ def test_a_failing_success_step_switches_to_the_failure_plan() -> None:
     assert [(str(r.step), r.outcome.value) for r in report.records][-5:] == [
         ("destroy_microbatch_calculator", "success"),
         ("destroy_model_parallel", "success"),
-        ("destroy_model_parallel", "failure"),
+        ("abort_model_parallel", "failure"),
         ("abort_process_group", "failure"),
         ("close_store", "failure"),
     ]
@@ -190,7 +192,7 @@ def test_a_failure_during_acquisition_keeps_what_was_acquired_before_it() -> Non
         session.init_distributed()
         session.init_globals()
     assert session.state is State.FAILED
-    assert actions.calls[4:] == ["destroy_model_parallel", "abort_process_group", "close_store"]
+    assert actions.calls[4:] == ["abort_model_parallel", "abort_process_group", "close_store"]
 
 
 def test_caller_owned_resources_are_used_and_never_released() -> None:
@@ -200,7 +202,7 @@ def test_caller_owned_resources_are_used_and_never_released() -> None:
         run_to_training(session, actions)
         raise RuntimeError("x")
     assert session.ledger.owner(Resource.PROCESS_GROUP) is Owner.CALLER
-    assert "abort_process_group" not in actions.calls and "destroy_model_parallel" not in actions.calls
+    assert "abort_process_group" not in actions.calls and "abort_model_parallel" not in actions.calls
     assert LeftReason.CALLER in {why for _, why in session.report.left}  # type: ignore[union-attr]
 
 
@@ -296,7 +298,7 @@ def test_a_second_session_runs_after_a_failed_one() -> None:
 def test_an_interruption_during_teardown_is_raised_after_every_step_ran() -> None:
     """A Ctrl-C inside a teardown step does not cut teardown short; it is raised afterwards, chained."""
     interrupt = KeyboardInterrupt()
-    actions = RecordingActions(fail_on={"destroy_model_parallel": interrupt})
+    actions = RecordingActions(fail_on={"abort_model_parallel": interrupt})
     session = Session(actions)
     run_to_training(session, actions)
     original = RuntimeError("x")
@@ -339,7 +341,7 @@ def test_an_interrupt_inside_a_step_is_raised_after_teardown_from_the_group_of_t
     assert [type(e) for e in group.exceptions] == [OSError, OSError]  # success step, then the failure plan's
     assert actions.calls.count("user released") == 1
     # The failure plan ran on past the interrupted step: model-parallel state and the group were released.
-    assert actions.calls.index("destroy_model_parallel") > actions.calls.index("destroy_microbatch_calculator")
+    assert actions.calls.index("abort_model_parallel") > actions.calls.index("destroy_microbatch_calculator")
     assert actions.calls[-2:] == ["abort_process_group", "close_store"] and "barrier" not in actions.calls
     held = {entry.resource for entry in session.ledger.held()}
     assert session.state is State.FAILED and held == {Resource.RERUN_STATE_MACHINE, Resource.MICROBATCH_CALCULATOR}
@@ -348,7 +350,11 @@ def test_an_interrupt_inside_a_step_is_raised_after_teardown_from_the_group_of_t
 def test_except_star_on_a_teardown_error_keeps_its_type_and_its_steps() -> None:
     """``except*`` splits a ``TeardownError`` into ``TeardownError``s, each with the steps of its errors."""
     actions = RecordingActions(
-        fail_on={"destroy_model_parallel": RuntimeError("mp"), "abort_process_group": TimeoutError("b")}
+        fail_on={
+            "destroy_model_parallel": RuntimeError("mp"),
+            "abort_model_parallel": RuntimeError("mp abort"),
+            "abort_process_group": TimeoutError("b"),
+        }
     )
     session = Session(actions)
     run_to_training(session, actions)
@@ -363,7 +369,7 @@ def test_except_star_on_a_teardown_error_keeps_its_type_and_its_steps() -> None:
     timeouts, others = caught["timeout"], caught["runtime"]
     assert isinstance(timeouts, TeardownError) and isinstance(others, TeardownError)
     assert [f.step.kind for f in timeouts.failures] == [StepKind.ABORT_PROCESS_GROUP]
-    assert [f.step.kind for f in others.failures] == [StepKind.DESTROY_MODEL_PARALLEL] * 2
+    assert [f.step.kind for f in others.failures] == [StepKind.DESTROY_MODEL_PARALLEL, StepKind.ABORT_MODEL_PARALLEL]
     assert [f.error for f in others.failures] == list(others.exceptions)
 
 
@@ -477,7 +483,7 @@ def test_an_error_whose_str_and_repr_raise_is_still_reraised_as_the_same_object(
             raise RuntimeError("no repr")
 
     error = Unprintable()
-    actions = RecordingActions(fail_on={"destroy_model_parallel": Unprintable()})
+    actions = RecordingActions(fail_on={"abort_model_parallel": Unprintable()})
     with pytest.raises(Unprintable) as info, Session(actions) as session:
         run_to_training(session, actions)
         raise error

@@ -27,6 +27,7 @@ RELEASES = {
     "destroy_rerun_state_machine": Resource.RERUN_STATE_MACHINE,
     "destroy_microbatch_calculator": Resource.MICROBATCH_CALCULATOR,
     "destroy_model_parallel": Resource.MODEL_PARALLEL,
+    "abort_model_parallel": Resource.MODEL_PARALLEL,
     "destroy_process_group": Resource.PROCESS_GROUP,
     "abort_process_group": Resource.PROCESS_GROUP,
     "finalize_checkpoints": Resource.ASYNC_CHECKPOINT,

@@ -65,7 +65,7 @@ def test_a_ctrl_c_during_the_failure_teardown_waits_until_the_session_is_final()
     assert session.state is State.FAILED and session.ledger.held() == ()
     assert actions.calls[-4:] == [
         "destroy_microbatch_calculator",
-        "destroy_model_parallel",
+        "abort_model_parallel",
         "abort_process_group",
         "close_store",
     ]
@@ -80,7 +80,7 @@ def test_a_second_ctrl_c_abandons_the_rest_of_the_teardown_and_the_session_still
     assert session.state is State.FAILED and session.journal[-1].dest is State.FAILED
     report = session.report
     assert report is not None
-    assert [str(step) for step in report.abandoned] == ["destroy_model_parallel", "abort_process_group", "close_store"]
+    assert [str(step) for step in report.abandoned] == ["abort_model_parallel", "abort_process_group", "close_store"]
     assert "abort_process_group" not in actions.calls
     # The step the second Ctrl-C arrived during returned within the grace; the rest are for the
     # next session to reclaim (the store goes with the group that holds it).
@@ -118,7 +118,7 @@ def test_a_second_ctrl_c_leaves_a_hung_step_running_and_returns_within_a_second(
         assert report is not None
         assert [str(step) for step in report.left_running] == ["destroy_microbatch_calculator"]
         assert [str(step) for step in report.abandoned] == [
-            "destroy_model_parallel",
+            "abort_model_parallel",
             "abort_process_group",
             "close_store",
         ]
@@ -166,7 +166,7 @@ def test_a_deferred_sigterm_reaches_the_previous_handler_once_final() -> None:
     seen: list[tuple[int, State]] = []
     original = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append((signum, session.state)))
     try:
-        session = live(Session(InterruptingActions(at=("destroy_model_parallel",), signum=signal.SIGTERM)))
+        session = live(Session(InterruptingActions(at=("abort_model_parallel",), signum=signal.SIGTERM)))
         session.fail(RuntimeError("boom"))
         assert seen == [(signal.SIGTERM, State.FAILED)]
     finally:

@@ -151,8 +151,8 @@ def test_bad_configuration_is_rejected_before_anything_is_acquired(
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    ports, thread_count = listening(), len(threads())
     session = Session(TorchActions(distributed, parallel))
+    ports, thread_count = listening(), len(threads())  # after: the session starts its teardown workers with it
     with pytest.raises(ConfigError) as caught:
         session.init_distributed()
     assert caught.value.field == field
@@ -248,25 +248,25 @@ def test_interruptions_take_the_failure_path_and_propagate(interruption: type[Ba
     assert alive() == NOTHING_ALIVE
 
 
-class FailingDestroyModelParallel(TorchActions):
-    """TorchActions whose destroy_model_parallel raises before releasing anything."""
+class FailingAbortModelParallel(TorchActions):
+    """TorchActions whose abort_model_parallel (the failure plan's release of Megatron's state) raises at once."""
 
-    def destroy_model_parallel(self) -> None:
+    def abort_model_parallel(self) -> None:
         """Raise an injected teardown fault."""
         raise OSError("injected teardown fault")
 
 
 def test_failing_teardown_step_keeps_original_error_and_runs_later_steps() -> None:
     """A teardown step that raises adds a note to the original error (same object) and the group is still aborted."""
-    session = Session(FailingDestroyModelParallel(ONE, ParallelConfig()))
+    session = Session(FailingAbortModelParallel(ONE, ParallelConfig()))
     raised = RuntimeError("original")
     with pytest.raises(RuntimeError) as caught, session:
         drive(session, State.TRAINING)
         raise raised
     assert caught.value is raised
-    assert any("destroy_model_parallel" in note for note in raised.__notes__)
+    assert any("abort_model_parallel" in note for note in raised.__notes__)
     assert session.report is not None
-    assert [str(f.step) for f in session.report.failed] == ["destroy_model_parallel"]
+    assert [str(f.step) for f in session.report.failed] == ["abort_model_parallel"]
     assert [str(step) for step in session.report.ran[-2:]] == ["abort_process_group", "close_store"]
     assert not dist.is_initialized()
     assert alive()["microbatch_calculator"] is False and alive()["rerun_state_machine"] is False

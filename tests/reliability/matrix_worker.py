@@ -93,6 +93,7 @@ RELEASED_BY = {  # each release action of DistributedActions, and the init whose
     "destroy_rerun_state_machine": "init_rerun_state_machine",
     "destroy_microbatch_calculator": "init_microbatch_calculator",
     "destroy_model_parallel": "init_model_parallel",
+    "abort_model_parallel": "init_model_parallel",
     "destroy_process_group": "init_process_group",
     "abort_process_group": "init_process_group",
     "close_store": "init_store",
