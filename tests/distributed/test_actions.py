@@ -553,7 +553,7 @@ def test_two_ranks_failure_in_each_state_releases_blocked_peer(launcher: str, tm
             if rank == 0:
                 assert record["blocked_s"] < GROUP_TIMEOUT_S / 2, record  # released by rank 1's abort, not the timeout
             else:
-                assert record["error"] == "InjectedFault", record
+                assert record["error"] == "PlannedFailure", record
         assert success == {"final_state": "closed", "sum": 2.0, "alive": NOTHING_ALIVE}
 
 

@@ -93,7 +93,7 @@ def test_a_rank_two_attempts_ahead_meets_its_peer_and_both_close(tmp_path: Path)
     assert all(r.returncode == 0 for r in results), [r.output[-3000:] for r in results]
     ranks = _results(tmp_path)
     zero, one = ranks[0]["attempts"], ranks[1]["attempts"]
-    assert one[0]["error"] == "InjectedFault"
+    assert one[0]["error"] == "PlannedFailure"
     assert one[1]["state"] == "failed"  # gave up while rank 0 was still in setup
     assert len(one) >= 3 and len(zero) >= 2
     assert zero[-1]["state"] == one[-1]["state"] == "closed"
@@ -108,7 +108,7 @@ def test_a_store_host_failing_in_init_releases_its_peer_at_once_and_leaves_no_li
     assert all(r.returncode == 0 for r in results), [r.output[-3000:] for r in results]
     ranks = _results(tmp_path)
     host_first, peer_first = ranks[0]["first"], ranks[1]["first"]
-    assert host_first["error"] == "InjectedFault" and not host_first["listening_after"]
+    assert host_first["error"] == "PlannedFailure" and not host_first["listening_after"]
     assert peer_first["state"] == "failed" and peer_first["seconds"] < 10  # the group timeout is 30 s
     assert any("hosted by rank 0" in note for note in peer_first["notes"]), peer_first
     # Old code: the new rank 0 got EADDRINUSE, the old one's server still held the port.

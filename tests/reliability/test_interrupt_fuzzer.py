@@ -420,7 +420,7 @@ def test_a_failing_rank_tears_down_and_releases_a_peer_stuck_in_a_collective(tmp
     assert all(result.ok for result in results), "\n".join(map(str, results))
     stuck, failing = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
     print(f"\nstuck peer: rank 0 {stuck}\n            rank 1 {failing}")
-    assert failing["error"] == "InjectedFault" and failing["same_object"], failing
+    assert failing["error"] == "PlannedFailure" and failing["same_object"], failing
     assert failing["teardown_s"] < 2.0 < GROUP_TIMEOUT_S, failing  # no wait on the peer, nor for the timeout
     assert stuck["error"] is not None and "all_reduce" not in stuck, stuck
     released_s = stuck["error_at"] - failing["raised_at"]

@@ -27,7 +27,7 @@ from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
 from support.configs import FAST, GROUP_TIMEOUT_S
 from support.launch import run_workers
 from support.probes import GROUP_ENDS, TorchCalls, by_session, by_wrapper, megatron_left, monitor_pid, reap
-from support.session import LIVE_STATES
+from support.session import LIVE_STATES, PlannedFailure
 
 from lifecycle import (
     ConfigError,
@@ -50,10 +50,6 @@ from lifecycle import (
 from lifecycle.testing import RecordingActions, RecordingCheckpoints, free_ports, release_everything
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class InjectedFault(RuntimeError):
-    """The failure a test injects."""
 
 
 @dataclass
@@ -86,7 +82,7 @@ def _actions(prefix: str | None) -> TorchActions:
 class StagedJob:
     """The wrapped function of the single-rank tests: one session from ``uninitialized`` to ``closed``.
 
-    In the iterations ``fault_in`` accepts it raises ``InjectedFault`` while the
+    In the iterations ``fault_in`` accepts it raises ``PlannedFailure`` while the
     session is in ``fault_at``. Keeps every session, checkpoint double and timing.
     """
 
@@ -139,7 +135,7 @@ class StagedJob:
         if session.state is self.fault_at and self.fault_in(iteration):
             if self.before_fault is not None:
                 self.before_fault(session)
-            error = InjectedFault(f"iteration {iteration}, state {session.state.value}")
+            error = PlannedFailure(f"iteration {iteration}, state {session.state.value}")
             self.raised.append(error)
             self.raised_at = time.monotonic()
             raise error
@@ -268,7 +264,7 @@ def test_max_restarts_is_honoured(world_of_one: WorldOfOne) -> None:
         restart.run(job, max_restarts=2, group_timeout_s=GROUP_TIMEOUT_S, **FAST)
     assert [s.iteration for s in job.sessions] == [0, 1, 2]
     assert all(s.state is State.FAILED for s in job.sessions)
-    assert any("iteration 2 failed with InjectedFault" in note for note in info.value.__notes__)
+    assert any("iteration 2 failed with PlannedFailure" in note for note in info.value.__notes__)
     assert_nothing_left(world_of_one)
 
 

@@ -1,4 +1,4 @@
-"""Driving a session along the happy path."""
+"""Driving a session along the happy path, and the failure a test raises in one on purpose."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ from lifecycle import Session, State
 
 LIVE_STATES = tuple(state for state in State if not state.is_final)
 """The states a session can fail in, in happy-path order."""
+
+
+class PlannedFailure(RuntimeError):
+    """The failure a test or a worker raises on purpose (``pretrain``'s own is ``lifecycle.InjectedFault``)."""
 
 
 def drive(session: Session, state: State | str) -> None:

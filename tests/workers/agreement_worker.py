@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from support.session import PlannedFailure
 
 from lifecycle import DistributedConfig, ParallelConfig, Session, TorchActions
 from lifecycle.testing import sockets
@@ -31,10 +32,6 @@ from lifecycle.testing import sockets
 SETUP_S = 6.0  # rank 0's first setup, longer than rank 1's timeout
 SHORT_TIMEOUT_S = 4.0
 LINGER_S = 2.0  # how long rank 0 keeps its first session's store after rank 1 closed its own
-
-
-class InjectedFault(RuntimeError):
-    """The failure a scenario injects."""
 
 
 def listening(port: int) -> bool:
@@ -74,7 +71,7 @@ def behind(rank: int, port: int) -> dict[str, Any]:
         if rank == 0 and len(attempts) == 0:
             time.sleep(SETUP_S)  # still in setup when rank 1 fails and retries
         if rank == 1 and len(attempts) == 0:
-            raise InjectedFault("rank 1 fails at once")
+            raise PlannedFailure("rank 1 fails at once")
 
     for _ in range(6):
         attempts.append(attempt(config, work))
@@ -93,7 +90,7 @@ def host_fails(rank: int, port: int) -> dict[str, Any]:
         def failing(**kwargs: Any) -> None:
             time.sleep(0.5)  # rank 1 is in the rendezvous by now
             kwargs.clear()  # this frame stays in the traceback: it must not hold the store as torch's would
-            raise InjectedFault("rank 0 fails while creating its group")
+            raise PlannedFailure("rank 0 fails while creating its group")
 
         dist.init_process_group = failing  # type: ignore[assignment]
         try:

@@ -20,17 +20,13 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from support.configs import GROUP_TIMEOUT_S
 from support.probes import alive
-from support.session import drive
+from support.session import PlannedFailure, drive
 
 from lifecycle import DistributedConfig, ParallelConfig, Session, TorchActions
 from lifecycle.testing import release_everything
 
 FAIL_STATES = ("dist_ready", "globals_ready", "training", "finalizing")
 DELAY_S = 0.3  # how long rank 0 is surely blocked before rank 1 raises
-
-
-class InjectedFault(RuntimeError):
-    """The failure rank 1 raises."""
 
 
 def group_for(state: str) -> Any:
@@ -53,7 +49,7 @@ def fail_in(state: str, rank: int) -> dict[str, Any]:
             dist.all_reduce(torch.ones(1), group=group_for(state))  # both ranks are in ``state`` now
             if rank == 1:
                 time.sleep(DELAY_S)
-                raised = InjectedFault(state)
+                raised = PlannedFailure(state)
                 failed_at = time.monotonic()
                 raise raised
             blocked = time.monotonic()

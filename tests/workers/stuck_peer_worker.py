@@ -19,16 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from support.configs import GROUP_TIMEOUT_S
+from support.session import PlannedFailure
 
 from lifecycle import DistributedConfig, ParallelConfig, Session, TorchActions
 from lifecycle.testing import alive
 
 DELAY_S = 0.3
 """How long rank 1 waits before it raises: rank 0 is surely blocked by then."""
-
-
-class InjectedFault(RuntimeError):
-    """What rank 1 raises."""
 
 
 def main() -> int:
@@ -48,7 +45,7 @@ def main() -> int:
             dist.all_reduce(torch.ones(1))  # both ranks are in training now
             if rank == 1:
                 time.sleep(DELAY_S)
-                raised = InjectedFault("rank 1 fails while rank 0 waits")
+                raised = PlannedFailure("rank 1 fails while rank 0 waits")
                 record["raised_at"] = time.time()
                 failed_at = time.monotonic()
                 raise raised
