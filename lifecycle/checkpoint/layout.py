@@ -1,14 +1,19 @@
 """The on-disk layout of a checkpoint directory, and the file operations every part shares.
 
-Layout under ``directory``::
+Layout under ``directory`` (format 2, written since issue 28; docs/checkpoint-format.md)::
 
-    .lifecycle-owner                       JSON: the run id of the job that owns the folder
-    step_0000000002/rank00000-<token>.pt   one shard per writing rank and save attempt
-    step_0000000002/manifest.json          commit record: written only by finalize()
-    latest                                 JSON marker naming the committed step
+    .lifecycle-owner                               JSON: the run id of the job that owns the folder
+    step_0000000002/__0_<token>_0.distcp           DCP data: rank 0's tensors of one save attempt
+    step_0000000002/__0_<token>.json               rank 0's record: non-tensor state, where each tensor lies
+    step_0000000002/.metadata                      DCP's global metadata: written by rank 0 at the commit
+    step_0000000002/manifest.json                  commit record: written last, only by finalize()
+    latest                                         JSON marker naming the committed step
 
-A step folder without a valid manifest is a partial checkpoint and is never returned.
-Temporary files are hidden (``.<name>.<hex>.tmp``) and never read.
+A step folder is committed when its manifest is valid and every file it lists (each
+writing rank's record and data files, and ``.metadata``) is present with its recorded
+size; anything else is a partial checkpoint and is never returned. Temporary files are
+hidden (``.<name>.<hex>.tmp``) and never read. Format 1 (one ``torch.save`` file per
+writing rank, ``rank00000-<token>.pt``) is still read.
 
 Without a ``ShardLayout`` every rank writes its own shard and the manifest lists them
 by rank (``shards[i]["rank"] == i``); such a checkpoint loads on the same world size
@@ -36,9 +41,18 @@ from lifecycle.checkpoint.errors import CheckpointError, CheckpointUnreadable, o
 MARKER = "latest"
 MANIFEST = "manifest.json"
 OWNER = ".lifecycle-owner"
-FORMAT = 1
+FORMAT = 2
+"""The format finalize() writes; ``FORMATS`` are those read."""
+FORMATS = (1, 2)
 STEP_RE = re.compile(r"step_(\d+)")
 SHARD_RE = re.compile(r"rank\d{5}-[0-9a-f]{16}\.pt")
+"""Format 1: one torch.save file per writing rank and save attempt."""
+DATA_RE = re.compile(r"__\d+_[0-9a-f]{16}_\d+\.distcp")
+"""Format 2: a rank's DCP data file of one save attempt."""
+RECORD_RE = re.compile(r"__\d+_[0-9a-f]{16}\.json")
+"""Format 2: a rank's record of one save attempt."""
+DCP_METADATA = ".metadata"
+"""Format 2: DCP's global metadata (a pickle that DCP's reader loads; lifecycle's loader never reads it)."""
 TMP_RE = re.compile(r"\..+\.tmp")
 
 
@@ -182,9 +196,9 @@ def step_folders(directory: Path) -> list[int]:
 def read_manifest(folder: Path, step: int) -> tuple[dict[str, Any], bytes]:
     """Return the folder's manifest and its bytes if the checkpoint is complete; else raise CheckpointError.
 
-    Complete: a manifest of this format and step listing ranks 0..world_size-1 (with
-    a layout: shards 0..tensor*pipeline-1), each shard present with its recorded size
-    (checksums are checked by the loader). A manifest or shard that is absent, or a
+    Complete: a manifest of a known format and this step listing ranks 0..world_size-1 (with
+    a layout: shards 0..tensor*pipeline-1), each file it lists (``listed_files``)
+    present with its recorded size (checksums are checked by the loader). A manifest or shard that is absent, or a
     manifest that is invalid, raises ``CheckpointError``: the step is partial. An I/O
     error reading either (ESTALE, EIO, ...) raises ``CheckpointUnreadable`` (a
     ``CheckpointError``): the step may be complete, and clean-up must keep it.
@@ -194,7 +208,7 @@ def read_manifest(folder: Path, step: int) -> tuple[dict[str, Any], bytes]:
         raw = path.read_bytes()
         manifest = json.loads(raw)
         shards = manifest["shards"]
-        if manifest["format"] != FORMAT or manifest["step"] != step:
+        if manifest["format"] not in FORMATS or manifest["step"] != step:
             raise ValueError("format or step does not match")
         sizes = manifest.get("layout")
         if sizes is not None:
@@ -203,7 +217,7 @@ def read_manifest(folder: Path, step: int) -> tuple[dict[str, Any], bytes]:
                 raise ValueError("shards do not list shards 0..tensor*pipeline-1")
         elif [s["rank"] for s in shards] != list(range(manifest["world_size"])):
             raise ValueError("shards do not list ranks 0..world_size-1")
-        for s in shards:
+        for s in listed_files(manifest):
             name = s["file"]
             if not isinstance(name, str) or Path(name).name != name:
                 raise ValueError(f"invalid file name {name!r}")  # never read outside the folder
@@ -221,3 +235,17 @@ def read_manifest(folder: Path, step: int) -> tuple[dict[str, Any], bytes]:
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"no valid manifest at {path}: {exc}") from exc
     return dict(manifest), raw
+
+
+def listed_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every file a manifest lists, as ``{"file", "bytes", ...}`` entries.
+
+    Format 1: each shard. Format 2: each shard's record and data files, and ``.metadata``.
+    """
+    files: list[dict[str, Any]] = []
+    for shard in manifest["shards"]:
+        files.append(shard)
+        files.extend(shard["data"] if manifest["format"] >= 2 else [])
+    if manifest["format"] >= 2:
+        files.append(manifest["metadata"])
+    return files

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lifecycle.checkpoint.dcp_format import load_shard, read_record
 from lifecycle.checkpoint.errors import CheckpointError, CheckpointMismatch
 from lifecycle.checkpoint.layout import (
     MANIFEST,
@@ -207,23 +208,38 @@ def _check(
             what = "layout (tensor and pipeline parallel sizes must match; the data-parallel size may differ)"
             return _Check(_Verdict.MISMATCH, mismatch=CheckpointMismatch(str(folder), what, found, wanted))
         assert layout is not None
-        return _check_shard(folder, shards[layout.shard], state_dict)
+        return _check_shard(folder, shards[layout.shard], state_dict, manifest["format"])
     if (world is not None and len(shards) != world) or rank >= len(shards):
         expected = world if world is not None else f"at least {rank + 1}"
         what = f"world size (no shard for rank {rank})" if rank >= len(shards) else "world size"
         return _Check(_Verdict.MISMATCH, mismatch=CheckpointMismatch(str(folder), what, len(shards), expected))
-    return _check_shard(folder, shards[rank], state_dict)
+    return _check_shard(folder, shards[rank], state_dict, manifest["format"])
 
 
-def _check_shard(folder: Path, entry: dict[str, Any], state_dict: dict[str, Any]) -> _Check:
-    """Check one manifest entry's shard: its checksum, that it loads safely, that it fits ``state_dict``."""
+def _check_shard(folder: Path, entry: dict[str, Any], state_dict: dict[str, Any], fmt: int) -> _Check:
+    """Check one manifest entry's shard: its checksums, that it loads safely, that it fits ``state_dict``.
+
+    Format 1: one ``torch.save`` file. Format 2: the rank's record (checked against the
+    manifest) and its DCP data files; tensors are read from their offsets. Either way
+    with ``torch.load(weights_only=True)``: nothing arbitrary is unpickled.
+    """
     path = folder / entry["file"]
     try:
-        if sha256(path).hex() != entry["sha256"]:
-            return _Check(
-                _Verdict.UNUSABLE, f"shard {path} is corrupt: its checksum does not match {folder / MANIFEST}"
-            )
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        if fmt == 1:
+            if sha256(path).hex() != entry["sha256"]:
+                return _Check(
+                    _Verdict.UNUSABLE, f"shard {path} is corrupt: its checksum does not match {folder / MANIFEST}"
+                )
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            for data in entry["data"]:
+                data_path = folder / data["file"]
+                if sha256(data_path).hex() != data["sha256"]:
+                    return _Check(
+                        _Verdict.UNUSABLE,
+                        f"shard {data_path} is corrupt: its checksum does not match {folder / MANIFEST}",
+                    )
+            loaded = load_shard(folder, read_record(folder, entry))
     except Exception as exc:  # noqa: BLE001 - an unreadable shard makes the step unusable, like a corrupt one
         return _Check(_Verdict.UNUSABLE, f"cannot load shard {path}: {exc}")
     if not isinstance(loaded, dict):

@@ -51,7 +51,7 @@ def test_a_shard_corrupt_in_place_on_one_rank_makes_all_fall_back_together(tmp_p
         assert (report["loaded"], report["error"]) == (2, None), report
         assert report["w"] == [20.0 + rank] * 3
         (warning,) = report["warnings"]
-        (shard,) = (tmp_path / "step_0000000004").glob("rank00001-*.pt")
+        (shard,) = (tmp_path / "step_0000000004").glob("__1_*_0.distcp")
         assert f"step 4 is unusable on every rank (on rank 1: shard {shard} is corrupt" in warning
         assert warning.endswith("every rank resumes from step 2")
 
@@ -85,7 +85,7 @@ def test_a_commit_refuses_shards_rank_0_cannot_see(tmp_path: Path) -> None:
     """Rank 1 writes where rank 0 cannot see: every rank's finalize fails naming the missing shard (was: committed)."""
     mine, elsewhere = tmp_path / "ckpt", tmp_path / "elsewhere"
     reports = _two_ranks("own_folders", str(mine), str(elsewhere))
-    (shard,) = (elsewhere / "step_0000000001").glob("rank00001-*.pt")
+    (shard,) = (elsewhere / "step_0000000001").glob("__1_*.json")
     missing = mine / "step_0000000001" / shard.name
     for report in reports:
         assert report["committed"] is None

@@ -80,7 +80,7 @@ def test_a_full_disk_names_the_os_error_and_the_shard_and_leaves_no_tmp_file(tmp
             writer.finalize()
         message = str(caught.value)
         assert "[Errno 28 ENOSPC] No space left on device" in message
-        assert f"rank 0 could not write its shard {full / 'step_0000000001' / 'rank00000-'}" in message
+        assert f"rank 0 could not write its shard {full / 'step_0000000001' / '__0_'}" in message
         assert [p.name for p in (full / "step_0000000001").iterdir()] == []
         assert latest_checkpoint(full) is None
 
@@ -179,7 +179,7 @@ def _as_nobody_in(base: Path) -> None:
     assert report["probe"].startswith(f"cannot write to the checkpoint directory: probe file {root_owned}/.probe-")
     assert report["probe"].endswith(denied)
     step = nobody_owned / "step_0000000001"
-    assert f"rank 0 could not write its shard {step}/rank00000-" in report["write"] and denied in report["write"]
+    assert f"rank 0 could not write its shard {step}/__0_" in report["write"] and denied in report["write"]
 
 
 @pytest.mark.slow
@@ -192,5 +192,5 @@ def test_a_peer_sees_the_os_error_of_the_rank_whose_disk_is_full(tmp_path: Path)
             assert report["committed"] is None
             error = report["error"]
             assert "not committed: ranks [1] failed to write their shard: rank 1 could not write its shard" in error
-            assert f"{full / 'step_0000000001' / 'rank00001-'}" in error
+            assert f"{full / 'step_0000000001' / '__1_'}" in error
             assert "[Errno 28 ENOSPC] No space left on device" in error

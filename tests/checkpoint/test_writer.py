@@ -62,8 +62,15 @@ def _commit(directory: Path, step: int, seed: int) -> torch.nn.Linear:
 
 
 def _only_shard(folder: Path) -> Path:
-    (shard,) = folder.glob("rank00000-*.pt")
+    """Rank 0's DCP data file in a one-rank step folder."""
+    (shard,) = folder.glob("__0_*_0.distcp")
     return shard
+
+
+def _only_record(folder: Path) -> Path:
+    """Rank 0's record (what a CheckpointMismatch names) in a one-rank step folder."""
+    (record,) = folder.glob("__0_*.json")
+    return record
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -216,7 +223,7 @@ def test_a_hung_write_fails_finalize_at_its_bound_and_its_late_file_is_removed(t
     elapsed = time.monotonic() - start
     assert 0.5 <= elapsed < 1.5, elapsed
     assert "ranks [0] failed to write their shard: rank 0 could not write its shard " in str(caught.value)
-    assert f"{tmp_path / 'step_0000000002'}/rank00000-" in str(caught.value)
+    assert f"{tmp_path / 'step_0000000002'}/__0_" in str(caught.value)
     assert "did not finish within 0.5 s (write_timeout_s)" in str(caught.value)
     gate.set()  # the write completes late: abandoned, it removes its own file
     assert isinstance(done(), CheckpointError)
@@ -250,7 +257,7 @@ def test_abort_from_another_thread_wakes_a_waiting_finalize(tmp_path: Path) -> N
 
     aborter = threading.Thread(target=abort_soon)
     aborter.start()
-    with pytest.raises(CheckpointError, match=r"rank 0 aborted the save of .*rank00000-.* while finalize"):
+    with pytest.raises(CheckpointError, match=r"rank 0 aborted the save of .*/__0_.* while finalize"):
         writer.finalize()
     woke = time.monotonic() - aborted_at[0]
     aborter.join()
@@ -374,12 +381,18 @@ def test_load_never_unpickles_arbitrary_objects(tmp_path: Path) -> None:
     """A committed shard holding a custom object is refused by the weights_only loader (a warning, nothing loaded)."""
     _commit(tmp_path, 1, seed=1)
     folder = tmp_path / "step_0000000001"
-    shard = _only_shard(folder)
-    torch.save({"model": _NotATensor()}, shard)
+    shard, record = _only_shard(folder), _only_record(folder)
+    torch.save(_NotATensor(), shard)  # every tensor's bytes now unpickle a custom object
+    entry = json.loads(record.read_text())
+    for tensor in entry["tensors"]:
+        tensor["chunks"][0].update(offset=0, length=shard.stat().st_size)
+    entry["files"][0].update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    record.write_text(json.dumps(entry))
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["shards"][0].update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    manifest["shards"][0].update(bytes=record.stat().st_size, sha256=hashlib.sha256(record.read_bytes()).hexdigest())
+    manifest["shards"][0]["data"] = entry["files"]
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.warns(RuntimeWarning, match=f"cannot load shard {shard}"):
+    with pytest.warns(RuntimeWarning, match=f"(?s)cannot load shard {record}: Weights only load failed.*_NotATensor"):
         assert load_checkpoint(tmp_path, {"model": {}}) is None
     with pytest.raises(TypeError, match="_NotATensor"):
         AsyncCheckpointer(tmp_path / "other").save(1, {"x": _NotATensor()})
@@ -390,7 +403,7 @@ def test_a_mismatched_state_dict_is_not_half_restored(tmp_path: Path) -> None:
     writer = AsyncCheckpointer(tmp_path)
     writer.save(1, {"a": torch.ones(2), "b": torch.ones(3), "nested": {"n": torch.ones(1)}})
     writer.finalize()
-    shard = str(_only_shard(tmp_path / "step_0000000001"))
+    shard = str(_only_record(tmp_path / "step_0000000001"))
     target = {"a": torch.zeros(2), "b": torch.zeros(4)}
     with pytest.raises(CheckpointMismatch) as caught:
         load_checkpoint(tmp_path, target)
@@ -422,7 +435,7 @@ def test_each_way_a_state_dict_can_disagree_is_a_checkpoint_mismatch(
     with pytest.raises(CheckpointMismatch) as caught:
         load_checkpoint(tmp_path, target)
     assert (caught.value.what, caught.value.found, caught.value.wanted) == (what, found, wanted)
-    assert caught.value.path == str(_only_shard(tmp_path / "step_0000000001"))
+    assert caught.value.path == str(_only_record(tmp_path / "step_0000000001"))
     assert _same(target, before)  # nothing was loaded
 
 
@@ -448,6 +461,38 @@ def test_checkpoint_refusals_pickle_and_copy_with_their_fields(how: Callable[[An
         assert type(clone) is type(error)
         assert str(clone) == str(error)
         assert vars(clone) == vars(error)
+
+
+def _write_format_1(directory: Path, step: int, state: dict[str, Any]) -> None:
+    """A step folder as lifecycle wrote it before the DCP format: one torch.save shard, a format-1 manifest."""
+    folder = directory / f"step_{step:010d}"
+    folder.mkdir(parents=True)
+    shard = folder / "rank00000-00000000000000ab.pt"
+    torch.save(state, shard)
+    digest = hashlib.sha256(shard.read_bytes()).hexdigest()
+    entry = {"rank": 0, "file": shard.name, "bytes": shard.stat().st_size, "sha256": digest}
+    manifest = {"format": 1, "step": step, "world_size": 1, "shards": [entry]}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (directory / "latest").write_text(json.dumps({"step": step}))
+
+
+def test_a_checkpoint_in_the_format_before_dcp_still_resumes_and_is_kept(tmp_path: Path) -> None:
+    """A format-1 step loads; after a DCP-format commit it is kept and is the fall-back when the new one is corrupt."""
+    model, optim = _trained(1)
+    _write_format_1(tmp_path, 1, _state(model, optim))
+    new_model, new_optim, target = _fresh()
+    assert load_checkpoint(tmp_path, target) == 1
+    new_optim.load_state_dict(target["optim"])
+    assert torch.equal(new_model.weight, model.weight) and target["step_in_epoch"] == 7
+    writer = AsyncCheckpointer(tmp_path)
+    writer.save(2, _state(*_trained(2)))
+    assert writer.finalize() == 2
+    assert (tmp_path / "step_0000000001" / "rank00000-00000000000000ab.pt").is_file()
+    assert json.loads((tmp_path / "step_0000000002" / "manifest.json").read_text())["format"] == 2
+    _flip_a_byte(_only_shard(tmp_path / "step_0000000002"))
+    _, _, target = _fresh()
+    with pytest.warns(RuntimeWarning, match="step 2 is unusable: shard .* is corrupt.*resuming from step 1"):
+        assert load_checkpoint(tmp_path, target) == 1
 
 
 def test_nothing_committed_means_none(tmp_path: Path) -> None:
@@ -518,7 +563,7 @@ def test_a_hung_write_on_one_rank_fails_finalize_on_every_rank_within_its_bound(
     assert reports[0]["error"] == reports[1]["error"], reports
     error = reports[0]["error"]
     assert "ranks [1] failed to write their shard: rank 1 could not write its shard " in error
-    assert f"{tmp_path / 'step_0000000002'}/rank00001-" in error and "within 3 s (write_timeout_s)" in error
+    assert f"{tmp_path / 'step_0000000002'}/__1_" in error and "within 3 s (write_timeout_s)" in error
     for report in reports:
         assert report["bound"] == 3.0 and report["latest"] == 1
         assert report["elapsed"] < 5.5, reports  # the group timeout is 6 s: the peer was still there

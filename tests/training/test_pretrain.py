@@ -158,7 +158,7 @@ def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning_naming_it(tmp_pat
     pretrain(config_of_one(tmp_path, iterations=4))
     step, folder = latest_checkpoint(tmp_path / "ckpt") or (None, None)
     assert step == 4 and folder is not None
-    shard = next(folder.glob("rank*.pt"))
+    shard = next(folder.glob("__0_*.distcp"))  # rank 0's DCP data file
     shard.write_bytes(b"\0" * shard.stat().st_size)
     config = config_of_one(tmp_path, iterations=6, checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt"), resume=True))
     with pytest.warns(RuntimeWarning, match=f"{shard} is corrupt"):

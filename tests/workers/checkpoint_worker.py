@@ -61,7 +61,7 @@ def _two_steps(directory: str) -> None:
 
 
 def _flip_own_shard(folder: Path) -> None:
-    (shard,) = folder.glob(f"rank{RANK:05d}-*.pt")
+    (shard,) = folder.glob(f"__{RANK}_*_0.distcp")
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))  # same size: only the checksum can tell

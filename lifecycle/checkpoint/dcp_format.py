@@ -1,0 +1,329 @@
+"""The torch Distributed Checkpoint (DCP) side of a step folder: what each rank writes, what rank 0 merges.
+
+A committed step folder is a DCP checkpoint: ``torch.distributed.checkpoint.load`` and
+``format_utils.dcp_to_torch_save`` read it. DCP's own ``save`` does not fit (its
+collectives run wherever it runs, ``async_save``'s in a background thread a rank-local
+abort cannot stop; ``no_dist`` writers in one folder overwrite each other's files), so
+its public parts are used one by one:
+
+- on the caller's thread, ``plan_save`` turns the staged state into a flat map of tensors
+  (the key of each is its path joined with ``.``, as DCP's own flattening names it,
+  under this rank's slice key when there are several slices) and a JSON skeleton of
+  everything else, and plans the writes with a ``DefaultSavePlanner``;
+- in the writer thread, ``write_planned`` writes them with a ``FileSystemWriter`` into
+  one data file named for this rank and save attempt, fsyncs it, and writes this rank's
+  record (JSON: the skeleton, where each tensor lies, the files' sizes and SHA-256);
+  the planner checks the cancel flag before each tensor, so an abort stops the write at
+  the next item;
+- at the commit, rank 0 reads every writing rank's record (its size and SHA-256 came in
+  the commit's all_gather) and writes the global ``.metadata`` (``write_global_metadata``).
+
+Private torch names used (no public equivalent; tested on torch 2.13 and 2.15):
+``torch.distributed.checkpoint.filesystem._StorageInfo`` (where a chunk lies, as
+``.metadata`` records it) and ``_StoragePrefix`` (the data file's name prefix a
+``FileSystemWriter`` reads from a plan's ``storage_data``).
+
+Non-tensor values never go through pickle: they are in the record's JSON skeleton, and
+``load_shard`` reads tensors with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import FileSystemWriter, _StorageInfo, _StoragePrefix
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import SavePlan, WriteItem
+from torch.distributed.checkpoint.storage import WriteResult
+
+from lifecycle.checkpoint.errors import CheckpointError
+from lifecycle.checkpoint.layout import DATA_RE, DCP_METADATA, RECORD_RE, ShardLayout, fsync_dir, sha256, write_atomic
+
+__all__ = [
+    "DATA_RE",
+    "DCP_METADATA",
+    "RECORD_RE",
+    "Planned",
+    "data_name",
+    "load_shard",
+    "plan_save",
+    "read_record",
+    "record_name",
+    "slice_key",
+    "write_global_metadata",
+    "write_planned",
+]
+
+RECORD_FORMAT = 1
+
+
+def record_name(rank: int, token: int) -> str:
+    """This rank's record for one save attempt: ``__<rank>_<token>.json``."""
+    return f"__{rank}_{token:016x}.json"
+
+
+def data_name(rank: int, token: int) -> str:
+    """The data-file prefix of one rank's save attempt; the ``FileSystemWriter`` appends ``0.distcp``."""
+    return f"__{rank}_{token:016x}_"
+
+
+def slice_key(layout: ShardLayout | None, rank: int, world: int) -> str | None:
+    """The top-level key this rank's tensors sit under: None with one slice, else ``tp<t>_pp<p>`` or ``rank<r>``.
+
+    Tensors of different model-parallel slices share their names, so each slice is keyed
+    apart; with one slice (no model parallelism) the keys are the state dict's own.
+    """
+    if layout is not None:
+        return None if layout.shards == 1 else f"tp{layout.tensor_rank}_pp{layout.pipeline_rank}"
+    return None if world == 1 else f"rank{rank}"
+
+
+# -- the JSON skeleton -------------------------------------------------------------------
+
+Path_ = tuple[str | int, ...]
+
+
+def _fqn(path: Path_) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _encode(value: Any, path: Path_, tensors: dict[str, tuple[Path_, torch.Tensor]]) -> Any:
+    """``value`` as JSON, each tensor replaced by ``{"tensor": fqn}`` and collected in ``tensors``.
+
+    Containers are tagged (``{"dict": [[key, value], ...]}``, ``list``, ``tuple``,
+    ``size``, ``dtype``), so decoding restores their types and int keys exactly.
+    """
+    if isinstance(value, torch.Tensor):
+        fqn = _fqn(path)
+        tensors[fqn] = (path, value)
+        return {"tensor": fqn}
+    if isinstance(value, Mapping):
+        return {"dict": [[k, _encode(v, (*path, str(k)), tensors)] for k, v in value.items()]}
+    if isinstance(value, torch.Size):
+        return {"size": list(value)}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, (list, tuple)):
+        items = [_encode(v, (*path, i), tensors) for i, v in enumerate(value)]
+        return {"list": items} if isinstance(value, list) else {"tuple": items}
+    return value  # None, bool, int, float, str: staging allowed nothing else
+
+
+def _decode(node: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    if not isinstance(node, dict):
+        return node
+    ((tag, body),) = node.items()
+    if tag == "tensor":
+        return tensors[body]
+    if tag == "dict":
+        return {k: _decode(v, tensors) for k, v in body}
+    if tag == "list":
+        return [_decode(v, tensors) for v in body]
+    if tag == "tuple":
+        return tuple(_decode(v, tensors) for v in body)
+    if tag == "size":
+        return torch.Size(body)
+    if tag == "dtype":
+        dtype = getattr(torch, body)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"not a dtype: {body!r}")
+        return dtype
+    raise ValueError(f"unknown skeleton tag {tag!r}")
+
+
+# -- planning (caller's thread) and writing (writer thread) -------------------------------
+
+
+class _CancellablePlanner(DefaultSavePlanner):
+    """A ``DefaultSavePlanner`` that stops the write before the next item once ``cancel`` is set."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.cancel = cancel
+
+    def resolve_data(self, write_item: WriteItem) -> torch.Tensor | io.BytesIO:
+        """The item's tensor; ``CheckpointError`` once the save was aborted."""
+        if self.cancel.is_set():
+            raise CheckpointError("the save was aborted while it was being written")
+        return super().resolve_data(write_item)
+
+
+@dataclasses.dataclass
+class Planned:
+    """One rank's save, planned on the caller's thread: the skeleton, the tensors and the write plan."""
+
+    skeleton: Any
+    tensors: dict[str, tuple[Path_, torch.Tensor]]
+    planner: _CancellablePlanner
+    plan: SavePlan
+    prefix: str
+
+
+def plan_save(staged: Mapping[str, Any], key: str | None, prefix: str, cancel: threading.Event) -> Planned:
+    """Plan the write of ``staged`` (CPU copies) under slice ``key``, to data files named ``prefix<n>.distcp``.
+
+    No collective, no file: DCP's planner runs on this rank's own keys alone.
+    """
+    tensors: dict[str, tuple[Path_, torch.Tensor]] = {}
+    root: Path_ = () if key is None else (key,)
+    skeleton = {"dict": [[k, _encode(v, (*root, str(k)), tensors)] for k, v in staged.items()]}
+    planner = _CancellablePlanner(cancel)
+    planner.set_up_planner({fqn: t for fqn, (_, t) in tensors.items()}, None, True)
+    plan = planner.create_local_plan()
+    # Private: a FileSystemWriter names its files from the plan's storage_data prefix.
+    plan = planner.finish_plan(dataclasses.replace(plan, storage_data=_StoragePrefix(prefix)))
+    return Planned(skeleton, tensors, planner, plan, prefix)
+
+
+def write_planned(planned: Planned, folder: Path, record: Path, step: int, rank: int) -> None:
+    """Write the planned tensors into ``folder`` (fsynced), then this rank's ``record`` (write-tmp + rename).
+
+    Writer thread only: local files, no collective. Raises whatever the write raised
+    (``CheckpointError`` once cancelled); the caller removes what was left.
+    """
+    writer = FileSystemWriter(folder, single_file_per_rank=True, sync_files=True, thread_count=1)
+    # per_thread_copy_ahead=0: the serial loader; the tensors are CPU copies already (no CUDA stream).
+    writer.per_thread_copy_ahead = 0
+    results: list[WriteResult] = writer.write_data(planned.plan, planned.planner).wait()
+    fsync_dir(folder)
+    files = sorted({str(r.storage_data.relative_path) for r in results})
+    chunks: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        info = r.storage_data
+        offsets = list(r.index.offset) if r.index.offset is not None else []
+        chunks.setdefault(r.index.fqn, []).append(
+            {"offsets": offsets, "file": info.relative_path, "offset": info.offset, "length": info.length}
+        )
+    tensors = []
+    for fqn, (path, tensor) in planned.tensors.items():
+        tensors.append(
+            {
+                "fqn": fqn,
+                "path": list(path),
+                "dtype": str(tensor.dtype).removeprefix("torch."),
+                "size": list(tensor.shape),
+                "chunks": chunks[fqn],
+            }
+        )
+    body = {
+        "format": RECORD_FORMAT,
+        "step": step,
+        "rank": rank,
+        "state": planned.skeleton,
+        "tensors": tensors,
+        "files": [{"file": f, "bytes": (folder / f).stat().st_size, "sha256": sha256(folder / f).hex()} for f in files],
+    }
+    write_atomic(record, json.dumps(body).encode())
+
+
+# -- reading records, the global metadata, a shard ----------------------------------------
+
+
+def read_record(folder: Path, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The record a manifest (or commit) ``entry`` names, checked against its size and SHA-256.
+
+    ``CheckpointError`` naming the file if it is missing, of another size or checksum, or
+    not a record; ``OSError`` for an I/O error reading it.
+    """
+    path = folder / str(entry["file"])
+    raw = path.read_bytes()
+    if len(raw) != entry["bytes"] or hashlib.sha256(raw).hexdigest() != entry["sha256"]:
+        raise CheckpointError(f"record {path} is corrupt: its size or checksum does not match what its rank wrote")
+    try:
+        record = json.loads(raw)
+        if record["format"] != RECORD_FORMAT:
+            raise ValueError(f"record format {record['format']!r}")
+        for f in record["files"]:
+            if not isinstance(f["file"], str) or Path(f["file"]).name != f["file"]:
+                raise ValueError(f"invalid file name {f['file']!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"record {path} is invalid: {exc}") from exc
+    return dict(record)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"unknown dtype {name!r} in a checkpoint record")
+    return dtype
+
+
+def write_global_metadata(folder: Path, records: list[dict[str, Any]]) -> None:
+    """Rank 0, at the commit: merge every writing rank's record into DCP's ``.metadata`` in ``folder``.
+
+    Written by ``FileSystemWriter.finish`` (tmp file, fsync, rename), then the folder is
+    fsynced. ``CheckpointError`` if two records hold the same tensor.
+    """
+    state_dict_metadata: dict[str, Any] = {}
+    planner_data: dict[str, tuple[str | int, ...]] = {}
+    results: list[WriteResult] = []
+    for record in records:
+        for t in record["tensors"]:
+            fqn = t["fqn"]
+            if fqn in state_dict_metadata:
+                raise CheckpointError(f"two ranks wrote the tensor {fqn!r} in {folder}")
+            size = torch.Size(t["size"])
+            chunks = []
+            for c in t["chunks"]:
+                offsets = torch.Size(c["offsets"])
+                chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=size))
+                results.append(
+                    WriteResult(
+                        index=MetadataIndex(fqn, offsets),
+                        size_in_bytes=int(c["length"]),
+                        storage_data=_StorageInfo(str(c["file"]), int(c["offset"]), int(c["length"])),
+                    )
+                )
+            state_dict_metadata[fqn] = TensorStorageMetadata(
+                properties=TensorProperties(dtype=_dtype(t["dtype"])), size=size, chunks=chunks
+            )
+            planner_data[fqn] = tuple(t["path"])
+    metadata = Metadata(state_dict_metadata=state_dict_metadata, planner_data=planner_data)
+    FileSystemWriter(folder, sync_files=True).finish(metadata, [results])
+    fsync_dir(folder)
+
+
+def load_shard(folder: Path, record: Mapping[str, Any]) -> Any:
+    """The state one rank saved, rebuilt from its ``record``: tensors read with ``torch.load(weights_only=True)``.
+
+    The caller checked the record and its data files' checksums. ``CheckpointError`` if
+    the record does not describe its data.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    handles: dict[str, Any] = {}
+    try:
+        for t in record["tensors"]:
+            (chunk,) = t["chunks"]  # whole tensors only, this round
+            name = str(chunk["file"])
+            if Path(name).name != name:
+                raise ValueError(f"invalid file name {name!r}")
+            if name not in handles:
+                handles[name] = open(folder / name, "rb")  # noqa: SIM115 - closed below
+            f = handles[name]
+            f.seek(int(chunk["offset"]))
+            data = f.read(int(chunk["length"]))
+            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            if not isinstance(tensor, torch.Tensor) or list(tensor.shape) != t["size"]:
+                raise ValueError(f"{t['fqn']!r} is not a tensor of size {t['size']}")
+            tensors[t["fqn"]] = tensor
+        return _decode(record["state"], tensors)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint record in {folder} does not describe its data: {exc}") from exc
+    finally:
+        for f in handles.values():
+            f.close()
