@@ -69,7 +69,7 @@ test: $(STAMP)
 
 # Torch-free tests only; the run fails if anything imported torch.
 test-unit: $(STAMP)
-	@$(call TIMED,LIFECYCLE_TORCH_FREE=1 $(PYTEST) -m "not slow" tests/core tests/test_layout.py tests/reliability/test_expected.py)
+	@$(call TIMED,LIFECYCLE_TORCH_FREE=1 $(PYTEST) -m "not slow" tests/core tests/journal tests/test_layout.py tests/reliability/test_expected.py)
 
 # Both fuzzers over their whole space (make test runs a seeded sample of each): about 6 minutes. Not in CI.
 fuzz-all: $(STAMP)

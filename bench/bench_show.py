@@ -6,14 +6,20 @@ journaling its failure notice and failure teardown; about 310 records (30 KB) pe
 rank, 80 MB in all. Rounds rotate through three sides, each in every position in turn:
 
 (a) show: ``show_main([folder, "--out", tmp])``, the function ``python -m lifecycle
-    show`` runs, its stdout sent to ``os.devnull`` (no terminal): reading and checking
+    show`` runs, in a fresh process of its own (so that its peak resident memory is its
+    own: the high-water mark of its resident memory, ``VmHWM`` in ``/proc/self/status``,
+    when it returns, and above what the process held once its modules were imported),
+    its stdout sent to ``os.devnull`` (no terminal): reading and checking
     every record, the verdict of each attempt, the timeline, the state diagrams and
     gantt charts written (no Graphviz rendering: ``dot`` is not called when absent,
     and is hidden from this run when present).
-(b) load: ``lifecycle._core.journal.load`` alone, the reader (a) starts with: every line
+(b) load: ``lifecycle.journal.load`` alone, the reader (a) starts with: every line
     decoded and checked against the record schema into typed records.
 (c) json: each file's lines read and decoded with ``json.loads``, nothing else: the
     floor for anything that reads these files in Python.
+
+Times are CPU seconds of the process (``time.process_time``): every side is one thread,
+and on a shared machine CPU time is what other processes' load disturbs least.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,33 +55,64 @@ def _json_alone(folder: Path) -> int:
     return count
 
 
-def _show(folder: Path, out: Path) -> float:
-    """``show_main`` on ``folder`` with stdout to devnull and no ``dot``; seconds."""
+def _peak_kib() -> int:
+    """This process's peak resident memory so far, KiB: ``VmHWM`` (``ru_maxrss`` where there is no ``/proc``).
+
+    Not ``ru_maxrss`` on Linux: it keeps the high-water mark of the process that
+    started this one (the parent's, through ``fork``/``exec``).
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _show_here(folder: str, out: str) -> None:
+    """In this (fresh) process: ``show_main`` on ``folder``, stdout to devnull, no ``dot``; print the measures as JSON.
+
+    Printed: ``seconds`` (show_main alone), ``peak_mb`` (peak resident memory of the
+    process) and ``grew_mb`` (that peak less the resident memory after the imports).
+    """
     from lifecycle._tools.show import show_main
 
-    path = os.environ.get("PATH", "")
+    before = _peak_kib()
     os.environ["PATH"] = ""  # no Graphviz rendering: the same work on machines with and without `dot`
-    try:
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
-            start = time.perf_counter()
-            code = show_main([str(folder), "--out", str(out)])
-            took = time.perf_counter() - start
-    finally:
-        os.environ["PATH"] = path
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        start = time.process_time()
+        code = show_main([folder, "--out", out])
+        took = time.process_time() - start
     assert code == 0, f"show exited {code}"
-    return took
+    peak = _peak_kib()
+    print(json.dumps({"seconds": took, "peak_mb": peak / 1024, "grew_mb": (peak - before) / 1024}))
+
+
+def _show(folder: Path, out: Path, memory: list[tuple[float, float]]) -> float:
+    """``_show_here`` in a fresh interpreter; seconds (its peak and growth in MB appended to ``memory``)."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--show-here", str(folder), str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    memory.append((measured["peak_mb"], measured["grew_mb"]))
+    return float(measured["seconds"])
 
 
 def _timed(fn: Callable[[], object]) -> float:
     """Seconds ``fn()`` took."""
-    start = time.perf_counter()
+    start = time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def main() -> str:
     """Write the journals, time the three sides over ``ROUNDS`` rotating rounds; the Markdown table."""
-    from lifecycle._core import journal
+    from lifecycle import journal
     from lifecycle._tools import synthetic
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,8 +121,9 @@ def main() -> str:
         size = sum(p.stat().st_size for p in folder.iterdir()) / 1e6
         records = _json_alone(folder)
         sides: dict[str, list[float]] = {"show": [], "load": [], "json": []}
+        memory: list[tuple[float, float]] = []
         run = {
-            "show": lambda: _show(folder, Path(tmp) / "diagrams"),
+            "show": lambda: _show(folder, Path(tmp) / "diagrams", memory),
             "load": lambda: _timed(lambda: journal.load([folder])),
             "json": lambda: _timed(lambda: _json_alone(folder)),
         }
@@ -92,11 +132,30 @@ def main() -> str:
             for name in order[round_ % 3 :] + order[: round_ % 3]:
                 sides[name].append(run[name]())
     show, load, raw = (median(sides[name]) for name in ("show", "load", "json"))
+    peak, grew = (median([m[i] for m in memory]) for i in (0, 1))
     text = table(
         f"show over {RANKS} rank journals × {ATTEMPTS} attempts ({records} records, {size:.0f} MB;"
-        f" median of {ROUNDS} rotating rounds; s)",
-        ["(a) show, whole command", "(b) journal.load alone", "(c) json alone", "(a)/(c)", "(b)/(c)", "target (a)"],
-        [[f"{show:.2f}", f"{load:.2f}", f"{raw:.2f}", f"{show / raw:.1f}", f"{load / raw:.1f}", "a few seconds"]],
+        f" median of {ROUNDS} rotating rounds; CPU s)",
+        [
+            "(a) show, whole command",
+            "(b) journal.load alone",
+            "(c) json alone",
+            "(a)/(c)",
+            "(b)/(c)",
+            "(a) peak RSS (MB)",
+            "(a) peak RSS over its imports (MB)",
+        ],
+        [
+            [
+                f"{show:.2f}",
+                f"{load:.2f}",
+                f"{raw:.2f}",
+                f"{show / raw:.1f}",
+                f"{load / raw:.1f}",
+                f"{peak:.0f}",
+                f"{grew:.0f}",
+            ]
+        ],
     )
     return (
         text + "\nWhat this shows: whether `python -m lifecycle show` stays interactive on a large job's journals "
@@ -108,4 +167,7 @@ def main() -> str:
 
 
 if __name__ == "__main__":
-    print(main())
+    if sys.argv[1:2] == ["--show-here"]:
+        _show_here(sys.argv[2], sys.argv[3])
+    else:
+        print(main())

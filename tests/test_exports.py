@@ -16,7 +16,9 @@ def test_every_public_module_exports_exactly_its_pinned_names() -> None:
             assert getattr(module, name) is not None, f"{module_name}.{name}"
 
 
-@pytest.mark.parametrize("module_name", ["lifecycle", "lifecycle.checkpoint", "lifecycle.restart", "lifecycle.testing"])
+@pytest.mark.parametrize(
+    "module_name", ["lifecycle", "lifecycle.checkpoint", "lifecycle.journal", "lifecycle.restart", "lifecycle.testing"]
+)
 def test_every_public_callable_has_a_docstring(module_name: str) -> None:
     """Every exported class and function of ``module_name`` documents its contract."""
     module = importlib.import_module(module_name)
@@ -107,6 +109,30 @@ EXPORTS: dict[str, list[str]] = {
         "StaleCheckpointer",
         "latest_checkpoint",
         "load_checkpoint",
+    ],
+    "lifecycle.journal": [
+        "KINDS",
+        "V1_RUN_ID",
+        "VERSION",
+        "Eval",
+        "Failure",
+        "JournalWriter",
+        "Left",
+        "Loaded",
+        "Origin",
+        "Record",
+        "RunEnd",
+        "RunStart",
+        "TeardownStep",
+        "TrainStep",
+        "Transition",
+        "journal_files",
+        "journal_path",
+        "load",
+        "parse",
+        "read",
+        "restart_count",
+        "run_id",
     ],
     "lifecycle.restart": [
         "CudaHealthCheck",

@@ -16,8 +16,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lifecycle"
 
-LAYERS = ("_core", "_torch", "checkpoint", "_training", "restart", "_tools", "testing")
-"""Bottom-up: a module may import its own layer and the ones before it, never a later one."""
+LAYERS = ("journal", "_core", "_torch", "checkpoint", "_training", "restart", "_tools", "testing")
+"""Bottom-up: a module may import its own layer and the ones before it, never a later one.
+
+``journal`` (public: a file format any tool may read) is the lowest: it imports no other
+layer, so the core, the training loop and ``show`` all use it and it needs none of them."""
 
 HEAVY = ("torch", "megatron", "nvidia_resiliency_ext")
 """What ``_core`` must not import, and ``import lifecycle`` must not load."""
@@ -108,7 +111,7 @@ def test_the_import_graph_has_no_cycle() -> None:
 
 
 def test_no_module_imports_a_later_layer() -> None:
-    """Imports go down the layers (core → torch → checkpoint → training → restart → tools → testing)."""
+    """Imports go down the layers (journal → core → torch → checkpoint → training → restart → tools → testing)."""
     upward = [
         f"{name} (layer {LAYERS[layer(name)]}) imports {dep}"
         for name, deps in graph().items()
@@ -119,18 +122,34 @@ def test_no_module_imports_a_later_layer() -> None:
 
 
 def test_the_core_imports_no_torch_megatron_or_nvrx_and_transitions_only_in_its_adapter() -> None:
-    """``_core`` is pure: no heavy import anywhere in it; ``transitions`` only in ``_core/machine.py``."""
+    """``_core`` and ``journal`` are pure: no heavy import in them; ``transitions`` only in ``_core/machine``."""
     mods = modules()
     known = set(mods)
     offences = []
     for name, path in mods.items():
         roots = {dep.split(".")[0] for dep in imported(path, name, known)}
-        if name.startswith("lifecycle._core"):
+        if name.startswith(("lifecycle._core", "lifecycle.journal")):
             offences += [f"{name} imports {root}" for root in sorted(roots & set(HEAVY))]
         if "transitions" in roots and name != "lifecycle._core.machine":
             offences.append(f"{name} imports transitions (only lifecycle._core.machine may)")
         if "nvidia_resiliency_ext" in roots and not name.startswith("lifecycle.restart"):
             offences.append(f"{name} imports NVRx (only lifecycle.restart may)")
+    assert offences == []
+
+
+def test_the_journal_imports_only_the_standard_library_and_itself() -> None:
+    """``lifecycle.journal`` is a file format anyone may read: its modules import the standard library and it alone."""
+    mods = modules()
+    known = set(mods)
+    offences = [
+        f"{name} imports {dep}"
+        for name, path in mods.items()
+        if name.startswith("lifecycle.journal")
+        for dep in imported(path, name, known)
+        if not dep.startswith("lifecycle.journal")
+        and dep.split(".")[0] not in sys.stdlib_module_names
+        and dep != "__future__"
+    ]
     assert offences == []
 
 
@@ -141,7 +160,7 @@ def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     assert layer("lifecycle._core.session") < layer("lifecycle._training.pretrain")
 
 
-@pytest.mark.parametrize("module", ["lifecycle", "lifecycle._tools.cli", "lifecycle.testing"])
+@pytest.mark.parametrize("module", ["lifecycle", "lifecycle.journal", "lifecycle._tools.cli", "lifecycle.testing"])
 def test_importing_the_package_loads_no_torch(module: str) -> None:
     """In a fresh interpreter, importing ``module`` leaves torch, megatron-core and NVRx out of ``sys.modules``."""
     code = (

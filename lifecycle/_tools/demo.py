@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from lifecycle._core import journal as _journal
+from lifecycle import journal as _journal
 from lifecycle._core.errors import ConfigError
 from lifecycle._core.processes import is_running, process_environments
 from lifecycle._tools import show as _show
@@ -553,7 +553,7 @@ def _launch(plan: _Plan) -> int:
         rendezvous_timeout_s=args.timeout,
     )
     env = child_env(args.master_addr)
-    # Every rank labels its journal with this run id (see ``lifecycle._core.journal.run_id``);
+    # Every rank labels its journal with this run id (see ``lifecycle.journal.run_id``);
     # it also marks every process the demo starts, so that none is left behind.
     run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     env[_RUN_ID] = run_id

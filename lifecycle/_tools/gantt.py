@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from lifecycle._core.records import Failure, Record, RunEnd, RunStart, Step, TeardownStep, Transition
 from lifecycle._tools.verdict import Verdict, compact
+from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
 MAX_ROWS = 16
 """The most sections (rows of ranks) a chart draws."""
@@ -41,7 +41,7 @@ def _tasks(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, f
     starts = [r.start for r in records if isinstance(r, RunStart)]
     since = min(starts) if starts else None
     state = "uninitialized"
-    steps = [r.step for r in records if isinstance(r, Step)]
+    steps = [r.step for r in records if isinstance(r, TrainStep)]
     for r in records:
         if not isinstance(r, Transition):
             continue
@@ -52,7 +52,7 @@ def _tasks(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, f
             (f"{r.trigger} ({r.source} to {r.dest})", "active" if r.dest != "failed" else "crit", r.start, r.end)
         )
         state, since = r.dest, r.end
-    last = max((r.end for r in records if isinstance(r, Step | RunEnd) and r.end is not None), default=None)
+    last = max((r.end for r in records if isinstance(r, TrainStep | RunEnd) and r.end is not None), default=None)
     if state not in ("closed", "failed") and since is not None and last is not None and last - since >= 0.001:
         name = state + (f" (steps {steps[0]}-{steps[-1]})" if state == "training" and steps else "")
         ended = any(isinstance(r, RunEnd) for r in records)
@@ -61,7 +61,14 @@ def _tasks(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, f
         for r in records:
             if isinstance(r, TeardownStep):
                 tags = "crit" if r.error else ""
-                bars.append((f"teardown {r.step}" + (" FAILED" if r.error else ""), tags, r.start, r.end))
+                bars.append(
+                    (
+                        f"teardown {r.step}" + (f":{r.name}" if r.name else "") + (" FAILED" if r.error else ""),
+                        tags,
+                        r.start,
+                        r.end,
+                    )
+                )
     return bars
 
 

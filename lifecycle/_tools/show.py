@@ -34,14 +34,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lifecycle._core import journal as _journal
-from lifecycle._core.journal import Eval, Left, Record, RunEnd, RunStart, Step, TeardownStep, Transition
+from lifecycle import journal as _journal
 from lifecycle._core.states import State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge
 from lifecycle._tools import diagrams as _diagrams
 from lifecycle._tools import gantt as _gantt
 from lifecycle._tools import page as _page
 from lifecycle._tools import verdict as _verdict
+from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
 CLOSED_PIPE = 141
 """The exit code of a command whose stdout was closed before it was done (128 + SIGPIPE); ``cli`` uses it too."""
@@ -55,6 +55,11 @@ def _short(text: str, limit: int = 160) -> str:
     """The first line of ``text``, cut to ``limit`` characters (gloo's errors run long)."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _named(kind: str, name: str) -> str:
+    """``kind:name`` for a named resource (or its step), ``kind`` alone for the others."""
+    return f"{kind}:{name}" if name else kind
 
 
 def _ms(seconds: float) -> str:
@@ -81,8 +86,9 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
             failed = f"  FAILED: {_short(r.error)}" if r.error else ""
             verb = {"reclaim": "reclaim ", "abandoned": "abandon "}.get(r.outcome, "teardown")
             note = f"  ({r.note})" if r.note else ""
-            events.append((r.start, f"    {verb} {r.step:<32} {_ms(r.end - r.start)}{failed}{note}"))
-    steps = [r for r in call if isinstance(r, Step)]
+            step = _named(r.step, r.name)
+            events.append((r.start, f"    {verb} {step:<32} {_ms(r.end - r.start)}{failed}{note}"))
+    steps = [r for r in call if isinstance(r, TrainStep)]
     last = steps[-1] if steps else None
     if last is not None and last.end is not None:
         events.append((last.end, f"step {last.step} ended (the last recorded; loss {last.loss:.3f})"))
@@ -92,7 +98,7 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
 def _earliest(records: list[Record]) -> float | None:
     """The earliest time ``_events(records)`` would list (without building its lines); None if it lists none."""
     times = [r.start for r in records if isinstance(r, RunStart | Transition | TeardownStep)]
-    last = next((r for r in reversed(records) if isinstance(r, Step)), None)
+    last = next((r for r in reversed(records) if isinstance(r, TrainStep)), None)
     if last is not None and last.end is not None:
         times.append(last.end)
     return min(times, default=None)
@@ -101,7 +107,7 @@ def _earliest(records: list[Record]) -> float | None:
 def _summary(call: list[Record]) -> str:
     """One line on how a call ended, its losses and checkpoint; a call without an end record was cut short."""
     ends = [r for r in call if isinstance(r, RunEnd)]
-    steps = [r for r in call if isinstance(r, Step)]
+    steps = [r for r in call if isinstance(r, TrainStep)]
     evals = [r for r in call if isinstance(r, Eval)]
     if ends:
         end = ends[-1]
@@ -290,7 +296,8 @@ def _rank_lines(ranks: dict[int, list[Record]], t0: float) -> list[str]:
             lines.append(f"  rank {rank}: {_summary(call)}")
             lines += [f"  {t - t0:+9.3f}s  {text}" for t, text in _events(call)]
             lines += [
-                f"  {'':11}      left alone: {r.resource}: {r.reason}" + (f" (acquired at {r.site})" if r.site else "")
+                f"  {'':11}      left alone: {_named(r.resource, r.name)} (owner: {r.owner}): {r.reason}"
+                + (f" (acquired at {r.site})" if r.site else "")
                 for r in call
                 if isinstance(r, Left)
             ]

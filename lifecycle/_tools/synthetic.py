@@ -4,21 +4,40 @@
 start, the moves up to ``training``, ``steps`` training steps, then one of three ends:
 ``closed`` (the success teardown), ``failed`` (a ``Failure`` record, the failure
 teardown, the move into ``failed``, an end with the error) or ``killed`` (the records
-stop, as a SIGKILLed rank's do). ``write`` appends records to journal files with the
-real writer. Times are wall-clock seconds from ``start``; nothing here runs a session.
+stop, as a SIGKILLed rank's do). Teardown steps name their step and resource kinds as
+the declarations in ``lifecycle._core.resources`` do. ``write`` writes records to journal
+files with the real writer (``JournalWriter``), one writer per ``pretrain`` call as a
+rank's run opens them. Times are wall-clock seconds from ``start``; nothing here runs a
+session.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from lifecycle._core.journal import journal_path
-from lifecycle._core.records import Failure, Origin, Record, RunEnd, RunStart, Step, TeardownStep, Transition
+from lifecycle._core.resources import Resource, StepKind, declared_resources
+from lifecycle.journal import (
+    Failure,
+    JournalWriter,
+    Origin,
+    Record,
+    RunEnd,
+    RunStart,
+    TeardownStep,
+    TrainStep,
+    Transition,
+    journal_path,
+)
 
 _UP = (("uninitialized", "dist_ready", "init_distributed"), ("dist_ready", "globals_ready", "init_globals"))
-_TEARDOWN = ("destroy_rerun_state_machine", "destroy_model_parallel", "abort_process_group", "close_store")
+_TEARDOWN = (
+    StepKind.DESTROY_RERUN_STATE_MACHINE,
+    StepKind.DESTROY_MODEL_PARALLEL,
+    StepKind.ABORT_PROCESS_GROUP,
+    StepKind.CLOSE_STORE,
+)
+"""The steps of a synthetic teardown, in the canonical order (the same steps on success and failure)."""
 STEP_S = 0.01
 """How long each synthetic training step takes."""
 
@@ -53,7 +72,7 @@ def rank_call(
         records.append(Transition(origin=o, source=source, dest=dest, trigger=trigger, start=t, end=t + 0.004))
         t += 0.005
     for step in range(1, steps + 1):
-        records.append(Step(origin=o, step=step, loss=3.0 - step * 0.01, start=t, end=t + STEP_S))
+        records.append(TrainStep(origin=o, step=step, loss=3.0 - step * 0.01, start=t, end=t + STEP_S))
         t += STEP_S
     if end == "killed":
         return records
@@ -100,12 +119,17 @@ def rank_call(
     return records
 
 
-def _teardown(origin: Origin, outcome: str, name: str, at: float) -> TeardownStep:
+def _declaring(step: StepKind) -> Resource:
+    """The resource kind whose declaration has ``step`` (each step kind has exactly one)."""
+    return next(resource for resource in declared_resources() if step in resource.steps)
+
+
+def _teardown(origin: Origin, outcome: str, step: StepKind, at: float) -> TeardownStep:
     return TeardownStep(
         origin=origin,
         outcome=outcome,
-        step=name,
-        resource=name.split("_", 1)[1],
+        step=step.value,
+        resource=_declaring(step).value,
         owner="session",
         start=at,
         end=at + 0.0015,
@@ -141,12 +165,27 @@ def failing_run(
 
 
 def write(folder: Path, ranks: dict[int, Iterable[Record]]) -> list[Path]:
-    """Write each rank's records to ``folder``/``rank<R>.jsonl`` (appended, one JSON line each); the paths."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Append each rank's records to ``folder``/``rank<R>.jsonl`` with ``JournalWriter``; the paths.
+
+    Each ``RunStart`` opens a writer (as each ``pretrain`` call does) that writes the
+    records up to the next; ``ValueError`` if a rank's records do not start with one.
+    """
     paths = []
     for rank, records in ranks.items():
         path = journal_path(folder, rank)
-        with open(path, "a", encoding="utf-8") as file:
-            file.writelines(json.dumps(r.to_json()) + "\n" for r in records)
+        writer: JournalWriter | None = None
+        try:
+            for record in records:
+                if isinstance(record, RunStart):
+                    if writer is not None:
+                        writer.close()
+                    writer = JournalWriter(path, record)
+                elif writer is None:
+                    raise ValueError(f"rank {rank}'s records start with a {record.kind!r} record, not a RunStart")
+                else:
+                    writer.write(record)
+        finally:
+            if writer is not None:
+                writer.close()
         paths.append(path)
     return paths

@@ -17,8 +17,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from lifecycle._core.records import Failure, Record, RunEnd, RunStart, Step, TeardownStep, Transition
 from lifecycle._core.states import State
+from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
 MAX_LINES = 24
 """The most lines a verdict takes, whatever the number of ranks."""
@@ -221,7 +221,7 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
             if r.dest == State.FAILED.value:
                 evidence.append(r.start)
                 into_failed = into_failed or r
-        elif isinstance(r, Step):
+        elif isinstance(r, TrainStep):
             last_step = r.step
             if r.end is not None:
                 times.append(r.end)

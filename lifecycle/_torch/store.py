@@ -34,8 +34,8 @@ from datetime import timedelta
 from torch.distributed import DistNetworkError, Store, TCPStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from lifecycle._core.errors import AttemptDisagreement
-from lifecycle._core.journal import restart_count
 from lifecycle._torch.config import Rendezvous
+from lifecycle.journal import restart_count
 
 _lock = threading.Lock()
 

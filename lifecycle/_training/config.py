@@ -198,7 +198,7 @@ class PretrainConfig:
     """Everything ``pretrain`` needs, each part validated on construction.
 
     ``journal_dir``: if set, every ``pretrain`` call appends this rank's journal to
-    ``<journal_dir>/rank<R>.jsonl`` (see ``lifecycle._core.journal``), whether it succeeds
+    ``<journal_dir>/rank<R>.jsonl`` (see ``lifecycle.journal``), whether it succeeds
     or fails. ``fault``: an optional injected failure (demos and tests).
 
     ``parallel``'s pipeline and context parallel sizes must be 1: ``ConfigError`` at

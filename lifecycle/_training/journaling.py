@@ -11,12 +11,11 @@ import os
 import socket
 import time
 
-from lifecycle._core import journal as _journal
+from lifecycle import journal as _journal
 from lifecycle._core.errors import describe
-from lifecycle._core.journal import JournalWriter, Left, Origin, Record, RunStart, TeardownStep, Transition
-from lifecycle._core.records import Failure
 from lifecycle._core.session import FailureEvent, ReclaimEvent, Session, SessionEvent, TransitionEvent
 from lifecycle._core.states import State
+from lifecycle.journal import Failure, JournalWriter, Left, Origin, Record, RunStart, TeardownStep, Transition
 
 logger = logging.getLogger("lifecycle.pretrain")
 
@@ -108,8 +107,9 @@ class RunJournal:
                         TeardownStep(
                             origin=origin,
                             outcome="abandoned",
-                            step=str(step),
+                            step=step.kind.value,
                             resource=step.entry.resource.value,
+                            name=step.entry.name,
                             owner=step.entry.owner.value,
                             start=event.end,
                             end=event.end,
@@ -119,7 +119,8 @@ class RunJournal:
                     self.write(
                         Left(
                             origin=origin,
-                            resource=str(held),
+                            resource=held.resource.value,
+                            name=held.name,
                             owner=held.owner.value,
                             reason=reason.value,
                             site=held.site,
@@ -133,8 +134,9 @@ class RunJournal:
             TeardownStep(
                 origin=origin,
                 outcome="reclaim" if note else record.outcome.value,
-                step=str(record.step),
+                step=record.step.kind.value,
                 resource=held.resource.value,
+                name=held.name,
                 owner=held.owner.value,
                 start=record.start,
                 end=record.end,

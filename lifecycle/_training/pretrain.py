@@ -19,10 +19,9 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.num_microbatches_calculator import get_num_microbatches
 
-from lifecycle._core import journal as _journal
+from lifecycle import journal as _journal
 from lifecycle._core.errors import ConfigError, InvalidTransition, SessionFinished, describe
 from lifecycle._core.executor import TeardownReport
-from lifecycle._core.journal import Eval, Origin, RunEnd, Step
 from lifecycle._core.session import JournalEntry, Session
 from lifecycle._core.states import State, Trigger
 from lifecycle._torch.actions import TorchActions
@@ -32,6 +31,7 @@ from lifecycle._training.journaling import RunJournal
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
 from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
 from lifecycle.checkpoint.layout import ShardLayout
+from lifecycle.journal import Eval, Origin, RunEnd, TrainStep
 
 __all__ = [
     "BatchProvider",
@@ -106,10 +106,10 @@ def pretrain(
     ``TorchActions(config.distributed, config.parallel)``. Under in-process restart,
     ``lifecycle.restart.wrapped_pretrain`` passes the session of the wrapper's attempt.
 
-    With ``config.journal_dir`` set, this rank's journal records (``lifecycle._core.records``)
+    With ``config.journal_dir`` set, this rank's journal records (``lifecycle.journal``)
     are appended as they happen: the run's start, each transition and teardown step,
     each training step and evaluation, and in the end the outcome. Its ``run_id`` is
-    ``lifecycle._core.journal.run_id()`` (``LIFECYCLE_RUN_ID``, else torchrun's run id);
+    ``lifecycle.journal.run_id()`` (``LIFECYCLE_RUN_ID``, else torchrun's run id);
     its attempt is ``attempt`` with the session's restart mode and iteration, and
     torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``): a worker that torchrun
     restarts labels its calls from ``attempt`` 0 again, under the next restart count.
@@ -409,7 +409,9 @@ class _Run:
             loss = flags[0].item() / self.world_size
             self.losses.append((step, loss))
             if self.journal.enabled:  # before the hooks: a rank killed in one still shows this step
-                self.journal.write(Step(origin=self.journal.origin, step=step, loss=loss, start=began, end=time.time()))
+                self.journal.write(
+                    TrainStep(origin=self.journal.origin, step=step, loss=loss, start=began, end=time.time())
+                )
             self.session.progress(Phase.CALLBACK)
             call_hooks(self.hooks, "on_step_end", self.handle, step, loss)
             last = step == training.iterations or bool(flags[1] or flags[2])

@@ -1,6 +1,6 @@
 """Who owns a checkpoint directory, and what rank 0 removes after a successful commit.
 
-A directory is owned by the run whose id (``lifecycle._core.journal.run_id()``: the same
+A directory is owned by the run whose id (``lifecycle.journal.run_id()``: the same
 on every rank, across torchrun restarts and across retries in one process) is in its
 ``.lifecycle-owner`` file, written when the first save of a run finds none. Only under
 that run, after a commit, rank 0 removes partial step folders (a manifest that is
@@ -20,20 +20,15 @@ import socket
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 from lifecycle.checkpoint.errors import CheckpointError, CheckpointUnreadable, os_error_text
 from lifecycle.checkpoint.layout import (
-    DATA_RE,
-    DCP_METADATA,
     MANIFEST,
     MARKER,
     OWNER,
-    RECORD_RE,
     SHARD_RE,
     TMP_RE,
     fsync_dir,
-    listed_files,
     read_manifest,
     step_dir,
     step_folders,
@@ -77,11 +72,7 @@ def claim(directory: Path, run_id: str) -> str:
 
 
 def _ours(path: Path) -> bool:
-    name = path.name
-    return bool(
-        any(pattern.fullmatch(name) for pattern in (SHARD_RE, DATA_RE, RECORD_RE, TMP_RE))
-        or name in (MANIFEST, DCP_METADATA)
-    )
+    return bool(SHARD_RE.fullmatch(path.name) or TMP_RE.fullmatch(path.name) or path.name == MANIFEST)
 
 
 def _remove_folder(folder: Path, removed: list[Path]) -> None:
@@ -101,8 +92,10 @@ def _remove_folder(folder: Path, removed: list[Path]) -> None:
     removed.append(folder)
 
 
-def _unreferenced(folder: Path, manifest: dict[str, Any]) -> list[Path]:
-    keep = {s["file"] for s in listed_files(manifest)}
+def _unreferenced(folder: Path, manifest: dict[str, object]) -> list[Path]:
+    shards = manifest["shards"]
+    assert isinstance(shards, list)
+    keep = {s["file"] for s in shards}
     return [p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST and _ours(p) and p.name not in keep]
 
 

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle._core.journal import Origin, TeardownStep, read
-from lifecycle._core.records import Failure
 from lifecycle._core.seams import Announcement, AnnouncesFailures
 from lifecycle._core.session import FailureEvent, Session, SessionEvent
 from lifecycle._core.states import State
 from lifecycle._training.journaling import RunJournal
+from lifecycle.journal import Failure, Origin, TeardownStep, read
 from lifecycle.testing import RecordingActions, RecordingCheckpoints
 
 PEER_FIRST = Announcement(2, "", 1, "lifecycle: rank 1 failed first (step 30, phase step): InjectedFault: boom")

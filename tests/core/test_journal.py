@@ -1,6 +1,6 @@
-"""Journals, schema v2: typed records round-trip, torn lines, v1 files, the run id, session observers. Torch-free.
+"""Journals as a session's run writes them: typed records round-trip, torn lines, v1 files, the run id, observers.
 
-The journal modules are private; this file pins them on purpose (the schema is what ``show`` and users read).
+Torch-free. The schema itself (field types, versions 2 and 3) is pinned in ``tests/journal``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 from support.journals import v1_failed_call
 
-from lifecycle._core.journal import (
+from lifecycle._core.session import FailureEvent, Session, SessionEvent, TransitionEvent
+from lifecycle._core.states import State
+from lifecycle._training.journaling import RunJournal
+from lifecycle.journal import (
+    V1_RUN_ID,
     VERSION,
     Eval,
     JournalWriter,
@@ -21,18 +25,15 @@ from lifecycle._core.journal import (
     Record,
     RunEnd,
     RunStart,
-    Step,
     TeardownStep,
+    TrainStep,
     Transition,
     load,
+    parse,
     read,
     restart_count,
     run_id,
 )
-from lifecycle._core.records import V1_RUN_ID, parse
-from lifecycle._core.session import FailureEvent, Session, SessionEvent, TransitionEvent
-from lifecycle._core.states import State
-from lifecycle._training.journaling import RunJournal
 from lifecycle.testing import RecordingActions
 
 ORIGIN = Origin(run_id="job-7", rank=1, attempt=2, restart_mode="inprocess", iteration=3, restart_count=1)
@@ -50,12 +51,14 @@ def one_of_each() -> list[Record]:
         Transition(origin=ORIGIN, source="uninitialized", dest="dist_ready", trigger="init_distributed",
                    start=100.1, end=100.2, detail="restart_mode=inprocess iteration=3", agreed_attempt=4,
                    store_prefix="lifecycle/g1/attempt-4"),
-        Step(origin=ORIGIN, step=1, loss=3.25, start=100.3, end=100.4),
+        TrainStep(origin=ORIGIN, step=1, loss=3.25, start=100.3, end=100.4),
         Eval(origin=ORIGIN, step=1, loss=3.5, start=100.4, end=100.5),
         TeardownStep(origin=ORIGIN, outcome="failure", step="abort_process_group", resource="process_group",
                      owner="session", start=100.6, end=100.7, error="RuntimeError('x')"),
-        Left(origin=ORIGIN, resource="model_parallel (owner: restart_wrapper)", owner="restart_wrapper",
+        Left(origin=ORIGIN, resource="model_parallel", owner="restart_wrapper",
              reason="deferred to the restart wrapper"),
+        TeardownStep(origin=ORIGIN, outcome="failure", step="release_user_resource", resource="user", name="cache",
+                     owner="caller", start=100.7, end=100.75),
         Transition(origin=ORIGIN, source="training", dest="failed", trigger="fail", start=100.5, end=100.8),
         RunEnd(origin=ORIGIN, state="failed", exit_reason=None, final_step=1, checkpoint_step=None,
                error="InjectedFault: boom", end=100.9),
@@ -73,21 +76,21 @@ def test_every_record_kind_round_trips_through_the_writer_and_reader(tmp_path: P
     assert len(lines) == len(records)
     assert all(json.loads(line)["version"] == VERSION for line in lines)
     assert json.loads(lines[2]) | {} == {
-        "version": 2, "kind": "step", "run_id": "job-7", "rank": 1, "attempt": 2, "restart_mode": "inprocess",
+        "version": 3, "kind": "step", "run_id": "job-7", "rank": 1, "attempt": 2, "restart_mode": "inprocess",
         "iteration": 3, "restart_count": 1, "step": 1, "loss": 3.25, "start": 100.3, "end": 100.4,
     }  # fmt: skip
     moved = json.loads(lines[1])
     assert (moved["agreed_attempt"], moved["store_prefix"]) == (4, "lifecycle/g1/attempt-4")
     assert read([tmp_path]) == records
-    assert {type(r) for r in records} == {RunStart, Transition, Step, Eval, TeardownStep, Left, RunEnd}
+    assert {type(r) for r in records} == {RunStart, Transition, TrainStep, Eval, TeardownStep, Left, RunEnd}
 
 
 def test_each_record_is_on_disk_as_soon_as_it_is_written(tmp_path: Path) -> None:
     """A record can be read from the file while its writer is still open (flushed, not buffered)."""
     path = tmp_path / "rank1.jsonl"
     writer = JournalWriter(path, start())
-    writer.write(Step(origin=ORIGIN, step=5, loss=1.0, start=1.0, end=2.0))
-    assert [type(r) for r in read([path])] == [RunStart, Step]
+    writer.write(TrainStep(origin=ORIGIN, step=5, loss=1.0, start=1.0, end=2.0))
+    assert [type(r) for r in read([path])] == [RunStart, TrainStep]
     writer.close()
 
 
@@ -95,15 +98,15 @@ def test_reopening_a_file_with_a_torn_last_line_starts_on_a_fresh_line(tmp_path:
     """A writer opening a file whose last byte is not a newline writes one first; the torn line is reported."""
     path = tmp_path / "rank1.jsonl"
     with JournalWriter(path, start()) as writer:
-        writer.write(Step(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0))
+        writer.write(TrainStep(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0))
     with open(path, "ab") as f:
-        f.write(b'{"version": 2, "kind": "st')  # killed mid-write
+        f.write(b'{"version": 3, "kind": "st')  # killed mid-write
     with JournalWriter(path, start(200.0)):
         pass
     lines = path.read_bytes().split(b"\n")
-    assert lines[2] == b'{"version": 2, "kind": "st' and json.loads(lines[3])["start"] == 200.0
+    assert lines[2] == b'{"version": 3, "kind": "st' and json.loads(lines[3])["start"] == 200.0
     loaded = load([path])
-    assert [type(r) for r in loaded.records] == [RunStart, Step, RunStart]
+    assert [type(r) for r in loaded.records] == [RunStart, TrainStep, RunStart]
     assert loaded.torn == (f"{path}:3",)
 
 
@@ -185,15 +188,15 @@ def test_a_folder_stands_for_its_rank_files_only(tmp_path: Path) -> None:
 
 def test_a_record_with_a_bad_field_or_version_is_rejected(tmp_path: Path) -> None:
     """A missing field, a wrong type, an unknown kind or version, unprintable text: ValueError "field 'x' ..."."""
-    data = Step(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0).to_json()
-    assert parse(data) == Step(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0)
+    data = TrainStep(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0).to_json()
+    assert parse(data) == TrainStep(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0)
     for bad, message in [
         ({k: v for k, v in data.items() if k != "loss"}, "field 'loss' is missing"),
         (data | {"step": "one"}, "field 'step' must be int, got 'one'"),
         ({k: v for k, v in data.items() if k != "kind"}, "field 'kind' is missing"),
         (data | {"kind": "nope"}, "field 'kind' is 'nope': unknown record kind"),
         (data | {"kind": ["step"]}, r"field 'kind' is \['step'\]: unknown record kind"),
-        (data | {"version": 3}, "field 'version' is 3: journal version 3 is not supported"),
+        (data | {"version": 4}, "field 'version' is 4: journal version 4 is not supported"),
         (data | {"rank": None}, "field 'rank' must be int"),
         (data | {"run_id": "\udcff"}, "field 'run_id' is not valid text: surrogates not allowed"),
     ]:
@@ -223,7 +226,7 @@ def test_a_version_1_record_with_a_bad_field_names_it(tmp_path: Path) -> None:
 
 
 def test_a_version_1_file_is_still_read(tmp_path: Path) -> None:
-    """v1 records become v2 records: times start/end, losses as Step/Eval records, the v1 run id."""
+    """v1 records become version 3 records: times start/end, losses as TrainStep/Eval records, the v1 run id."""
     path = tmp_path / "rank0.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in v1_failed_call()))
     records = read([path])
@@ -234,7 +237,7 @@ def test_a_version_1_file_is_still_read(tmp_path: Path) -> None:
     assert isinstance(first, Transition) and (first.start, first.end) == (10.25, 10.5)
     teardown = records[2]
     assert isinstance(teardown, TeardownStep) and (teardown.start, teardown.end) == (11.0, 11.5)
-    assert [(r.step, r.loss) for r in records if isinstance(r, Step)] == [(1, 3.0), (2, 2.5)]
+    assert [(r.step, r.loss) for r in records if isinstance(r, TrainStep)] == [(1, 3.0), (2, 2.5)]
     end = records[-1]
     assert isinstance(end, RunEnd) and (end.state, end.final_step, end.end) == ("failed", 2, None)
 

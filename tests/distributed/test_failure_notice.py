@@ -22,10 +22,9 @@ from typing import Any
 import pytest
 from support.launch import run_demo, run_workers
 
-from lifecycle._core.journal import read
-from lifecycle._core.records import Failure
 from lifecycle._core.seams import Announcement
 from lifecycle._torch.notice import DEADLINE_S, publish, store_name
+from lifecycle.journal import Failure, read
 
 PEER_NOTE = (
     "lifecycle: rank 1 failed first (step 3, phase step): InjectedFault: injected failure at phase 'step' on rank 1, "

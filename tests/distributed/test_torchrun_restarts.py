@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from support.launch import WORKERS, free_port, suite_env
 
-from lifecycle._core.journal import Record, RunEnd, RunStart, Transition, read
 from lifecycle._tools.show import show_main
+from lifecycle.journal import Record, RunEnd, RunStart, Transition, read
 from lifecycle.testing import run_command
 
 WORLD = 2

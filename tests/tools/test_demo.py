@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support.launch import run_demo
 
-from lifecycle._core.journal import Origin, RunEnd, RunStart, Step, read
 from lifecycle._tools.show import final_states
+from lifecycle.journal import Origin, RunEnd, RunStart, TrainStep, read
 
 
 def by_attempt(journal_dir: Path) -> dict[int, dict[int, str]]:
@@ -46,7 +46,7 @@ def test_the_demo_trains_two_ranks_and_the_loss_falls(tmp_path: Path) -> None:
     assert by_attempt(tmp_path) == {0: {0: "closed", 1: "closed"}}
     records = read([tmp_path])  # rank<R>.jsonl only
     assert len({r.origin.run_id for r in records}) == 1 and records[0].origin.run_id.startswith("demo-")
-    losses = [r.loss for r in records if isinstance(r, Step) and r.origin.rank == 0]
+    losses = [r.loss for r in records if isinstance(r, TrainStep) and r.origin.rank == 0]
     assert len(losses) == 60
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < first / 2, (first, last)

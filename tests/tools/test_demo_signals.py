@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from support.launch import started_demo
 
-from lifecycle._core.journal import RunEnd, read
 from lifecycle._tools.show import final_states
+from lifecycle.journal import RunEnd, read
 
 TRAINING = "tokens/s"
 """Rank 0's progress line: training has started on every rank."""

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle._core.records import Origin, Record
 from lifecycle._tools import synthetic
 from lifecycle._tools.page import BUNDLE
 from lifecycle._tools.show import show_main
+from lifecycle.journal import Origin, Record
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from support.configs import config_of_one
 from support.journals import v1_failed_call
 
 from lifecycle import FaultInjection, InjectedFault, Phase, pretrain
-from lifecycle._core.journal import Origin, Record, RunEnd, RunStart, Step, Transition, read
 from lifecycle._tools.show import final_states, show_main, timeline_lines, write_diagrams
+from lifecycle.journal import Origin, Record, RunEnd, RunStart, TrainStep, Transition, read
 
 
 def test_show_prints_the_timeline_and_highlights_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,7 +83,7 @@ def _restarted_call(rank: int, restarts: int, attempt: int, at: float, *, killed
         RunStart(origin=origin, world_size=2, pid=100 + restarts, host="h", start=at),
         Transition(origin=origin, source="uninitialized", dest="dist_ready", trigger="init_distributed", start=at,
                    end=at + 0.1, agreed_attempt=attempt, store_prefix=f"lifecycle/g{restarts}/attempt-{attempt}"),
-        Step(origin=origin, step=restarts * 2 + 1, loss=2.0, start=at + 0.2, end=at + 0.3),
+        TrainStep(origin=origin, step=restarts * 2 + 1, loss=2.0, start=at + 0.2, end=at + 0.3),
     ]  # fmt: skip
     if not killed:
         records += [

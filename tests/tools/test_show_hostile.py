@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from lifecycle._core.journal import JournalWriter, Left, Origin, Record, RunEnd, RunStart, Step, Transition
+from lifecycle.journal import JournalWriter, Left, Origin, Record, RunEnd, RunStart, TrainStep, Transition
 
 TIMEOUT_S = 60
 
@@ -41,7 +41,7 @@ def call(run_id: str, rank: int, at: float, *, attempt: int = 0, restarts: int =
         RunStart(origin=o, world_size=2, pid=1000 + rank, host="h", start=at),
         Transition(origin=o, source="uninitialized", dest="dist_ready", trigger="init_distributed", start=at,
                    end=at + 0.1),
-        *(Step(origin=o, step=s, loss=2.0, start=at + s, end=at + s + 0.5) for s in range(1, steps + 1)),
+        *(TrainStep(origin=o, step=s, loss=2.0, start=at + s, end=at + s + 0.5) for s in range(1, steps + 1)),
         RunEnd(origin=o, state="closed", exit_reason="iterations", final_step=steps, checkpoint_step=None, error=None,
                end=at + steps + 1),
     ]  # fmt: skip

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle._core.records import Origin, Record
 from lifecycle._tools import gantt, synthetic, verdict
 from lifecycle._tools.show import show_main, timeline_lines, write_diagrams, write_page
+from lifecycle.journal import Origin, Record
 
 T0 = 1_000.0
 FAIL = T0 + 0.5

@@ -11,7 +11,7 @@ from support.configs import config_of_one
 from support.launch import run_bounded
 
 from lifecycle import pretrain
-from lifecycle._core.journal import JournalWriter, Record, RunEnd, RunStart, Step, Transition, read  # pinned here
+from lifecycle.journal import JournalWriter, Record, RunEnd, RunStart, TrainStep, Transition, read
 
 KILLED_AT = 5
 
@@ -41,7 +41,7 @@ def test_a_rank_killed_mid_training_leaves_a_journal_show_reads_up_to_its_last_s
     records = read([tmp_path / "journal"])
     assert isinstance(records[0], RunStart) and not any(isinstance(r, RunEnd) for r in records)
     assert [r.dest for r in records if isinstance(r, Transition)] == ["dist_ready", "globals_ready", "training"]
-    assert [r.step for r in records if isinstance(r, Step)] == list(range(1, KILLED_AT + 1))
+    assert [r.step for r in records if isinstance(r, TrainStep)] == list(range(1, KILLED_AT + 1))
 
     command = [sys.executable, "-m", "lifecycle", "show", str(tmp_path / "journal"), "--out", str(tmp_path / "d")]
     shown = run_bounded(command, timeout=60, cwd=tmp_path)

@@ -31,9 +31,9 @@ from lifecycle import (
     TrainingConfig,
     pretrain,
 )
-from lifecycle._core.journal import read  # the journal reader, pinned with the journal it reads
 from lifecycle._training.model import default_forward_step, default_model_provider  # pretrain's own defaults
 from lifecycle.checkpoint import latest_checkpoint
+from lifecycle.journal import VERSION, read
 from lifecycle.testing import torchrun_command
 
 NOTHING_LIVE = dict.fromkeys(alive(), False)
@@ -240,7 +240,7 @@ def test_the_journal_records_transitions_teardown_and_outcome(tmp_path: Path) ->
         pretrain(config_of_one(tmp_path, fault=FaultInjection(Phase.EVAL, step=2)))
     pretrain(config_of_one(tmp_path), attempt=1)
     records = [r.to_json() for r in read([tmp_path / "journal"])]
-    assert {r["version"] for r in records} == {2} and len({r["run_id"] for r in records}) == 1
+    assert {r["version"] for r in records} == {VERSION} and len({r["run_id"] for r in records}) == 1
     assert {(r["rank"], r["restart_mode"], r["iteration"]) for r in records} == {(0, "ordinary", 0)}
     order0 = [r["kind"] for r in records if r["attempt"] == 0]
     assert order0[:4] == ["run", "transition", "transition", "transition"] and order0[-2:] == ["transition", "end"]

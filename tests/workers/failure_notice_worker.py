@@ -97,8 +97,8 @@ def store_refuses(addr: str, port: int) -> bool:
 
 def host_first(out: Path) -> None:
     """Rank 0 (the store's host) fails and its process ends; rank 1 fails after, the store gone."""
-    from lifecycle._core.journal import Origin, run_id
     from lifecycle._training.journaling import RunJournal
+    from lifecycle.journal import Origin, run_id
 
     session = Session(TorchActions(DistributedConfig(timeout_s=TIMEOUT_S), ParallelConfig()))
     session.label = f"rank {RANK}"

@@ -1,11 +1,10 @@
-"""Run journals: one file per rank, one JSON record per line, each appended and flushed as it happens.
+"""Journal files: one per rank, one JSON record per line, each appended and flushed as it happens.
 
-The records (schema version 2, and how version 1 files are read) are in
-``lifecycle._core.records``, re-exported here. ``JournalWriter`` appends to a rank's
-file; ``read`` / ``load`` return typed records. A process killed mid-write leaves a
-torn line: the next writer (a torchrun restart, a retry) starts on a fresh line after
-it, and the reader skips the torn line, wherever it is, and reports it instead of
-rejecting the file. In a folder, only ``rank<R>.jsonl`` files are journals.
+``JournalWriter`` appends to a rank's file; ``load`` / ``read`` return typed records
+(``lifecycle.journal._records``), version 1 and 2 files included. A process killed
+mid-write leaves a torn line: the next writer (a torchrun restart, a retry) starts on a
+fresh line after it, and the reader skips the torn line, wherever it is, and reports
+it instead of rejecting the file. In a folder, only ``rank<R>.jsonl`` files are journals.
 """
 
 from __future__ import annotations
@@ -14,51 +13,14 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from lifecycle._core.records import (
-    KINDS,
-    V1_RUN_ID,
-    VERSION,
-    Eval,
-    Left,
-    Origin,
-    Record,
-    RunEnd,
-    RunStart,
-    Step,
-    TeardownStep,
-    Transition,
-    from_v1,
-    parse,
-)
-
-__all__ = [
-    "KINDS",
-    "V1_RUN_ID",
-    "VERSION",
-    "Eval",
-    "JournalWriter",
-    "Left",
-    "Loaded",
-    "Origin",
-    "Record",
-    "RunEnd",
-    "RunStart",
-    "Step",
-    "TeardownStep",
-    "Transition",
-    "journal_files",
-    "journal_path",
-    "load",
-    "read",
-    "restart_count",
-    "run_id",
-]
+from lifecycle.journal._older import V1_RUN_ID, from_v1, from_v2
+from lifecycle.journal._records import VERSION, Origin, Record, RunStart, build, check_text, unknown_version
 
 _LOCAL_RUN_ID = f"local-{uuid.uuid4().hex[:12]}"
 
@@ -179,7 +141,56 @@ def _cut_off(text: str, error: json.JSONDecodeError) -> bool:
     return error.msg.startswith("Unterminated string") or error.pos >= len(body) - 10
 
 
-def _decode(line: bytes, v1_run: dict[str, Any] | None) -> tuple[list[Record], dict[str, Any]]:
+Origins = dict[tuple[Any, ...], Origin]
+"""The ``Origin`` objects a reader built so far, by their values: records of one origin share one object."""
+
+
+def parse(data: object) -> Record:
+    """The record in the decoded JSON ``data``: a version 3 or version 2 record (see ``docs/journal.md``).
+
+    ``ValueError`` saying what is wrong with it, ``field 'x' ...`` where a field is
+    (missing, of the wrong type, text no output can write, an unknown ``kind`` or
+    ``version``). Version 1 records (no ``version``) are read by ``load``, which knows
+    the file they are in.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"not a journal record: a JSON {type(data).__name__}, not an object")
+    return _parse(data, None, check=True)
+
+
+def _parse(data: dict[str, Any], origins: Origins | None, *, check: bool) -> Record:
+    """``parse``'s work on a JSON object; ``check``: look for unwritable text (``check_text``) first."""
+    version = data.get("version")
+    if type(version) is not int or version not in (2, VERSION):
+        raise unknown_version(data)
+    if check:
+        check_text(data)
+    return build(data if version == VERSION else from_v2(data), origins)
+
+
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+"""The C scanner ``json.loads`` ends in (set in ``JSONDecoder.__init__``; typeshed does not declare it)."""
+
+
+def _json_object(text: str) -> Any:
+    """``json.loads(text)``, the usual line (an object from its first character) by the decoder's scanner directly.
+
+    The same decoding without ``json.loads``' wrappers (a tenth of its cost on a
+    journal line); any other text, or one the scanner refuses, goes to ``json.loads``,
+    which raises its own error.
+    """
+    if text[:1] == "{":
+        try:
+            value, end = _SCAN(text, 0)
+        except (StopIteration, ValueError):
+            pass
+        else:
+            if end == len(text) or not text[end:].strip():
+                return value
+    return json.loads(text)
+
+
+def _decode(line: bytes, v1_run: dict[str, Any] | None, origins: Origins | None) -> tuple[list[Record], dict[str, Any]]:
     """The records of one journal line (a v1 line may stand for several) and its JSON object.
 
     ``_Torn`` if the line is a record cut off mid-write (by its end: a cut UTF-8
@@ -192,28 +203,32 @@ def _decode(line: bytes, v1_run: dict[str, Any] | None) -> tuple[list[Record], d
             raise _Torn from None  # the last character was cut: the record is cut too
         raise ValueError(f"not UTF-8 text: byte 0x{line[exc.start]:02x} at column {exc.start + 1}") from None
     try:
-        data = json.loads(text)
+        data = _json_object(text)
     except json.JSONDecodeError as exc:
         if _cut_off(text, exc):
             raise _Torn from None
         raise ValueError(f"not a journal record: not JSON ({exc})") from None
     except RecursionError:
         raise ValueError("not a journal record: JSON nested too deeply") from None
-    if not isinstance(data, dict):
+    if type(data) is not dict:
         raise ValueError(f"not a journal record: a JSON {type(data).__name__}, not an object")
+    # Valid UTF-8 holds no lone surrogate: only a \u escape can spell one, so only such lines are searched for it.
+    escaped = "\\u" in text
     if "version" not in data:
+        if escaped:
+            check_text(data)
         return from_v1(data, v1_run), data
-    return [parse(data)], data
+    return [_parse(data, origins, check=escaped)], data
 
 
-def _load_file(path: Path, records: list[Record], torn: list[str]) -> None:
+def _load_file(path: Path, records: list[Record], torn: list[str], origins: Origins) -> None:
     """Append the records of the journal at ``path``; note its torn lines; ``ValueError`` ``path:line: ...``."""
     v1_run: dict[str, Any] | None = None
     for number, line in enumerate(path.read_bytes().split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
-            decoded, data = _decode(line, v1_run)
+            decoded, data = _decode(line, v1_run, origins)
         except _Torn:
             torn.append(f"{path}:{number}")
             continue
@@ -225,11 +240,11 @@ def _load_file(path: Path, records: list[Record], torn: list[str]) -> None:
 
 
 def _looks_like_a_journal(path: Path) -> bool:
-    """Whether the first line of ``path`` (at most 1 MiB of it) is a journal record, v2 or v1."""
+    """Whether the first line of ``path`` (at most 1 MiB of it) is a journal record, of any version."""
     try:
         with open(path, "rb") as file:
             first = file.readline(1 << 20)
-        _decode(first, None)
+        _decode(first, None, None)
     except (OSError, ValueError, _Torn):
         return False
     return True
@@ -258,7 +273,7 @@ def _journals_in(folder: Path, ignored: list[str]) -> list[Path]:
 
 
 def load(paths: Iterable[str | os.PathLike[str]]) -> Loaded:
-    """Every record of the journals at ``paths``, v1 files included.
+    """Every record of the journals at ``paths``, as version 3 records (version 1 and 2 files included).
 
     A file is read whatever its name; a folder stands for its ``rank<R>.jsonl`` files,
     in rank order (its other ``*.jsonl`` files are not read; ``ignored`` notes those
@@ -267,15 +282,17 @@ def load(paths: Iterable[str | os.PathLike[str]]) -> Loaded:
     object, or a cut UTF-8 character at its end); a restarted writer appends after it
     on a fresh line. Any other line that holds no record raises ``ValueError``
     ``"path:line: ..."``: not UTF-8, not JSON, or a record that breaks the schema
-    (``field 'x' ...``). ``OSError`` if a path cannot be read.
+    (``field 'x' ...``). ``OSError`` if a path cannot be read. Records of one origin
+    share one ``Origin`` object.
     """
     records: list[Record] = []
     torn: list[str] = []
     ignored: list[str] = []
+    origins: Origins = {}
     for given in paths:
         given = Path(given)
         for path in _journals_in(given, ignored) if given.is_dir() else [given]:
-            _load_file(path, records, torn)
+            _load_file(path, records, torn, origins)
     return Loaded(tuple(records), tuple(torn), tuple(ignored))
 
 

@@ -1,0 +1,71 @@
+"""The run journal, a file format: one file per rank, one JSON record per line, schema version 3.
+
+``pretrain`` (with ``journal_dir``) writes a rank's records to ``<dir>/rank<R>.jsonl``
+as they happen; ``python -m lifecycle show`` reads them, and so can anyone: ``read``
+(or ``load``, which also reports torn lines) returns typed, frozen records, version 1
+and 2 files included; ``JournalWriter`` appends them. The record types:
+
+- ``RunStart`` (``run``): a ``pretrain`` call started; a writer's first record.
+- ``Transition`` (``transition``): the session moved between states.
+- ``TeardownStep`` (``teardown``): a teardown step ran (or was reclaimed, or abandoned).
+- ``Left`` (``left``): a resource the teardown left alone, and why.
+- ``TrainStep`` (``step``) and ``Eval`` (``eval``): a training step, an evaluation.
+- ``Failure`` (``failure``): this rank failed (written before its failure teardown).
+- ``RunEnd`` (``end``): the call ended.
+
+Each carries its ``Origin`` (run id, rank, attempt...). ``docs/journal.md`` is the
+schema, field by field, and how versions 1 and 2 read. This package imports nothing
+but the standard library (no torch): a tool may read journals anywhere.
+"""
+
+from lifecycle.journal._files import (
+    JournalWriter,
+    Loaded,
+    journal_files,
+    journal_path,
+    load,
+    parse,
+    read,
+    restart_count,
+    run_id,
+)
+from lifecycle.journal._older import V1_RUN_ID
+from lifecycle.journal._records import (
+    KINDS,
+    VERSION,
+    Eval,
+    Failure,
+    Left,
+    Origin,
+    Record,
+    RunEnd,
+    RunStart,
+    TeardownStep,
+    TrainStep,
+    Transition,
+)
+
+__all__ = [
+    "KINDS",
+    "V1_RUN_ID",
+    "VERSION",
+    "Eval",
+    "Failure",
+    "JournalWriter",
+    "Left",
+    "Loaded",
+    "Origin",
+    "Record",
+    "RunEnd",
+    "RunStart",
+    "TeardownStep",
+    "TrainStep",
+    "Transition",
+    "journal_files",
+    "journal_path",
+    "load",
+    "parse",
+    "read",
+    "restart_count",
+    "run_id",
+]

@@ -1,0 +1,310 @@
+"""The journal's record types (schema version 3): frozen dataclasses, one flat JSON object per line.
+
+The schema, field by field, and what changed from versions 1 and 2 are in
+``docs/journal.md``. Every record's JSON object holds ``version``, ``kind``, the
+fields of its ``Origin`` and its own fields; each field's type is compiled when this
+module loads (``lifecycle.journal._schema``), so a field of a type JSON cannot hold
+fails here, at import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+from lifecycle.journal._schema import Fields, brief, compile_fields, text_problem
+
+VERSION = 3
+"""The schema version this module writes; ``parse`` also reads 2, and the reader version 1 files."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Who wrote a record, in which attempt.
+
+    ``run_id``: the job's id, the same on every rank and across launcher restarts (see
+    ``lifecycle.journal.run_id``). ``rank``: the writer's global rank. ``attempt``:
+    the ``pretrain`` call's attempt number; ``restart_mode`` and ``iteration``: its
+    session's (``iteration`` counts in-process restarts). ``restart_count``: how many
+    times torchrun had restarted the writer's worker group when the writer started
+    (``TORCHELASTIC_RESTART_COUNT``; 0 outside torchrun, and in version 2 records written
+    before the field existed). A restarted worker is a new process whose ``attempt``
+    starts at 0 again: ``(restart_count, attempt)`` orders the attempts of one run.
+    """
+
+    run_id: str
+    rank: int
+    attempt: int
+    restart_mode: str
+    iteration: int
+    restart_count: int = 0
+
+
+class _Record:
+    """What every record kind shares: its ``kind``, its ``origin``, and its JSON object (``to_json``)."""
+
+    __slots__ = ()
+    kind: ClassVar[str]
+    origin: Origin
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as one flat JSON object: ``version``, ``kind``, the origin's fields, then its own."""
+        return {
+            "version": VERSION,
+            "kind": self.kind,
+            **_ORIGIN.dump(self.origin),
+            **_COMPILED[type(self)].dump(self),  # type: ignore[index]
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStart(_Record):
+    """A ``pretrain`` call started (``start``) in process ``pid`` on ``host``; a writer's first record in a file."""
+
+    kind: ClassVar[str] = "run"
+    origin: Origin
+    world_size: int
+    pid: int
+    host: str
+    start: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition(_Record):
+    """The session moved ``source`` → ``dest`` by ``trigger``; its work (a teardown too) ran ``start``..``end``.
+
+    ``detail``: what the session noted on the move (the error, on a move into
+    ``failed``). On the move to ``dist_ready`` (``init_distributed``), ``agreed_attempt``
+    is the attempt number the ranks agreed on through the rendezvous store and
+    ``store_prefix`` the key prefix of the group created on it; None where not known
+    (another move, a caller's own group, actions that do not say).
+    """
+
+    kind: ClassVar[str] = "transition"
+    origin: Origin
+    source: str
+    dest: str
+    trigger: str
+    start: float
+    end: float
+    detail: str = ""
+    agreed_attempt: int | None = None
+    store_prefix: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TeardownStep(_Record):
+    """One teardown step ran ``start``..``end``: ``step`` (its kind) on resource ``resource`` named ``name``.
+
+    ``step`` is a step kind (``abort_process_group``), ``resource`` a resource kind
+    (``process_group``), ``name`` the resource's name where its kind has several
+    (user resources; "" otherwise), ``owner`` who owned it. ``outcome`` is ``success``
+    or ``failure`` (the plan it belongs to), ``reclaim`` for a release of what an
+    earlier session left (``note`` says which and where it was acquired), or
+    ``abandoned`` for a step an escalated interrupt cut off (it did not run).
+    ``error`` is what the step raised, None if nothing.
+    """
+
+    kind: ClassVar[str] = "teardown"
+    origin: Origin
+    outcome: str
+    step: str
+    resource: str
+    name: str = ""
+    owner: str
+    start: float
+    end: float
+    error: str | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Left(_Record):
+    """A resource held at teardown that the session did not release: its kind, name and owner, why, and where from.
+
+    ``resource`` is the resource kind, ``name`` its name where its kind has several
+    ("" otherwise), ``owner`` who owns it, ``reason`` why it was left alone (a
+    ``LeftReason`` value), ``site`` the ``file:line`` where it was acquired ("" if unknown).
+    """
+
+    kind: ClassVar[str] = "left"
+    origin: Origin
+    resource: str
+    name: str = ""
+    owner: str
+    reason: str
+    site: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainStep(_Record):
+    """Training step ``step`` ran ``start``..``end``; ``loss`` is averaged over all ranks (JSON kind ``step``)."""
+
+    kind: ClassVar[str] = "step"
+    origin: Origin
+    step: int
+    loss: float
+    start: float | None
+    end: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Eval(_Record):
+    """An evaluation after step ``step`` ran ``start``..``end``; ``loss`` is averaged over all ranks."""
+
+    kind: ClassVar[str] = "eval"
+    origin: Origin
+    step: int
+    loss: float
+    start: float | None
+    end: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunEnd(_Record):
+    """The ``pretrain`` call ended (``end``) in ``state``: ``exit_reason`` on success, ``error`` on failure.
+
+    ``final_step``: the last training step it ran; ``checkpoint_step``: the step of its
+    last checkpoint, None if it saved none.
+    """
+
+    kind: ClassVar[str] = "end"
+    origin: Origin
+    state: str
+    exit_reason: str | None
+    final_step: int
+    checkpoint_step: int | None
+    error: str | None
+    end: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure(_Record):
+    """This rank failed at ``time`` (wall clock), in ``phase`` at training step ``step``, with ``error``.
+
+    Written when the session takes its failure edge, before anything is released.
+    ``seq`` is the sequence number the rendezvous store's atomic counter gave this
+    rank's failure notice (1 = the first rank of the attempt to publish one), or None
+    when the notice could not be published (``unpublished`` says why, e.g. the store
+    is unreachable). ``first_rank`` is the peer whose notice came first, when that was
+    not this rank, and ``note`` the note added to this rank's exception ("" if none).
+    """
+
+    kind: ClassVar[str] = "failure"
+    origin: Origin
+    phase: str
+    step: int | None
+    error: str
+    time: float
+    seq: int | None = None
+    unpublished: str = ""
+    first_rank: int | None = None
+    note: str = ""
+
+
+Record: TypeAlias = RunStart | Transition | TeardownStep | Left | TrainStep | Eval | RunEnd | Failure
+"""Any journal record."""
+
+KINDS: dict[str, type[Record]] = {
+    c.kind: c for c in (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure)
+}
+"""Each record class by its JSON ``kind``."""
+
+_ORIGIN = compile_fields(Origin)
+_COMPILED: dict[type[Record], Fields] = {cls: compile_fields(cls, skip=frozenset({"origin"})) for cls in KINDS.values()}
+
+_ORIGIN_SIZE = len(_ORIGIN.fields)
+_MOST_SHAPES = 1024
+
+
+class _Kind:
+    """How records of one kind are read: the checked way (``fields``) and, for the usual lines, a fast one.
+
+    A line whose every field is present with a type its field takes as it is (``exact``)
+    needs no conversion and no check beyond that: ``shapes`` is every such tuple of
+    value types (origin fields first), ``get`` takes the values out of the JSON object in
+    one call, and the record is made from them by setting its slots (no field of a record
+    has a ``__post_init__`` to run). Kinds with a field of no ``exact`` type (a list, a
+    nested record) or too many shapes are always read the checked way.
+    """
+
+    __slots__ = ("cls", "fields", "get", "setters", "shapes")
+
+    def __init__(self, cls: type[Record], fields: Fields) -> None:
+        """Compile the fast way of ``cls`` (compiled ``fields``), where it has one."""
+        self.cls = cls
+        self.fields = fields
+        every = (*_ORIGIN.fields, *fields.fields)
+        shapes: set[tuple[type, ...]] = {()}
+        for field in every:
+            shapes = {(*shape, kind) for shape in shapes for kind in field.type.exact}
+            if len(shapes) > _MOST_SHAPES:
+                shapes = set()
+        self.shapes = frozenset(shapes)
+        self.get = operator.itemgetter(*(f.name for f in every))
+        slots = ["origin", *(f.name for f in fields.fields)]
+        self.setters = tuple(getattr(cls, name).__set__ for name in slots)
+
+    def fast(self, data: Mapping[str, Any], origins: dict[tuple[Any, ...], Origin] | None) -> Record | None:
+        """The record in ``data`` if it has the usual shape (see the class), else None (read it the checked way)."""
+        try:
+            values = self.get(data)
+        except KeyError:
+            return None
+        if tuple(map(type, values)) not in self.shapes:
+            return None
+        key = values[:_ORIGIN_SIZE]
+        origin = None if origins is None else origins.get(key)
+        if origin is None:
+            origin = Origin(*key)
+            if origins is not None:
+                origins[key] = origin
+        record: Record = object.__new__(self.cls)
+        setters = self.setters
+        setters[0](record, origin)
+        for setter, value in zip(setters[1:], values[_ORIGIN_SIZE:], strict=True):
+            setter(record, value)
+        return record
+
+
+_BY_KIND: dict[str, _Kind] = {kind: _Kind(cls, _COMPILED[cls]) for kind, cls in KINDS.items()}
+
+
+def build(data: Mapping[str, Any], origins: dict[tuple[Any, ...], Origin] | None = None) -> Record:
+    """The version 3 record in the JSON object ``data`` (its ``version`` already checked; its text too).
+
+    ``origins``: the ``Origin`` objects built so far, by value; a record of an origin
+    seen before shares its object (a journal's records share a handful of origins).
+    ``ValueError`` ``field 'x' ...`` on an unknown ``kind`` or a bad field.
+    """
+    kind = data.get("kind")
+    known = _BY_KIND.get(kind) if type(kind) is str else None
+    if known is None:
+        if "kind" not in data:
+            raise ValueError("field 'kind' is missing")
+        raise ValueError(f"field 'kind' is {brief(kind)}: unknown record kind (known: {', '.join(KINDS)})")
+    record = known.fast(data, origins) if known.shapes else None
+    if record is None:
+        origin = Origin(**_ORIGIN.values(data))
+        if origins is not None:
+            origin = origins.setdefault(tuple(dataclasses.astuple(origin)), origin)
+        record = known.cls(origin=origin, **known.fields.values(data))
+    return record
+
+
+def check_text(data: Mapping[str, Any]) -> None:
+    """``ValueError`` ``field 'x' is not valid text: ...`` if a field of ``data`` holds a lone surrogate."""
+    for key, value in data.items():
+        problem = text_problem(value)
+        if problem is not None:
+            where, _, why = problem.partition(": ")
+            raise ValueError(f"field {key + where!r} is not valid text: {why}")
+
+
+def unknown_version(data: Mapping[str, Any]) -> ValueError:
+    """The error for a record of a version this module does not read."""
+    version = brief(data.get("version"))
+    return ValueError(f"field 'version' is {version}: journal version {version} is not supported (known: 1, 2, 3)")

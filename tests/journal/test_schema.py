@@ -1,0 +1,189 @@
+"""The journal's schema, version 3: field types of any JSON type, no prose in data fields, v1 and v2 still read.
+
+Torch-free. The records as a session's run writes them are pinned in ``tests/core/test_journal.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.journals import v1_failed_call
+
+from lifecycle.journal import KINDS, VERSION, Left, Origin, TeardownStep, TrainStep, parse, read
+from lifecycle.journal._schema import compile_fields
+
+ORIGIN = Origin(run_id="r", rank=0, attempt=0, restart_mode="ordinary", iteration=0)
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@dataclass(frozen=True, slots=True)
+class _Point:
+    """A nested record: a JSON object inside a field."""
+
+    x: int
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _EveryType:
+    """A record with a field of every JSON type the schema supports."""
+
+    flag: bool
+    count: int
+    ratio: float
+    text: str
+    nothing: None
+    maybe: int | None
+    items: list[int]
+    names: tuple[str, ...]
+    table: dict[str, float]
+    point: _Point
+    points: list[_Point]
+    either: float | str = 0.0
+
+
+EVERY = _EveryType(
+    flag=True,
+    count=3,
+    ratio=0.5,
+    text="é",
+    nothing=None,
+    maybe=None,
+    items=[1, 2],
+    names=("a", "b"),
+    table={"a": 1.5},
+    point=_Point(1, "p"),
+    points=[_Point(2), _Point(3, "q")],
+    either="s",
+)
+
+
+def test_a_record_field_of_any_json_type_round_trips_through_json() -> None:
+    """bool, int, float, str, None, unions, lists, tuples, dicts, nested records: dumped, decoded, read back equal."""
+    fields = compile_fields(_EveryType)
+    text = json.dumps(fields.dump(EVERY))
+    assert _EveryType(**fields.values(json.loads(text))) == EVERY
+    assert json.loads(text)["point"] == {"x": 1, "label": "p"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("flag", 1, "field 'flag' must be bool, got 1"),
+        ("count", True, "field 'count' must be int, got True"),
+        ("count", 1.0, "field 'count' must be int, got 1.0"),
+        ("ratio", "1", "field 'ratio' must be float, got '1'"),
+        ("maybe", "x", "field 'maybe' must be int | None, got 'x'"),
+        ("items", [1, "2"], r"field 'items\[1\]' must be int, got '2'"),
+        ("items", 5, r"field 'items' must be a JSON array \(list\[int\]\), got 5"),
+        ("table", {"a": "b"}, "field 'table.a' must be float, got 'b'"),
+        ("point", {"label": "no x"}, "field 'point.x' is missing"),
+        ("points", [{"x": 1}, {"x": "2"}], r"field 'points\[1\].x' must be int, got '2'"),
+    ],
+)
+def test_a_field_of_the_wrong_json_type_is_named_with_its_path(field: str, value: Any, message: str) -> None:
+    """A value of another type, at any depth, raises ValueError naming the field's path, its type and the value."""
+    fields = compile_fields(_EveryType)
+    data = fields.dump(EVERY) | {field: value}
+    with pytest.raises(ValueError, match=message):
+        fields.values(data)
+
+
+def test_an_integer_reads_as_a_float_where_a_float_is_declared() -> None:
+    """JSON does not tell 1 from 1.0: a float field takes an integer, as a float."""
+    fields = compile_fields(_EveryType)
+    values = fields.values(fields.dump(EVERY) | {"ratio": 2})
+    assert values["ratio"] == 2.0 and type(values["ratio"]) is float
+
+
+@pytest.mark.parametrize("annotation", ["set[int]", "bytes", "Any", "list", "dict[int, str]", "tuple[int, str]"])
+def test_a_field_of_a_type_json_cannot_hold_fails_when_compiled(annotation: str) -> None:
+    """A field typed set, bytes, Any, a bare list, dict with non-str keys or a fixed tuple: TypeError naming it."""
+    namespace: dict[str, Any] = {}
+    source = (
+        "from dataclasses import dataclass\nfrom typing import Any\n"
+        f"@dataclass(frozen=True)\nclass Bad:\n    ok: int\n    wrong: {annotation}\n"
+    )
+    exec(compile(source, "<record>", "exec", dont_inherit=True), namespace)  # this file's __future__ import left out
+    with pytest.raises(TypeError, match=r"Bad\.wrong has type .*, which is no JSON type"):
+        compile_fields(namespace["Bad"])
+
+
+def test_a_record_module_with_a_field_json_cannot_hold_fails_at_import(tmp_path: Path) -> None:
+    """The record types are compiled when ``lifecycle.journal`` loads: a bad field type stops the import, by name."""
+    records = Path(__file__).resolve().parents[2] / "lifecycle" / "journal" / "_records.py"
+    text = records.read_text(encoding="utf-8")
+    anchor = '    kind: ClassVar[str] = "left"\n    origin: Origin\n'
+    assert anchor in text
+    package = tmp_path / "lifecycle" / "journal"
+    package.mkdir(parents=True)
+    for source in records.parent.glob("*.py"):
+        (package / source.name).write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+    (package / "_records.py").write_text(text.replace(anchor, anchor + "    tags: set[str]\n"), encoding="utf-8")
+    (tmp_path / "lifecycle" / "__init__.py").write_text("", encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-c", "import lifecycle.journal"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "TypeError: Left.tags has type set[str], which is no JSON type" in done.stderr
+
+
+def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
+    """Each record kind's fields compile (the import did it); the kinds are the documented ones."""
+    assert set(KINDS) == {"run", "transition", "teardown", "left", "step", "eval", "end", "failure"}
+    for cls in KINDS.values():
+        names = [f.name for f in compile_fields(cls, skip=frozenset({"origin"})).fields]
+        assert names == [f.name for f in dataclasses.fields(cls) if f.name != "origin"]
+
+
+def test_version_3_keeps_a_resources_kind_name_and_owner_apart() -> None:
+    """A left resource and a teardown step carry kind, name and owner in fields of their own: no prose to parse."""
+    left = Left(origin=ORIGIN, resource="user", name="cache", owner="caller", reason="owned by the caller")
+    step = TeardownStep(
+        origin=ORIGIN, outcome="failure", step="release_user_resource", resource="user", name="cache", owner="caller",
+        start=1.0, end=2.0,
+    )  # fmt: skip
+    assert left.to_json()["version"] == VERSION == 3
+    assert {k: left.to_json()[k] for k in ("resource", "name", "owner")} == {
+        "resource": "user", "name": "cache", "owner": "caller"
+    }  # fmt: skip
+    assert {k: step.to_json()[k] for k in ("step", "resource", "name")} == {
+        "step": "release_user_resource", "resource": "user", "name": "cache"
+    }  # fmt: skip
+    assert parse(left.to_json()) == left and parse(step.to_json()) == step
+
+
+def test_a_version_2_journal_reads_as_version_3_records() -> None:
+    """The v2 fixture (prose in ``step`` and ``resource``) reads with kind, name and owner apart."""
+    records = read([FIXTURES / "v2" / "rank0.jsonl"])
+    steps = [(r.step, r.resource, r.name, r.owner) for r in records if isinstance(r, TeardownStep)]
+    assert steps == [
+        ("abort_process_group", "process_group", "", "session"),
+        ("release_user_resource", "user", "cache", "caller"),
+    ]
+    lefts = [(r.resource, r.name, r.owner, r.reason) for r in records if isinstance(r, Left)]
+    assert lefts == [
+        ("model_parallel", "", "restart_wrapper", "deferred to the restart wrapper"),
+        ("user", "kv:store", "caller", "owned by the caller"),
+    ]
+    assert [r.step for r in records if isinstance(r, TrainStep)] == [1, 2]
+    assert {r.origin for r in records} == {Origin("job-2", 0, 1, "ordinary", 0, restart_count=1)}
+
+
+def test_a_version_1_journal_fixture_reads_as_version_3_records() -> None:
+    """The v1 fixture (the v1 writer's lines, checked in) reads: the teardown step and left resource kept apart."""
+    path = FIXTURES / "v1" / "rank0.jsonl"
+    assert [json.loads(line) for line in path.read_text().splitlines()] == v1_failed_call()
+    records = read([path])
+    assert [r.kind for r in records] == ["run", "transition", "teardown", "left", "transition", "step", "step", "eval",
+                                         "end"]  # fmt: skip
+    teardown, left = records[2], records[3]
+    assert isinstance(teardown, TeardownStep) and (teardown.step, teardown.name) == ("abort_process_group", "")
+    assert isinstance(left, Left) and (left.resource, left.name, left.owner) == ("x", "", "caller")
