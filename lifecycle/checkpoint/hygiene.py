@@ -20,15 +20,20 @@ import socket
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 from lifecycle.checkpoint.errors import CheckpointError, CheckpointUnreadable, os_error_text
 from lifecycle.checkpoint.layout import (
+    DATA_RE,
+    DCP_METADATA,
     MANIFEST,
     MARKER,
     OWNER,
+    RECORD_RE,
     SHARD_RE,
     TMP_RE,
     fsync_dir,
+    listed_files,
     read_manifest,
     step_dir,
     step_folders,
@@ -72,7 +77,11 @@ def claim(directory: Path, run_id: str) -> str:
 
 
 def _ours(path: Path) -> bool:
-    return bool(SHARD_RE.fullmatch(path.name) or TMP_RE.fullmatch(path.name) or path.name == MANIFEST)
+    name = path.name
+    return bool(
+        any(pattern.fullmatch(name) for pattern in (SHARD_RE, DATA_RE, RECORD_RE, TMP_RE))
+        or name in (MANIFEST, DCP_METADATA)
+    )
 
 
 def _remove_folder(folder: Path, removed: list[Path]) -> None:
@@ -92,10 +101,8 @@ def _remove_folder(folder: Path, removed: list[Path]) -> None:
     removed.append(folder)
 
 
-def _unreferenced(folder: Path, manifest: dict[str, object]) -> list[Path]:
-    shards = manifest["shards"]
-    assert isinstance(shards, list)
-    keep = {s["file"] for s in shards}
+def _unreferenced(folder: Path, manifest: dict[str, Any]) -> list[Path]:
+    keep = {s["file"] for s in listed_files(manifest)}
     return [p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST and _ours(p) and p.name not in keep]
 
 

@@ -1,8 +1,9 @@
 """Asynchronous checkpoints that can be finalized collectively or aborted rank-locally.
 
-The on-disk layout is in ``lifecycle.checkpoint.layout``; resuming (by agreement of
-every rank) in ``lifecycle.checkpoint.loader``; what a commit removes in
-``lifecycle.checkpoint.hygiene``.
+The on-disk layout is in ``lifecycle.checkpoint.layout`` (docs/checkpoint-format.md):
+each committed step folder is a torch Distributed Checkpoint (DCP), written by the parts
+in ``lifecycle.checkpoint.dcp_format``; resuming (by agreement of every rank) in
+``lifecycle.checkpoint.loader``; what a commit removes in ``lifecycle.checkpoint.hygiene``.
 
 Why not ``torch.distributed.checkpoint.async_save``: measured here (torch 2.13, gloo,
 2 ranks) its background thread runs ``gather_object``, ``scatter_object_list`` and
@@ -11,8 +12,10 @@ that never joins, neither ``destroy_process_group()`` nor ``_abort_process_group
 releases that thread and interpreter exit waits for the whole group timeout, so
 abandoning it is not rank-local. Its loader also unpickles non-tensor values with
 ``weights_only=False`` and it keeps one copy of plain (replicated) tensors, not each
-rank's. So here the background thread only writes this rank's file; every collective
-happens in ``finalize()``, on the caller's thread.
+rank's. So here ``save()`` plans on the caller's thread, the background thread only
+writes this rank's files, and every collective happens in ``finalize()``, on the
+caller's thread; rank 0 writes DCP's global ``.metadata`` there, from every writing
+rank's record.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ import torch.distributed as dist
 
 from lifecycle import journal
 from lifecycle.checkpoint import hygiene
+from lifecycle.checkpoint.dcp_format import (
+    Planned,
+    data_name,
+    plan_save,
+    read_record,
+    record_name,
+    slice_key,
+    write_global_metadata,
+    write_planned,
+)
 from lifecycle.checkpoint.errors import (
     CheckpointError,
     CheckpointMismatch,
@@ -44,15 +57,14 @@ from lifecycle.checkpoint.errors import (
     os_error_text,
 )
 from lifecycle.checkpoint.layout import (
+    DCP_METADATA,
     FORMAT,
     MANIFEST,
     MARKER,
     ShardLayout,
     describe_layout,
-    fsync_dir,
     probe_directory,
     sha256,
-    shard_name,
     step_dir,
     write_atomic,
 )
@@ -274,16 +286,20 @@ class AsyncCheckpointer:
         if self._rank == 0 and self._owner is None:
             self._owner = hygiene.claim(self.directory, journal.run_id())
         token = secrets.randbits(62)
-        pending = _Pending(step, token, folder / shard_name(self._rank, token))
+        pending = _Pending(step, token, folder / record_name(self._rank, token))
+        # Planned here, on the caller's thread: DCP's planner for this rank's keys alone, no collective.
+        planned = plan_save(
+            staged, slice_key(self.layout, self._rank, self._world), data_name(self._rank, token), pending.abandoned
+        )
         with self._lock:
             self._refuse_if_aborted()
             self._pending = pending  # from here on, abort() reaches this save
         # A daemon thread: it only touches local files, never a peer, and an abandoned
-        # one must not keep the interpreter alive. If it is killed mid-write only a
-        # hidden tmp file is left, which nothing reads and the next commit removes.
+        # one must not keep the interpreter alive. If it is killed mid-write only files
+        # no manifest lists are left, which nothing reads and the next commit removes.
         threading.Thread(
             target=self._write,
-            args=(pending, staged, folder, self._before_write),
+            args=(pending, planned, folder, self._before_write),
             name=f"lifecycle-ckpt-step{step}-rank{self._rank}",
             daemon=True,
         ).start()
@@ -294,36 +310,33 @@ class AsyncCheckpointer:
                 f"the checkpointer for {self.directory} was aborted and never saves again; create a new one"
             )
 
-    def _write(self, pending: _Pending, staged: Any, folder: Path, hook: Callable[[], object] | None) -> None:
+    def _write(self, pending: _Pending, planned: Planned, folder: Path, hook: Callable[[], object] | None) -> None:
         assert pending.file is not None  # a replica starts no writer
-        final = pending.file
-        tmp = folder / f".{final.name}.tmp"
+        record = pending.file
         try:
             if hook is not None:
                 hook()
             if pending.abandoned.is_set():
-                raise CheckpointError(f"save of {final} was aborted before it started")
+                raise CheckpointError(f"save of {record} was aborted before it started")
             try:
-                with open(tmp, "wb") as f:
-                    torch.save(staged, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, final)
-                fsync_dir(folder)
+                write_planned(planned, folder, record, pending.step, self._rank)
             except Exception as exc:
+                if pending.abandoned.is_set():
+                    raise CheckpointError(f"save of {record} was aborted while it was written") from exc
                 # torch.save turns a failed write into a RuntimeError; the OSError is its context.
                 raise CheckpointError(
-                    f"rank {self._rank} could not write its shard {final}: {os_error_text(exc)}"
+                    f"rank {self._rank} could not write its shard {record}: {os_error_text(exc)}"
                 ) from exc
             if pending.abandoned.is_set():
-                raise CheckpointError(f"save of {final} was aborted")
-            pending.future.set_result(_Shard(final.stat().st_size, sha256(final)))
+                raise CheckpointError(f"save of {record} was aborted")
+            pending.future.set_result(_Shard(record.stat().st_size, sha256(record)))
         except BaseException as exc:  # noqa: BLE001 - always resolve the future, or finalize() waits forever
-            for leftover in (tmp, final):  # nobody will ever list them in a manifest
+            # Nobody will ever list them in a manifest: the record and this attempt's data files.
+            for leftover in (record, *folder.glob(f"{planned.prefix}*.distcp")):
                 with contextlib.suppress(OSError):  # the error below already says what went wrong
                     leftover.unlink(missing_ok=True)
             if not isinstance(exc, Exception):
-                exc = CheckpointError(f"writer of {final} stopped: {exc!r}")
+                exc = CheckpointError(f"writer of {record} stopped: {exc!r}")
             # The traceback holds this frame: `pending` (whose future holds the error) and
             # `self` (its process group) would form a cycle only the GC frees, and gloo
             # closes an aborted group's sockets only once the group object is freed.
@@ -474,6 +487,26 @@ class AsyncCheckpointer:
             ) from None
         return group
 
+    def _check_seen(self, step: int, folder: Path, files: list[dict[str, Any]], what: str) -> None:
+        """CheckpointError unless rank 0 sees each of ``files`` (``what`` they are) in ``folder`` with its size."""
+        unseen = []
+        for s in files:
+            path = folder / str(s["file"])
+            try:
+                size = path.stat().st_size
+            except OSError as exc:
+                unseen.append(f"{path} ({os_error_text(exc)})")
+                continue
+            if size != s["bytes"]:
+                who = f"rank {s['rank']}" if "rank" in s else "its rank"
+                unseen.append(f"{path} ({size} bytes, {who} wrote {s['bytes']})")
+        if unseen:
+            raise CheckpointError(
+                f"checkpoint step {step} in {self.directory} not committed: rank 0 does not see "
+                f"{len(unseen)} of the {len(files)} {what}: {', '.join(unseen)}; every rank must write to "
+                "the same shared folder"
+            )
+
     def _commit(self, step: int, everyone: list[torch.Tensor]) -> None:
         if len(everyone) != self._world:
             raise CheckpointError(f"{len(everyone)} shard reports for a world of {self._world}")
@@ -485,7 +518,7 @@ class AsyncCheckpointer:
         shards: list[dict[str, Any]] = [
             {
                 "rank": r,
-                "file": shard_name(r, int(everyone[r][2])),
+                "file": record_name(r, int(everyone[r][2])),
                 "bytes": int(everyone[r][3]),
                 "sha256": everyone[r][4:8].numpy().tobytes().hex(),
             }
@@ -502,24 +535,25 @@ class AsyncCheckpointer:
                 )
             shards = [{"shard": i, **by_shard[i]} for i in range(self.layout.shards)]
             manifest["layout"] = self.layout.sizes()
-        unseen = []
+        self._check_seen(step, folder, shards, "shards")
+        # Each record's size and SHA-256 came in the all_gather: what rank 0 reads is what its rank wrote.
+        records = []
         for s in shards:
-            path = folder / str(s["file"])
             try:
-                size = path.stat().st_size
+                record = read_record(folder, s)
             except OSError as exc:
-                unseen.append(f"{path} ({os_error_text(exc)})")
-                continue
-            if size != s["bytes"]:
-                unseen.append(f"{path} ({size} bytes, rank {s['rank']} wrote {s['bytes']})")
-        if unseen:
-            raise CheckpointError(
-                f"checkpoint step {step} in {self.directory} not committed: rank 0 does not see "
-                f"{len(unseen)} of the {len(shards)} shards: {', '.join(unseen)}; every rank must write to "
-                "the same shared folder"
-            )
+                raise CheckpointError(f"rank 0 cannot read {folder / s['file']}: {os_error_text(exc)}") from exc
+            s["data"] = record["files"]
+            records.append(record)
+        self._check_seen(step, folder, [d for s in shards for d in s["data"]], "data files")
+        try:
+            write_global_metadata(folder, records)
+            meta = folder / DCP_METADATA
+            manifest["metadata"] = {"file": DCP_METADATA, "bytes": meta.stat().st_size, "sha256": sha256(meta).hex()}
+        except OSError as exc:
+            raise CheckpointError(f"cannot write {folder / DCP_METADATA}: {os_error_text(exc)}") from exc
         manifest["shards"] = shards
-        # Manifest first: it is the commit record. The marker is only a pointer to it.
+        # The manifest is the commit record, written after every file it lists; the marker only points to it.
         write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
         write_atomic(self.directory / MARKER, json.dumps({"step": step}).encode())
         # Before the broadcast releases the peers: none can have started its next save,

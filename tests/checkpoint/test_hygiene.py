@@ -58,9 +58,11 @@ def test_the_next_commit_removes_partial_folders_and_unreferenced_shards(tmp_pat
     _commit(tmp_path, 2)
     assert _steps(tmp_path) == ["step_0000000001", "step_0000000002"]
     assert not stray.exists()
-    assert [p.name for p in (tmp_path / "step_0000000001").iterdir() if p.name != "manifest.json"] == [
-        json.loads((tmp_path / "step_0000000001" / "manifest.json").read_text())["shards"][0]["file"]
-    ]
+    manifest = json.loads((tmp_path / "step_0000000001" / "manifest.json").read_text())
+    listed = {manifest["shards"][0]["file"], manifest["metadata"]["file"]} | {
+        d["file"] for d in manifest["shards"][0]["data"]
+    }
+    assert {p.name for p in (tmp_path / "step_0000000001").iterdir()} == listed | {"manifest.json"}
     assert not list(tmp_path.rglob("*.tmp"))
     target = {"w": torch.zeros(2)}
     assert load_checkpoint(tmp_path, target) == 2 and torch.equal(target["w"], torch.full((2,), 2.0))
