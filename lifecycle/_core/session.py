@@ -331,10 +331,20 @@ class Session:
         return report
 
     def _end_shield(self, cause: BaseException | None = None) -> TeardownInterrupted | None:
-        """Once final: remove the shield (a deferred Ctrl-C is raised from ``cause``); return an escalation."""
+        """Once final: remove the shield (a deferred Ctrl-C is raised from ``cause``); return an escalation.
+
+        An exception landing inside the removal is recorded (``_raise_landed``) and the
+        removal runs again: a final session never leaves its handlers installed.
+        """
         if not self.state.is_final:
             return None
-        return self._shield.remove(cause)
+        while True:
+            try:
+                return self._shield.remove(cause)
+            except BaseException as exc:  # a landing, unless the removal ran to its end
+                if not self._shield.installed:
+                    raise  # removed: what a deferred signal's previous handler raised
+                self._landed.append(exc)
 
     def _waiting(self, work: Callable[[], TeardownReport], outcome: Outcome) -> TeardownReport:
         """Run ``work`` on a worker thread while this one waits, recording what lands here; its report or error.
@@ -556,10 +566,19 @@ class Session:
             raise landed[0] from error
 
     def _fail_loop(self, error: BaseException, landed: list[BaseException]) -> None:
-        """Call ``fail(error)`` until final (at most 100 tries); what it raises before that goes to ``landed``."""
+        """Call ``fail(error)`` until final (at most 100 tries); what it raises before that goes to ``landed``.
+
+        Once final, the shield is removed here too: a landing can cut ``fail`` short between
+        the teardown and the removal.
+        """
         for _ in range(100):
             try:
                 if self.state.is_final:
+                    escalation = self._end_shield(error)
+                    landed.extend(self._landed)
+                    self._landed = []
+                    if escalation is not None:
+                        landed.insert(0, escalation)
                     return
                 self.fail(error)
             except BaseException as exc:  # noqa: BLE001 - kept: raised once final

@@ -92,8 +92,14 @@ class Shield:
                 link.install()
         except (ValueError, OSError):  # an embedding that forbids handlers: run unshielded
             self._restore()
+            self._links = {}
             return False
         return True
+
+    @property
+    def installed(self) -> bool:
+        """True from ``install`` until a ``remove`` ran to its end (one an exception cut short leaves it True)."""
+        return bool(self._links)
 
     def remove(self, cause: BaseException | None = None) -> TeardownInterrupted | None:
         """Deactivate the handlers and put back the previous ones (where ours run); return the escalation, if any.
@@ -105,14 +111,15 @@ class Shield:
         allows), so none lands half way; one that arrives meanwhile is delivered right
         after, to the previous handler: the session is final by then. Where another
         handler was installed above ours since, ours stays below it, passing every signal on.
+
+        An exception landing in it before the handlers are back leaves ``installed`` True and
+        the state as it was: calling ``remove`` again finishes it and loses nothing.
         """
         try:
             with _blocked(SIGNALS):
-                escalation, self.escalation = self.escalation, None
-                links = dict(self._links)
+                escalation, links, pending = self.escalation, dict(self._links), self._pending
                 self._restore()
-                pending, self._pending = self._pending, None
-                self._deferred = 0
+                self.escalation, self._pending, self._deferred, self._links = None, None, 0, {}
             if escalation is not None or pending is None:
                 return escalation
             deliver(pending[0], pending[1], links[pending[0]])  # inactive now: its previous handler
@@ -128,7 +135,6 @@ class Shield:
             link.deactivate()
         for link in self._links.values():
             link.uninstall()
-        self._links = {}
 
     def _handle(self, signum: int, frame: FrameType | None, previous: Handler) -> None:
         owner = self._owner()

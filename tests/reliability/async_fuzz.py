@@ -107,6 +107,10 @@ class Tracer:
             return  # CPython lands nothing where a with statement's __exit__ is about to run: the next line then
         self.fired = True
         self.where = f"{frame.f_code.co_qualname}:{frame.f_lineno} on {threading.current_thread().name}"
+        self.land()
+
+    def land(self) -> None:
+        """Land the exception: raised here on the main thread; from a worker, sent to the main thread."""
         if threading.current_thread() is MAIN:
             raise Landed(self.where)
         assert MAIN.ident is not None
@@ -172,6 +176,11 @@ def drive(scenario: Scenario, actions: RecordingActions) -> Session:
 
 def count(scenario: Scenario) -> int:
     """How many line events a clean run of ``scenario`` has (the cases are 0 .. count - 1)."""
+    return len(lines(scenario))
+
+
+def lines(scenario: Scenario) -> list[str]:
+    """The line events of a clean run of ``scenario``, in order: ``qualname:lineno`` (case ``i`` lands at the i-th)."""
     drain_leftovers()
     tracer = Tracer(None)
     actions = RecordingActions()
@@ -184,7 +193,7 @@ def count(scenario: Scenario) -> int:
         finally:
             tracer.stop()
     POOL.close()
-    return tracer.index
+    return list(tracer.events)
 
 
 def run_case(case: Case, session_box: Callable[[], Session | None] | None = None) -> Run:
