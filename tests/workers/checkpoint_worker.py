@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lifecycle.checkpoint import AsyncCheckpointer, CheckpointError, latest_checkpoint, load_checkpoint
+from lifecycle.checkpoint.layout import ShardLayout
 
 RANK = int(os.environ["RANK"])
 
@@ -195,8 +196,22 @@ def hung_write(directory: str, timeout: str) -> None:
     _close()
 
 
+def tensor_parallel_save(directory: str) -> None:
+    """Every rank saves step 4 at TP2 x DP(world/2): tensor-parallel rank r holds ``expected_state(r)``."""
+    from dcp_reader import expected_state  # the same directory; imports no lifecycle
+
+    _init(30)
+    world = dist.get_world_size()
+    layout = ShardLayout(tensor=2, data=world // 2, tensor_rank=RANK % 2, data_rank=RANK // 2)
+    writer = AsyncCheckpointer(directory, layout=layout)
+    writer.save(4, expected_state(RANK % 2))
+    _report(committed=writer.finalize())
+    _close()
+
+
 if __name__ == "__main__":
     scenarios = {
+        "tensor_parallel_save": tensor_parallel_save,
         "hung_write": hung_write,
         "both_finalize": both_finalize,
         "peer_aborts": peer_aborts,
