@@ -13,7 +13,7 @@
 ``import lifecycle.testing`` loads no torch: the probes import it when called.
 """
 
-from lifecycle._tools.demo import torchrun_command
+from lifecycle._tools.launcher import torchrun_command
 from lifecycle.testing.doubles import COLLECTIVES, RecordingActions, RecordingCheckpoints
 from lifecycle.testing.launch import RankResult, launch_ranks, run_command
 from lifecycle.testing.ports import free_port, free_ports

@@ -21,8 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from lifecycle._core.errors import check_number
-from lifecycle._core.processes import is_running, process_environments
-from lifecycle._tools.demo import child_env, torchrun_command
+from lifecycle._tools.launcher import child_env, kill_group, marked, torchrun_command, wait_gone
 from lifecycle.testing.ports import free_port
 
 LOOPBACK = "127.0.0.1"
@@ -172,7 +171,7 @@ def _run(
         finally:
             doomed = set(_marked(launch))
             for proc in procs:
-                _kill_group(proc)
+                kill_group(proc)
             _reap_descendants(launch, ranks, 0.0, doomed)
         results = []
         for rank, proc, out in zip(ranks, procs, outputs, strict=True):
@@ -197,27 +196,14 @@ def _wait_all(
         doomed = {pid for pid, label in _marked(launch).items() if label in labels}
         for rank, proc in zip(ranks, procs, strict=True):
             if rank in late:
-                _kill_group(proc)
-        _wait_gone(doomed)
+                kill_group(proc)
+        wait_gone(doomed, _KILL_WAIT_S)
     return late
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL ``proc``'s process group (its session) and reap ``proc``."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _marked(launch: str) -> dict[int, str]:
     """pid → rank label of every running process that carries this launch's mark (none off Linux)."""
-    prefix = f"{MARK}={launch}:".encode()
-    found: dict[int, str] = {}
-    for pid, environment in process_environments():
-        label = next((item[len(prefix) :].decode() for item in environment if item.startswith(prefix)), None)
-        if label is not None:
-            found[pid] = label
-    return found
+    return marked(MARK, f"{launch}:")
 
 
 def _reap_descendants(
@@ -237,16 +223,5 @@ def _reap_descendants(
         left.setdefault(rank if rank in ranks else None, []).append(pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    _wait_gone({pid for pids in left.values() for pid in pids} | (doomed or set()))
+    wait_gone({pid for pids in left.values() for pid in pids} | (doomed or set()), _KILL_WAIT_S)
     return {rank: tuple(sorted(pids)) for rank, pids in left.items()}
-
-
-def _wait_gone(pids: set[int]) -> None:
-    """Wait (at most ``_KILL_WAIT_S``) until none of ``pids`` runs any more: gone or a zombie.
-
-    Reads each process's state, not its environment: a process in the middle of exiting
-    has already lost its environment (so it no longer looks marked) but still runs.
-    """
-    deadline = time.monotonic() + _KILL_WAIT_S
-    while any(map(is_running, pids)) and time.monotonic() < deadline:
-        time.sleep(_POLL_S)

@@ -40,8 +40,8 @@ from types import ModuleType, TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from lifecycle._core.errors import check_number
-from lifecycle._tools.demo import set_parent_death_signal
-from lifecycle.testing.launch import LOOPBACK, MARK, _base_env, _marked, _wait_gone
+from lifecycle._tools.launcher import kill_group, kill_marked, marked, set_parent_death_signal, wait_gone
+from lifecycle.testing.launch import _KILL_WAIT_S, LOOPBACK, MARK, _base_env
 from lifecycle.testing.ports import free_port
 
 if TYPE_CHECKING:
@@ -318,16 +318,12 @@ class WorldPool:
 
     def kill(self) -> None:
         """Kill every worker and every process they started (found by their mark); wait until they are gone."""
-        doomed = set(_marked(self.launch))
+        mark = f"{self.launch}:"
+        doomed = set(marked(MARK, mark))
         for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        for pid in doomed:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        for proc in self.procs:
-            proc.wait()
-        _wait_gone(doomed | set(_marked(self.launch)))
+            kill_group(proc)
+        kill_marked(MARK, mark)  # what they started in sessions of its own
+        wait_gone(doomed, _KILL_WAIT_S)
         for sock in self.socks:
             sock.close()
         for log in self.logs:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -14,6 +17,7 @@ import pytest
 import torch.distributed as dist
 from megatron.core import num_microbatches_calculator, parallel_state
 
+from lifecycle._tools.launcher import kill_group, kill_marked, marked
 from lifecycle.testing import (
     alive,
     free_ports,
@@ -91,6 +95,38 @@ def test_a_process_that_outlives_its_rank_is_killed_and_reported() -> None:
     assert len(result.left_behind) == 1 and not result.ok
     pid = result.left_behind[0]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_shared_launcher_kills_a_whole_session_and_every_marked_escapee() -> None:
+    """kill_group kills a child's session; kill_marked finds by mark, and kills, what left it (a setsid grandchild)."""
+    mark = uuid.uuid4().hex
+    code = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    print(os.getpid(), flush=True)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, "TOOLKIT_MARK": f"{mark}:0"},
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None
+        escapee = int(child.stdout.readline())
+        assert set(marked("TOOLKIT_MARK", f"{mark}:")) == {child.pid, escapee}
+        kill_group(child)
+        assert child.returncode < 0 and marked("TOOLKIT_MARK", f"{mark}:") == {escapee: "0"}
+        assert kill_marked("TOOLKIT_MARK", mark) == {escapee: ":0"}
+        assert not psutil.pid_exists(escapee) or psutil.Process(escapee).status() == psutil.STATUS_ZOMBIE
+        assert marked("TOOLKIT_MARK", mark) == {}
+    finally:
+        child.kill()
+        kill_marked("TOOLKIT_MARK", mark)
 
 
 def test_run_command_bounds_one_command() -> None:

@@ -8,13 +8,17 @@ unusable, or (``--fail-step 0``, past ``--steps``) ran with another value than a
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from support.launch import free_port, run_demo
+from support.launch import REPO, free_port, run_demo
+
+from lifecycle._tools.demo_options import FLAGS, OPTIONS, UsageError, check_options, demo_config, parser
 
 STARTED = " steps, rendezvous "
 """Printed by the launcher right before it starts torchrun."""
@@ -49,6 +53,12 @@ def refused(tmp_path: Path, *args: str) -> str:
         (["--fail-at=step", "--fail-rank=2"], "--fail-rank"),
         (["--fail-at=eval", "--eval-interval=0"], "--eval-interval"),
         (["--nproc=0"], "--nproc"),
+        (["--tp=0"], "--tp"),
+        (["--nproc=3", "--tp=3"], "--tp"),  # divides the world, not the model's 64-token vocabulary
+        (["--timeout=inf"], "--timeout"),
+        (["--fail-at=step", "--fail-rank=-1"], "--fail-rank"),
+        (["--fail-rank=0"], "--fail-rank"),
+        (["--master-port=-1"], "--master-port"),
         (["--nproc=1000000"], "--nproc"),  # old: accepted, and drove the machine towards out-of-memory
         (["--master-port=70000"], "--master-port"),
         (["--master-addr="], "--master-addr"),
@@ -136,6 +146,82 @@ def test_an_unreachable_rendezvous_fails_within_the_timeout_naming_the_address(t
     assert "--master-addr 192.0.2.99 (192.0.2.99) is not an address of this machine" in done.stdout, done.stdout
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("demo: FAILED") and "192.0.2.99:" in last, last
+
+
+def _value_for(field: str) -> tuple[str, Any]:
+    """A value a flag can be given that differs from every default, and the config value it becomes."""
+    if field.endswith("dir"):
+        return "/tmp/elsewhere", "/tmp/elsewhere"
+    if field == "distributed.master_addr":
+        return "localhost", "localhost"
+    if field == "fault.phase":
+        return "checkpoint", "checkpoint"
+    if field == "distributed.timeout_s":
+        return "7.5", 7.5
+    return "3", 3
+
+
+def _config_value(config: Any, field: str) -> Any:
+    """The value at dotted ``field`` of ``config``."""
+    for name in field.split("."):
+        config = getattr(config, name)
+    return config
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.field], ids=lambda o: o.flag)
+def test_every_option_reaches_its_config_field(option: Any) -> None:
+    """Each declared option, given on the command line, sets its field in the config a rank builds (or the checked one).
+
+    Derived from ``OPTIONS``: an option added there is checked here with no edit.
+    """
+    given, wanted = _value_for(option.field)
+    argv = ["--journal-dir=/tmp/journals", "--steps=12", "--fail-at=step", f"{option.flag}={given}"]
+    options = parser().parse_args(argv)
+    config = demo_config(options, for_ranks=not option.torchrun)
+    assert _config_value(config, option.field) == wanted
+
+
+def test_torchrun_options_stay_out_of_the_ranks_config() -> None:
+    """--nproc, --master-addr, --master-port go to torchrun: a rank reads them from its environment, not its config."""
+    options = parser().parse_args(["--journal-dir=/tmp/journals", "--master-port=0", "--nproc=4"])
+    ranks = demo_config(options).distributed
+    assert (ranks.world_size, ranks.master_addr, ranks.master_port) == (None, None, None)
+    checked = demo_config(options, for_ranks=False).distributed
+    assert (checked.world_size, checked.master_addr, checked.master_port) == (4, "127.0.0.1", 0)
+
+
+def test_defaults_derive_from_the_other_options() -> None:
+    """Not given: a fault on the last rank at half the steps; a save every steps/4, an eval steps/5, a log steps/20."""
+    options = parser().parse_args(["--journal-dir=/tmp/j", "--nproc=4", "--steps=40", "--fail-at=step"])
+    config = check_options(options)
+    assert (config.fault is not None) and (config.fault.rank, config.fault.step) == (3, 20)
+    assert (config.checkpoint.interval, config.training.eval_interval, config.training.log_interval) == (10, 8, 2)
+    assert config.checkpoint.dir == "/tmp/j/checkpoints" and config.checkpoint.resume
+    assert demo_config(parser().parse_args(["--journal-dir=/tmp/j"])).fault is None
+
+
+def test_zero_steps_are_refused_naming_the_flag() -> None:
+    """--steps 0 is refused (the config allows 0 iterations; the demo needs a step to show)."""
+    with pytest.raises(UsageError) as refused:
+        check_options(parser().parse_args(["--steps=0"]))
+    assert refused.value.flag == "--steps"
+
+
+def test_every_flag_maps_from_its_field_and_every_config_field_error_names_a_flag() -> None:
+    """FLAGS is derived from OPTIONS: each option's field (and the fields it answers for) maps to its flag."""
+    for option in OPTIONS:
+        for field in (option.field, *option.answers_for):
+            if field is not None:
+                assert FLAGS[field] == option.flag
+    assert set(vars(parser().parse_args([]))) == {option.dest for option in OPTIONS}
+
+
+def test_the_readme_lists_every_option_and_no_other() -> None:
+    """The README's options table names exactly the declared flags (OPTIONS), each once."""
+    text = (REPO / "README.md").read_text()
+    table = text.split("Options (`python -m lifecycle demo --help`):", 1)[1].split("\n\n", 2)[1]
+    listed = [flag for row in table.splitlines()[2:] for flag in re.findall(r"`(--[a-z-]+)", row.split("|")[1])]
+    assert sorted(listed) == sorted(option.flag for option in OPTIONS)
 
 
 if __name__ == "__main__":

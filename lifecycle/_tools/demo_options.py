@@ -1,0 +1,307 @@
+"""The demo's options, each declared once (``OPTIONS``), and the configs every rank builds from them.
+
+One ``Option`` gives a flag everything: its argparse entry (``parser``), the config
+field it sets (``demo_config``), the value it takes when not given (``derived``), the
+fields whose errors it answers for (``flag_of``), and the flag it needs. The ranks get
+the user's own arguments and parse them with the same parser, so a new option reaches
+them without another edit: adding an option is adding an ``Option`` here (and, if it
+drives the demo itself rather than a config field, reading it where it acts).
+
+``check_options`` refuses a bad option set without touching the file system or the
+network, naming the flag: the configs' own checks (a ``ConfigError``'s field mapped to
+its flag), then the demo's rules that tie options together. No torch import here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from lifecycle._core.errors import ConfigError, check_number
+from lifecycle._training.config import STEPPED_PHASES, Phase, PretrainConfig
+
+DEFAULT_STEPS = 1000
+"""About a minute in all with 2 ranks sharing 2 CPU cores, start-up included."""
+
+MICRO_BATCH_SIZE = 8
+
+FIXED: Mapping[str, object] = {
+    "distributed.backend": "gloo",
+    "parallel.micro_batch_size": MICRO_BATCH_SIZE,
+    "checkpoint.resume": True,
+}
+"""The config values the demo sets whatever the options: CPU ranks, its batch, resuming from the latest checkpoint."""
+
+
+class UsageError(Exception):
+    """A demo option that cannot work: ``flag`` names it, ``message`` says why (exit code 2)."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        """Record the flag and the reason; ``str()`` is ``"<flag> <message>"``."""
+        self.flag, self.message = flag, message
+        super().__init__(f"{flag} {message}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Option:
+    """One demo flag, declared once.
+
+    ``field``: the config field it sets, as ``ConfigError`` names it
+    (``training.iterations``; None: the flag drives the demo itself, like ``--retry``).
+    ``derived``: the field's value when the flag is not given, from the parsed options
+    (None: the config's own default). ``torchrun``: torchrun takes the value, and the
+    ranks read it from the environment torchrun sets, so it is checked in the config
+    but left out of the ranks' (the launcher may replace it: port 0 becomes a free
+    one). ``answers_for``: other config fields whose errors this flag causes. ``needs``:
+    a flag it is meaningless without, and why. The rest is argparse's: ``type`` (None
+    for a switch), ``default``, ``metavar``, ``choices``, ``help``.
+    """
+
+    flag: str
+    help: str
+    field: str | None = None
+    type: Callable[[str], Any] | None = int
+    default: object = None
+    metavar: str | None = "N"
+    choices: tuple[str, ...] | None = None
+    derived: Callable[[argparse.Namespace], object] | None = None
+    torchrun: bool = False
+    answers_for: tuple[str, ...] = ()
+    needs: tuple[str, str] | None = None
+
+    @property
+    def dest(self) -> str:
+        """The attribute argparse stores the value under: ``--fail-at`` → ``fail_at``."""
+        return _dest(self.flag)
+
+
+def _dest(flag: str) -> str:
+    """The attribute argparse stores ``flag``'s value under."""
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def _part(n: int) -> Callable[[argparse.Namespace], int]:
+    """A cadence of 1/``n`` of the steps, at least 1."""
+    return lambda options: max(1, options.steps // n)
+
+
+_FAULT = ("--fail-at", "there is no failure to place")
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--nproc", "ranks to launch (default 2)", "distributed.world_size", default=2, torchrun=True),
+    Option(
+        "--tp",
+        "tensor-parallel size: each rank holds 1/N of the model; must divide --nproc (default 1)",
+        "parallel.tensor_model_parallel_size",
+        default=1,
+        answers_for=("model.vocab_size", "model.num_heads"),
+    ),
+    Option("--steps", f"training steps (default {DEFAULT_STEPS})", "training.iterations", default=DEFAULT_STEPS),
+    Option(
+        "--fail-at",
+        "inject a failure at this phase",
+        "fault.phase",
+        type=str,
+        metavar=None,
+        choices=tuple(p.value for p in Phase),
+    ),
+    Option(
+        "--fail-rank",
+        "rank that fails (default: the last rank)",
+        "fault.rank",
+        metavar="R",
+        derived=lambda options: options.nproc - 1,
+        needs=_FAULT,
+    ),
+    Option(
+        "--fail-step",
+        "for step, eval, checkpoint, callback: fire at the first such phase at or after step N, "
+        "1..--steps (default: half the steps)",
+        "fault.step",
+        derived=_part(2),
+        needs=_FAULT,
+    ),
+    Option("--retry", "after a failure, run pretrain again in the same processes", type=None),
+    Option(
+        "--checkpoint-dir",
+        "checkpoints (default: <journal dir>/checkpoints)",
+        "checkpoint.dir",
+        type=Path,
+        metavar="DIR",
+        derived=lambda options: options.journal_dir / "checkpoints",
+    ),
+    Option("--checkpoint-interval", "steps between saves (default: steps/4)", "checkpoint.interval", derived=_part(4)),
+    Option(
+        "--journal-dir",
+        "where journals and diagrams go (default: a new temp dir)",
+        "journal_dir",
+        type=Path,
+        metavar="DIR",
+    ),
+    Option(
+        "--eval-interval", "steps between evaluations (default: steps/5)", "training.eval_interval", derived=_part(5)
+    ),
+    Option(
+        "--log-interval", "steps between progress lines (default: steps/20)", "training.log_interval", derived=_part(20)
+    ),
+    Option(
+        "--master-addr",
+        "rendezvous address (default 127.0.0.1)",
+        "distributed.master_addr",
+        type=str,
+        default="127.0.0.1",
+        metavar="ADDR",
+        torchrun=True,
+    ),
+    Option(
+        "--master-port",
+        "rendezvous port, free here (default: a free one)",
+        "distributed.master_port",
+        default=0,
+        metavar="PORT",
+        torchrun=True,
+    ),
+    Option(
+        "--timeout",
+        "process-group and rendezvous timeout in seconds (default 30)",
+        "distributed.timeout_s",
+        type=float,
+        default=30.0,
+        metavar="S",
+    ),
+)
+"""Every demo option, in ``--help`` order."""
+
+FLAGS: Mapping[str, str] = {
+    field: option.flag for option in OPTIONS for field in (option.field, *option.answers_for) if field is not None
+}
+"""The demo flag that sets, or answers for, each config field (derived from ``OPTIONS``)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The demo's argument parser, built from ``OPTIONS`` (the launcher's and every rank's)."""
+    made = argparse.ArgumentParser(
+        prog="python -m lifecycle demo",
+        description=(
+            "Train a tiny causal LM on synthetic data with torchrun on CPU/gloo, then print each rank's "
+            "lifecycle timeline and draw the path the run took. Exit code 0 when every rank's last attempt "
+            "ended closed (a stop asked for by Ctrl-C or SIGTERM included), 1 otherwise, 2 for a refused option. "
+            "Ctrl-C once: every rank stops after the same step, saves and closes; twice: everything is killed."
+        ),
+    )
+    for option in OPTIONS:
+        if option.type is None:
+            made.add_argument(option.flag, action="store_true", help=option.help)
+        else:
+            made.add_argument(
+                option.flag,
+                type=option.type,
+                default=option.default,
+                metavar=option.metavar,
+                choices=option.choices,
+                help=option.help,
+            )
+    return made
+
+
+def flag_of(field: str) -> str:
+    """The demo flag that sets config field ``field`` (the field itself if no flag does)."""
+    return FLAGS.get(field, field)
+
+
+def _sections() -> dict[str, type[Any]]:
+    """PretrainConfig's sections by field name (``training`` → ``TrainingConfig``), from its annotations."""
+    hints = typing.get_type_hints(PretrainConfig)
+    found = {}
+    for field in dataclasses.fields(PretrainConfig):
+        for kind in typing.get_args(hints[field.name]) or (hints[field.name],):
+            if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+                found[field.name] = kind
+    return found
+
+
+_SECTIONS = _sections()
+
+
+def demo_config(options: argparse.Namespace, *, for_ranks: bool = True) -> PretrainConfig:
+    """The ``pretrain`` config of the first attempt, from the parsed ``options``; ``ConfigError`` naming a bad field.
+
+    Each option with a ``field`` sets it: the given value, else its ``derived`` one,
+    else the config's default; ``FIXED`` adds the demo's constants. A section that is
+    None unless set (``fault``) is built only if an option given sets it. With
+    ``for_ranks``, torchrun's options are left out (the ranks read torchrun's
+    environment); without, they are in, to be checked. ``options.journal_dir`` must be set.
+    """
+    values: dict[str, object] = dict(FIXED)
+    given: set[str] = set()
+    for option in OPTIONS:
+        if option.field is None or (for_ranks and option.torchrun):
+            continue
+        value = getattr(options, option.dest)
+        if value is not None:
+            given.add(option.field.partition(".")[0])
+        elif option.derived is not None:
+            value = option.derived(options)
+        if value is not None:
+            values[option.field] = str(value) if isinstance(value, Path) else value
+    nested: dict[str, dict[str, object]] = {}
+    top: dict[str, object] = {}
+    for path, value in values.items():
+        section, _, name = path.partition(".")
+        if name:
+            nested.setdefault(section, {})[name] = value
+        else:
+            top[section] = value
+    for section, fields in nested.items():
+        optional = next(f for f in dataclasses.fields(PretrainConfig) if f.name == section).default is None
+        if not optional or section in given:
+            top[section] = _SECTIONS[section](**fields)
+    return PretrainConfig(**top)  # type: ignore[arg-type]
+
+
+def check_options(options: argparse.Namespace) -> PretrainConfig:
+    """Refuse a bad option set before anything starts (no file, no network): ``UsageError`` naming the flag.
+
+    The configs' own checks run on the configs the ranks will build (plus torchrun's
+    options); then the demo's rules: ``--steps`` at least 1, a flag given without the
+    one it needs, ``--fail-rank`` below ``--nproc``, ``--fail-step`` within ``--steps``
+    and only for a stepped phase, no ``--fail-at eval`` without evaluations. Returns the
+    checked config (folders not yet checked).
+    """
+    for option in OPTIONS:
+        if option.needs is not None and getattr(options, option.dest) is not None:
+            needed, why = option.needs
+            if getattr(options, _dest(needed)) is None:
+                raise UsageError(option.flag, f"needs {needed} ({why})")
+    # The folders are checked later, on the file system: any path will do here.
+    placeholder = Path("journals") if options.journal_dir is None else options.journal_dir
+    try:
+        check_number("--steps", options.steps, at_least=1)
+        config = demo_config(argparse.Namespace(**{**vars(options), "journal_dir": placeholder}), for_ranks=False)
+        config.parallel.check_world(options.nproc)
+        config.model.check_tensor_parallel(options.tp)
+    except ConfigError as exc:
+        raise UsageError(flag_of(exc.field), exc.message) from None
+    fault = config.fault
+    if fault is None:
+        return config
+    if fault.rank >= options.nproc:
+        raise UsageError(
+            "--fail-rank", f"must be in 0..{options.nproc - 1} (--nproc {options.nproc}), got {fault.rank}"
+        )
+    if fault.phase in STEPPED_PHASES:
+        if fault.step > options.steps:
+            raise UsageError(
+                "--fail-step",
+                f"must be in 1..{options.steps} (--steps): at {fault.step} the failure would never fire",
+            )
+        if fault.phase is Phase.EVAL and config.training.eval_interval == 0:
+            raise UsageError("--eval-interval", "is 0 (no evaluation), so --fail-at eval would never fire")
+    elif options.fail_step is not None:
+        stepped = ", ".join(sorted(p.value for p in STEPPED_PHASES))
+        raise UsageError("--fail-step", f"only applies to --fail-at {stepped}, not {fault.phase.value}")
+    return config

@@ -1,0 +1,103 @@
+"""The demo's report, read from the journals only: every rank's timeline, the diagrams, then one verdict line.
+
+The verdict never trusts torchrun's exit code: the run succeeded when every rank's last
+attempt ended ``closed`` in its journal (a stop asked for by a signal included). A rank
+without a journal, or whose journal has no end record, did not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from lifecycle import journal as _journal
+from lifecycle._tools import show as _show
+
+
+@dataclasses.dataclass(slots=True)
+class Ending:
+    """How the launcher's wait for torchrun ended: torchrun's code, the signals that stopped it, what it did."""
+
+    returncode: int | None = None
+    stop_signal: str | None = None
+    killed: str | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Run:
+    """What the report needs to know of the run: where, how many ranks, its id, its rendezvous and timeout."""
+
+    journal_dir: Path
+    nproc: int
+    run_id: str
+    rendezvous: str
+    local: bool
+    timeout_s: float
+
+
+def rank_journals(folder: Path) -> list[Path]:
+    """The journals (``rank<R>.jsonl`` files) in ``folder``; none if it cannot be listed."""
+    try:
+        return _journal.journal_files(folder)
+    except OSError:
+        return []
+
+
+def report(run: Run, ending: Ending, elapsed: float) -> int:
+    """Print the timeline and the diagrams' paths, then the verdict from the journals; return the exit code."""
+    journal_dir, nproc = run.journal_dir, run.nproc
+    records: list[_journal.Record] = []
+    try:
+        loaded = _journal.load([journal_dir])
+    except (OSError, ValueError) as exc:
+        print(f"demo: cannot read the journals: {exc}", file=sys.stderr)
+    else:
+        # Only this demo's ranks: a journal another run left here is not this run's story.
+        records = [r for r in loaded.records if r.origin.run_id == run.run_id and r.origin.rank < nproc]
+        for where in loaded.torn:
+            print(f"demo: {where}: torn line skipped (its writer was killed mid-write?)", file=sys.stderr)
+        for note in getattr(loaded, "ignored", ()):
+            print(f"demo: {note}", file=sys.stderr)
+    print("\n=== timeline (seconds since the first rank started) ===")
+    print("\n".join(_show.timeline_lines(records, verdicts=True)))
+    if records:
+        paths = _show.write_diagrams(records, journal_dir)
+        paths.append(_show.write_page(records, journal_dir / "show.html", journal_dir))
+        print("\n=== lifecycle diagrams (path taken highlighted) ===")
+        print("\n".join(f"  {p}" for p in paths))
+        print(f"\ndemo: see it again with: {sys.executable} -m lifecycle show {journal_dir}")
+    else:
+        print()
+    states = {rank: "no journal" for rank in range(nproc)} | _show.final_states(records)
+    ok = all(state == "closed" for state in states.values())
+    shown = {"?": "cut short (no end record)"}
+    listed = ", ".join(f"rank {rank}: {shown.get(state, state)}" for rank, state in states.items())
+    facts = f"({listed}; torchrun exit code {ending.returncode})"
+    if ok and ending.stop_signal is not None:
+        verdict = f"stopped on {ending.stop_signal} in {elapsed:.1f} s, as asked: every rank saved and closed {facts}"
+    elif ok:
+        verdict = f"succeeded in {elapsed:.1f} s {facts}"
+    else:
+        why = ending.killed or _why_failed(states, records, run)
+        verdict = f"FAILED in {elapsed:.1f} s: {why} {facts}"
+    print(f"demo: {verdict}", flush=True)
+    return 0 if ok else 1
+
+
+def _why_failed(states: dict[int, str], records: list[_journal.Record], run: Run) -> str:
+    """The reason the verdict gives for a run where some rank's last attempt did not end ``closed``."""
+    if not records:
+        where = "" if run.local else ", not an address of this machine"
+        return (
+            f"no rank wrote a journal: torchrun ended before any rank started (see its output above; "
+            f"the rendezvous was {run.rendezvous}{where}, --timeout {run.timeout_s:g})"
+        )
+    how = {"failed": "ended failed", "?": "cut short (killed?)", "no journal": "never started pretrain"}
+    parts = []
+    for state, said in how.items():
+        ranks = [str(rank) for rank, s in states.items() if s == state]
+        if ranks:
+            parts.append(f"{'ranks' if len(ranks) > 1 else 'rank'} {', '.join(ranks)} {said}")
+    return "; ".join(parts) or "not every rank ended closed"
