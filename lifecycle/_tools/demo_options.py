@@ -280,7 +280,7 @@ def check_options(options: argparse.Namespace) -> PretrainConfig:
     # The folders are checked later, on the file system: any path will do here.
     placeholder = Path("journals") if options.journal_dir is None else options.journal_dir
     try:
-        check_number("--steps", options.steps, at_least=1)
+        check_number("training.iterations", options.steps, at_least=1)  # the config allows 0: the demo needs one
         config = demo_config(argparse.Namespace(**{**vars(options), "journal_dir": placeholder}), for_ranks=False)
         config.parallel.check_world(options.nproc)
         config.model.check_tensor_parallel(options.tp)
