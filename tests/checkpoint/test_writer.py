@@ -591,3 +591,21 @@ def test_rank_0_finalizing_errors_within_the_group_timeout_when_rank_1_aborts_an
     assert 2.0 < rank_0["elapsed"] < 10.0, rank_0
     assert rank_0["latest"] == 1
     assert latest_checkpoint(tmp_path) == (1, tmp_path / "step_0000000001")
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_saves_run_no_collective_off_the_main_thread(tmp_path: Path, collective_calls: TorchCalls) -> None:
+    """Three DCP-format saves: no collective from any other thread, the group's C++ count unchanged until finalize()."""
+    group = dist.group.WORLD
+    assert group is not None
+    for step in (1, 2, 3):
+        before = group._get_sequence_number_for_group()
+        writer = AsyncCheckpointer(tmp_path, layout=None)
+        writer.save(step, {"model": torch.nn.Linear(8, 8).state_dict(), "step": step, "rng": torch.get_rng_state()})
+        assert _wait_done(writer)() is None  # the background write is over: planned, written, recorded
+        assert group._get_sequence_number_for_group() == before  # no collective issued on the group, by anyone
+        assert writer.finalize() == step
+        assert group._get_sequence_number_for_group() == before + 2  # the commit's all_gather and broadcast
+    main = threading.main_thread().name
+    assert [c.name for c in collective_calls.calls if c.thread != main] == []
+    assert [c.name for c in collective_calls.calls] == ["all_gather", "broadcast"] * 3
