@@ -13,14 +13,14 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from lifecycle.journal._older import V1_RUN_ID, from_v1, from_v2
-from lifecycle.journal._records import VERSION, Origin, Record, RunStart, build, check_text, unknown_version
+from lifecycle.journal._records import VERSION, Origin, Record, RunStart, build, check_text, unknown_version, usual
 
 _LOCAL_RUN_ID = f"local-{uuid.uuid4().hex[:12]}"
 
@@ -221,10 +221,40 @@ def _decode(line: bytes, v1_run: dict[str, Any] | None, origins: Origins | None)
     return [_parse(data, origins, check=escaped)], data
 
 
+def _usual(text: str, origins: Origins) -> Record | None:
+    """The record on the usual line ``text`` (one version 3 object, every field of its exact type, no ``\\u``
+    escape), else None: the line is then read the checked way (``_decode``), which also says what is wrong."""
+    if text[:1] != "{" or "\\u" in text:
+        return None
+    try:
+        value, end = _SCAN(text, 0)
+    except (StopIteration, ValueError):
+        return None
+    if end != len(text) and text[end:].strip():
+        return None
+    return usual(value, origins)
+
+
 def _load_file(path: Path, records: list[Record], torn: list[str], origins: Origins) -> None:
-    """Append the records of the journal at ``path``; note its torn lines; ``ValueError`` ``path:line: ...``."""
+    """Append the records of the journal at ``path``; note its torn lines; ``ValueError`` ``path:line: ...``.
+
+    The usual line is read by ``_usual`` (a file that is all UTF-8 is decoded at once);
+    any other by ``_decode``.
+    """
+    raw = path.read_bytes()
+    try:
+        lines: Sequence[str | bytes] = raw.decode("utf-8").split("\n")
+    except UnicodeDecodeError:  # a torn last character, or no UTF-8: line by line, to say which
+        lines = raw.split(b"\n")
     v1_run: dict[str, Any] | None = None
-    for number, line in enumerate(path.read_bytes().split(b"\n"), start=1):
+    append = records.append
+    for number, text in enumerate(lines, start=1):
+        if isinstance(text, str):
+            record = _usual(text, origins)
+            if record is not None:
+                append(record)
+                continue
+        line = text.encode("utf-8") if isinstance(text, str) else text
         if not line.strip():
             continue
         try:

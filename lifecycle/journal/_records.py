@@ -273,6 +273,18 @@ class _Kind:
 _BY_KIND: dict[str, _Kind] = {kind: _Kind(cls, _COMPILED[cls]) for kind, cls in KINDS.items()}
 
 
+def usual(data: Any, origins: dict[tuple[Any, ...], Origin]) -> Record | None:
+    """The record in ``data`` if it is the usual line: a version 3 JSON object of a known kind whose every field
+    has a type it takes as it is (see ``_Kind``); else None, to be read the checked way (``build``)."""
+    if type(data) is not dict:
+        return None
+    version, kind = data.get("version"), data.get("kind")
+    if type(version) is not int or version != VERSION or type(kind) is not str:
+        return None
+    known = _BY_KIND.get(kind)
+    return known.fast(data, origins) if known is not None and known.shapes else None
+
+
 def build(data: Mapping[str, Any], origins: dict[tuple[Any, ...], Origin] | None = None) -> Record:
     """The version 3 record in the JSON object ``data`` (its ``version`` already checked; its text too).
 

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 from support.journals import v1_failed_call
 
+from lifecycle._tools import synthetic
 from lifecycle.journal import KINDS, VERSION, Left, Origin, TeardownStep, TrainStep, parse, read
+from lifecycle.journal._records import build, usual
 from lifecycle.journal._schema import compile_fields
 
 ORIGIN = Origin(run_id="r", rank=0, attempt=0, restart_mode="ordinary", iteration=0)
@@ -187,3 +189,23 @@ def test_a_version_1_journal_fixture_reads_as_version_3_records() -> None:
     teardown, left = records[2], records[3]
     assert isinstance(teardown, TeardownStep) and (teardown.step, teardown.name) == ("abort_process_group", "")
     assert isinstance(left, Left) and (left.resource, left.name, left.owner) == ("x", "", "caller")
+
+
+def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives() -> None:
+    """Every kind's usual line (exact field types) is read fast, equal to the checked read; anything else is not."""
+    synthetic_run = synthetic.failing_run("r", 3, 1)[1] + synthetic.rank_call(ORIGIN, 1, 5.0, steps=1)
+    left = Left(origin=ORIGIN, resource="user", name="cache", owner="caller", reason="owned by the caller")
+    records = [*synthetic_run, left]
+    assert {r.kind for r in records} == set(KINDS) - {"eval"}
+    origins: dict[tuple[object, ...], Origin] = {}
+    for record in records:
+        data = record.to_json()
+        fast = usual(data, origins)
+        assert fast == build(data) == record and type(fast) is type(record)
+    assert len({id(r.origin) for r in map(lambda r: usual(r.to_json(), origins), records)}) == 2  # shared origins
+    data = TrainStep(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0).to_json()
+    for unusual in (data | {"start": 1}, data | {"rank": True}, data | {"step": 1.0}, data | {"version": 2}):
+        assert usual(unusual, {}) is None  # read the checked way: converted (1 -> 1.0) or refused
+    assert build(data | {"start": 1}) == parse(data | {"start": 1.0})
+    with pytest.raises(ValueError, match="field 'rank' must be int, got True"):
+        build(data | {"rank": True})
