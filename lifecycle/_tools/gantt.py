@@ -1,4 +1,4 @@
-"""A Mermaid ``gantt`` chart of one attempt: every rank's states and teardown steps on one time axis.
+"""A Mermaid ``gantt`` chart of one attempt of show's model: every rank's states and teardown steps on one time axis.
 
 One section per rank up to ``MAX_ROWS`` ranks; beyond that, the rank that failed first
 (and those that failed independently) plus one section per group of ranks that ended
@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from lifecycle._tools.show_model import Drawn
 from lifecycle._tools.verdict import Verdict, compact
 from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
@@ -72,11 +73,12 @@ def _tasks(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, f
     return bars
 
 
-def gantt(ranks: Mapping[int, Sequence[Record]], title: str, verdict: Verdict) -> str:
-    """The gantt chart of one attempt (``ranks``: rank → its records), titled ``title``, the first failure marked.
+def gantt(attempt: Drawn) -> str:
+    """The gantt chart of one attempt of show's model, titled with its label and verdict, the first failure marked.
 
     Deterministic for the same records; under ``BUDGET`` characters for any number of ranks.
     """
+    ranks, title, verdict = attempt.ranks, attempt.label, attempt.verdict
     headline = verdict.lines(limit=1)[0]
     title = f"{title} - {headline}"
     for detail in (True, False):

@@ -1,5 +1,9 @@
 """``python -m lifecycle show JOURNAL...``: a run's timeline, and the diagram of the path it took.
 
+What is shown comes from the model of the journals (``lifecycle._tools.show_model``:
+runs, jobs, attempts and their verdicts); this module and ``gantt`` and ``page`` are its
+views (the text, the charts, the HTML page) and read only the model.
+
 Per attempt, a verdict comes first (``lifecycle._tools.verdict``): which rank failed
 first, by the store's sequence number where the ranks journaled their failure notices,
 otherwise by wall time, and how every other rank ended, grouped, in at most 24 lines.
@@ -26,12 +30,10 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from lifecycle import journal as _journal
@@ -40,15 +42,12 @@ from lifecycle._core.table import TRANSITIONS, Edge
 from lifecycle._tools import diagrams as _diagrams
 from lifecycle._tools import gantt as _gantt
 from lifecycle._tools import page as _page
+from lifecycle._tools import show_model as _model
 from lifecycle._tools import verdict as _verdict
 from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
 CLOSED_PIPE = 141
 """The exit code of a command whose stdout was closed before it was done (128 + SIGPIPE); ``cli`` uses it too."""
-
-Attempt = tuple[str, int, int, int, str, int]
-"""An attempt's identity: run id, job (0, or more where jobs shared the run id), torchrun restart count, attempt
-number, restart mode, iteration."""
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -95,15 +94,6 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
     return sorted(events, key=lambda event: event[0])
 
 
-def _earliest(records: list[Record]) -> float | None:
-    """The earliest time ``_events(records)`` would list (without building its lines); None if it lists none."""
-    times = [r.start for r in records if isinstance(r, RunStart | Transition | TeardownStep)]
-    last = next((r for r in reversed(records) if isinstance(r, TrainStep)), None)
-    if last is not None and last.end is not None:
-        times.append(last.end)
-    return min(times, default=None)
-
-
 def _summary(call: list[Record]) -> str:
     """One line on how a call ended, its losses and checkpoint; a call without an end record was cut short."""
     ends = [r for r in call if isinstance(r, RunEnd)]
@@ -128,113 +118,12 @@ def _summary(call: list[Record]) -> str:
     return head
 
 
-def _jobs(records: list[Record]) -> list[int]:
-    """For each record, the job of its run id it belongs to: 0, unless jobs shared the run id.
-
-    Two jobs share a run id when, say, both ran under torchrun at one address without
-    an ``--rdzv-id``. A job is told from the next by a rank starting an attempt (the
-    same restart count, attempt, restart mode and iteration) that it already started:
-    walking a run id's ``RunStart`` records by start time, each such repeat begins the
-    next job. A record belongs to the job of its rank's last ``RunStart`` before it.
-    """
-    starts: dict[str, list[tuple[float, int, RunStart]]] = {}
-    for index, r in enumerate(records):
-        if isinstance(r, RunStart):
-            starts.setdefault(r.origin.run_id, []).append((r.start, index, r))
-    job_of_start: dict[int, int] = {}
-    for run_starts in starts.values():
-        job, seen = 0, set[tuple[int, int, int, str, int]]()
-        for _, index, r in sorted(run_starts, key=lambda s: (s[0], s[1])):
-            o = r.origin
-            key = (o.rank, o.restart_count, o.attempt, o.restart_mode, o.iteration)
-            if key in seen:
-                job, seen = job + 1, set()
-            seen.add(key)
-            job_of_start[index] = job
-    if not any(job_of_start.values()):  # the usual case, one job per run id: skip the walk (show reads 1,000s of ranks)
-        return [0] * len(records)
-    jobs: list[int] = []
-    current: dict[tuple[str, int], int] = {}  # (run id, rank): the job of the rank's last start
-    for index, r in enumerate(records):
-        where = (r.origin.run_id, r.origin.rank)
-        if index in job_of_start:
-            current[where] = job_of_start[index]
-        jobs.append(current.get(where, 0))
-    return jobs
-
-
-def _by_attempt(records: list[Record]) -> dict[Attempt, dict[int, list[Record]]]:
-    """Records grouped by attempt, then by rank.
-
-    Runs come in order of first appearance, the jobs of a shared run id in turn (see
-    ``_jobs``); a job's attempts by (torchrun restart count, attempt number), then in
-    order of first appearance (in-process iterations).
-    """
-    grouped: dict[Attempt, dict[int, list[Record]]] = {}
-    for r, job in zip(records, _jobs(records), strict=True):
-        o = r.origin
-        key = (o.run_id, job, o.restart_count, o.attempt, o.restart_mode, o.iteration)
-        grouped.setdefault(key, {}).setdefault(o.rank, []).append(r)
-    runs = list(dict.fromkeys(run_id for run_id, *_ in grouped))
-    order = sorted(grouped, key=lambda key: (runs.index(key[0]), *key[1:4]))  # stable: iterations keep order
-    return {key: dict(sorted(grouped[key].items())) for key in order}
-
-
 def run_warnings(records: list[Record]) -> list[str]:
     """What to warn of before a timeline: journals of several runs, or of several jobs that shared a run id.
 
     Either way each run (job) is shown on its own, never as attempts of one run.
     """
-    ids = list(dict.fromkeys(r.origin.run_id for r in records))
-    warnings = []
-    if len(ids) > 1:
-        warnings.append(
-            f"these journals are of {len(ids)} different runs ({', '.join(ids)}): each is shown as a run of its own"
-        )
-    jobs: dict[str, set[int]] = {}
-    for r, job in zip(records, _jobs(records), strict=True):
-        jobs.setdefault(r.origin.run_id, set()).add(job)
-    for run_id, its_jobs in jobs.items():
-        if len(its_jobs) > 1:
-            warnings.append(
-                f"run id {run_id} was used by {len(its_jobs)} jobs (a rank started the same attempt again):"
-                " each is shown as a run of its own, in order of start time"
-            )
-    return warnings
-
-
-def _numbers(attempts: Iterable[Attempt]) -> dict[Attempt, int]:
-    """The number show gives each attempt: its own until torchrun restarts, then one more than the run's last.
-
-    Within a run (a job), in the order given (``_by_attempt``'s): ``max(attempt, previous + 1)``
-    per distinct (restart count, attempt), so a run that torchrun never restarted keeps
-    its attempt numbers, and a restarted worker's attempt 0 follows the attempts before.
-    """
-    numbers: dict[Attempt, int] = {}
-    last: dict[tuple[str, int], tuple[tuple[int, int], int]] = {}  # per job: the last (restarts, attempt), its number
-    for key in attempts:
-        run_id, job, restarts, attempt = key[:4]
-        seen = last.get((run_id, job))
-        if seen is not None and seen[0] == (restarts, attempt):
-            number = seen[1]
-        else:
-            number = attempt if seen is None else max(attempt, seen[1] + 1)
-        last[(run_id, job)] = ((restarts, attempt), number)
-        numbers[key] = number
-    return numbers
-
-
-def _label(key: Attempt, number: int, restarted: bool) -> str:
-    """``attempt N``, noting the torchrun restart (in a ``restarted`` run), the call's own number, the restart mode."""
-    _, _, restarts, attempt, mode, iteration = key
-    notes = []
-    if restarted:
-        notes.append(f"torchrun restart {restarts}")
-    if restarts > 0 and attempt > 0:  # a restarted worker's first call is its attempt 0: said only otherwise
-        notes.append(f"pretrain attempt {attempt}")
-    if mode != "ordinary" or iteration != 0:
-        notes.append(f"restart mode {mode}, iteration {iteration}")
-    return f"attempt {number}" + (f" ({', '.join(notes)})" if notes else "")
+    return list(_model.build(records).warnings)
 
 
 def _split_calls(records: list[Record]) -> list[list[Record]]:
@@ -249,42 +138,40 @@ def _split_calls(records: list[Record]) -> list[list[Record]]:
 
 def verdict_lines(ranks: dict[int, list[Record]]) -> list[str]:
     """One attempt's verdict (``lifecycle._tools.verdict``), at most 24 lines, each indented: ``  verdict: ...``."""
-    lines = _verdict.analyse(ranks).lines()
+    return _verdict_lines(_verdict.analyse(ranks))
+
+
+def _verdict_lines(verdict: _verdict.Verdict) -> list[str]:
+    lines = verdict.lines()
     return [f"  verdict: {line}" if i == 0 else f"  {'':9}{line}" for i, line in enumerate(lines)]
 
 
 def timeline_lines(records: list[Record], *, verdicts: bool = False) -> list[str]:
-    """The timeline: per run id, per attempt, per rank, every event with its time since the run's first event.
+    """The timeline of ``records`` (``render_timeline`` of their model)."""
+    if not records:
+        return ["(no journal records)"]
+    return render_timeline(_model.build(records), verdicts=verdicts)
+
+
+def render_timeline(model: _model.Model, *, verdicts: bool = False) -> list[str]:
+    """The timeline: per run, per attempt, per rank, every event with its time since the run's first event.
 
     Runs of different run ids are shown one after the other, never merged; so are
-    jobs that shared a run id (``run X (job 2 of 2 with this run id)``; see ``_jobs``).
+    jobs that shared a run id (``run X (job 2 of 2 with this run id)``).
 
     Each rank's line says how its call ended, or, without an end record (a killed or
     hung rank), the state it reached and the last training step it recorded. With
     ``verdicts``, each attempt's verdict (``verdict_lines``) comes first, before its ranks.
     """
-    if not records:
-        return ["(no journal records)"]
     lines: list[str] = []
-    run: tuple[str, int] | None = None
-    t0 = 0.0
-    grouped = _by_attempt(records)
-    numbers = _numbers(grouped)
-    restarted = {key[:2] for key in grouped if key[2] > 0}
-    jobs = {run_id: 1 + max(key[1] for key in grouped if key[0] == run_id) for run_id, *_ in grouped}
-    for key, ranks in grouped.items():
-        if key[:2] != run:
-            run = key[:2]
-            rid, job = run
-            starts = [
-                _earliest(rank_records) for k, rs in grouped.items() if k[:2] == run for rank_records in rs.values()
-            ]
-            t0 = min((t for t in starts if t is not None), default=0.0)
-            lines.append(f"run {rid}" + (f" (job {job + 1} of {jobs[rid]} with this run id)" if jobs[rid] > 1 else ""))
-        lines.append(_label(key, numbers[key], key[:2] in restarted))
-        if verdicts:
-            lines += verdict_lines(ranks)
-        lines += _rank_lines(ranks, t0)
+    for run in model.runs:
+        job = f" (job {run.key.job + 1} of {run.jobs} with this run id)" if run.jobs > 1 else ""
+        lines.append(f"run {run.key.run_id}{job}")
+        for attempt in run.attempts:
+            lines.append(attempt.label)
+            if verdicts:
+                lines += _verdict_lines(attempt.verdict)
+            lines += _rank_lines(attempt.ranks, run.t0)
     return lines
 
 
@@ -329,41 +216,6 @@ def taken_edges(records: Iterable[Record]) -> frozenset[Edge]:
     return frozenset(taken)
 
 
-@dataclass(frozen=True, slots=True)
-class _Drawn:
-    """One numbered attempt as drawn: file name stem, label, and each rank's records (its iterations merged)."""
-
-    stem: str
-    label: str
-    ranks: dict[int, list[Record]]
-    t0: float
-
-
-def _drawn(records: list[Record]) -> list[_Drawn]:
-    """The attempts ``write_diagrams`` draws, one per attempt number of each run (job)."""
-    grouped = _by_attempt(records)
-    numbers = _numbers(grouped)
-    restarted = {key[:2] for key in grouped if key[2] > 0}
-    attempts: dict[tuple[str, int, int], dict[int, list[Record]]] = {}
-    labels: dict[tuple[str, int, int], str] = {}
-    for key, ranks in grouped.items():
-        where = (key[0], key[1], numbers[key])
-        labels.setdefault(where, _label(key, numbers[key], key[:2] in restarted))
-        merged = attempts.setdefault(where, {})
-        for rank, rank_records in ranks.items():
-            merged.setdefault(rank, []).extend(rank_records)
-    several = len({run_id for run_id, _, _ in attempts}) > 1
-    shared = {run_id for run_id, job, _ in attempts if job > 0}
-    drawn = []
-    for (run_id, job, number), ranks in attempts.items():
-        prefix = re.sub(r"[^A-Za-z0-9._-]", "_", run_id) + "-" if several else ""
-        prefix += f"job{job + 1}-" if run_id in shared else ""
-        label = (f"run {run_id}: " if several or run_id in shared else "") + labels[(run_id, job, number)]
-        times = [t for t in map(_earliest, ranks.values()) if t is not None]
-        drawn.append(_Drawn(f"{prefix}attempt{number}", label, dict(sorted(ranks.items())), min(times, default=0.0)))
-    return drawn
-
-
 def write_diagrams(records: list[Record], out: Path) -> list[Path]:
     """Write, per attempt, ``attempt<N>.mmd``, ``attempt<N>.dot`` (plus ``.svg``, ``.png`` if ``dot`` exists) and
     ``attempt<N>-gantt.mermaid``.
@@ -376,17 +228,22 @@ def write_diagrams(records: list[Record], out: Path) -> list[Path]:
     (1, 2, ...). Returns the paths written.
     A rendering failure is reported on stderr and skipped: the sources are still written.
     """
+    return draw(_model.build(records), out)
+
+
+def draw(model: _model.Model, out: Path) -> list[Path]:
+    """``write_diagrams`` of a model."""
     out.mkdir(parents=True, exist_ok=True)
     dot_exe = shutil.which("dot")
     written: list[Path] = []
-    for drawn in _drawn(records):
+    for drawn in (drawn for run in model.runs for drawn in run.drawn):
         taken = taken_edges(r for rank_records in drawn.ranks.values() for r in rank_records)
         mmd = out / f"{drawn.stem}.mmd"
         mmd.write_text(_diagrams.mermaid(taken), encoding="utf-8")
         source = mmd.with_suffix(".dot")
         source.write_text(_diagrams.dot(taken), encoding="utf-8")
         chart = out / f"{drawn.stem}-gantt.mermaid"
-        chart.write_text(_gantt.gantt(drawn.ranks, drawn.label, _verdict.analyse(drawn.ranks)), encoding="utf-8")
+        chart.write_text(_gantt.gantt(drawn), encoding="utf-8")
         written += [mmd, source, chart]
         if dot_exe is None:
             continue
@@ -412,10 +269,15 @@ def write_page(records: list[Record], path: Path, diagrams: Path | None = None) 
     SVG of an attempt is inlined where ``diagrams`` holds one (``write_diagrams``'s).
     ``OSError`` if it cannot be written.
     """
+    return page_of(_model.build(records), path, diagrams)
+
+
+def page_of(model: _model.Model, path: Path, diagrams: Path | None = None) -> Path:
+    """``write_page`` of a model."""
     sections = []
-    for drawn in _drawn(records):
+    for drawn in (drawn for run in model.runs for drawn in run.drawn):
         taken = taken_edges(r for rank_records in drawn.ranks.values() for r in rank_records)
-        analysis = _verdict.analyse(drawn.ranks)
+        analysis = drawn.verdict
         svg_path = diagrams / f"{drawn.stem}.svg" if diagrams is not None else None
         svg = svg_path.read_text(encoding="utf-8") if svg_path is not None and svg_path.is_file() else None
         sections.append(
@@ -423,12 +285,12 @@ def write_page(records: list[Record], path: Path, diagrams: Path | None = None) 
                 label=drawn.label,
                 verdict=analysis.lines(),
                 timeline=_rank_lines(drawn.ranks, drawn.t0),
-                gantt=_gantt.gantt(drawn.ranks, drawn.label, analysis),
+                gantt=_gantt.gantt(drawn),
                 state=_diagrams.mermaid(taken),
                 svg=svg,
             )
         )
-    run_ids = ", ".join(dict.fromkeys(r.origin.run_id for r in records))
+    run_ids = ", ".join(model.run_ids)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(_page.page(f"lifecycle run {run_ids}", sections, _page.mermaid_bundle()), encoding="utf-8")
     return path
@@ -504,19 +366,20 @@ def show_main(argv: list[str]) -> int:
     if not records:
         print(f"no journal records in {', '.join(map(str, args.journals))}", file=sys.stderr)
         return 2
-    for warning in run_warnings(records):
+    model = _model.build(records)
+    for warning in model.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    closed = not print_or_drop("\n".join(timeline_lines(records, verdicts=True)))
+    closed = not print_or_drop("\n".join(render_timeline(model, verdicts=True)))
     first = args.journals[0]
     out = args.out if args.out is not None else (first if first.is_dir() else first.parent)
     try:
-        written = write_diagrams(records, out)
+        written = draw(model, out)
     except OSError as exc:
         print(f"cannot write the diagrams to {out}: {exc}", file=sys.stderr)
         return 2
     if args.html is not None:
         try:
-            written.append(write_page(records, args.html, out))
+            written.append(page_of(model, args.html, out))
         except OSError as exc:
             print(f"cannot write the page to {args.html}: {exc}", file=sys.stderr)
             return 2

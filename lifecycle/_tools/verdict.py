@@ -16,7 +16,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
+from lifecycle._core.plans import Outcome as PlanOutcome
 from lifecycle._core.states import State
 from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
@@ -28,6 +30,27 @@ INDEPENDENT_S = 0.005
 
 _INDEPENDENT_SHOWN = 3
 """How many independent failures the verdict spells out; the rest are counted."""
+
+
+class Outcome(Enum):
+    """How one rank's part in an attempt ended, as the verdict groups ranks (failed ranks first)."""
+
+    FAILED = "failed"
+    """It failed: a failure record, a move into ``failed``, a failure teardown or an end with an error."""
+    CUT = "cut"
+    """Its journal stops without an end record (killed?)."""
+    ENDED = "ended"
+    """It ended without failing (its end record's state, ``closed`` usually)."""
+    MISSING = "missing"
+    """A rank of the world with no journal."""
+
+
+class Decided(Enum):
+    """How the verdict found the rank that failed first."""
+
+    NO_FAILURE = "no rank failed"
+    BY_SEQUENCE = "by the store's sequence number"
+    BY_WALL_TIME = "by wall time: no failure notice was journaled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +88,15 @@ class RankEnd:
         """Whether this rank failed (any failure evidence, with or without an end record)."""
         return self.failed_at is not None
 
+    @property
+    def outcome(self) -> Outcome:
+        """How it ended: failed, cut short, ended, or no journal."""
+        if not self.journaled:
+            return Outcome.MISSING
+        if self.failed:
+            return Outcome.FAILED
+        return Outcome.CUT if self.state is None else Outcome.ENDED
+
     def where(self) -> str:
         """``at step 30 (phase step)`` (journaled), or ``in state training, after step 29`` (inferred)."""
         if self.step is not None:
@@ -75,27 +107,32 @@ class RankEnd:
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """Ranks that ended alike; ``rank`` is the one drawn for them (the earliest to fail, else the lowest)."""
+    """Ranks that ended alike (``outcome``); ``rank``: the one drawn for them (the first to fail, else the lowest)."""
 
     ranks: tuple[int, ...]
     text: str
     rank: int
-    failed: bool = False
+    outcome: Outcome
+
+    @property
+    def failed(self) -> bool:
+        """Whether these ranks failed."""
+        return self.outcome is Outcome.FAILED
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The verdict on one attempt.
 
-    ``first``: the rank that failed first (None: no rank failed); ``by_seq``: whether
-    that was decided by the store's sequence number (else by wall time);
+    ``first``: the rank that failed first (None: no rank failed); ``decided``: how it
+    was found (by the store's sequence number, by wall time; ``NO_FAILURE`` when none failed);
     ``independent``: other ranks that failed on their own, not because of ``first``;
     ``groups``: every other rank, grouped by how it ended; ``ends``: each rank's end,
     by rank (ranks with no journal included); ``notes``: what else to say.
     """
 
     first: RankEnd | None
-    by_seq: bool
+    decided: Decided
     independent: tuple[RankEnd, ...]
     groups: tuple[Group, ...]
     ends: Mapping[int, RankEnd]
@@ -110,8 +147,9 @@ class Verdict:
                 return [f"no rank failed: {_all(self.groups[0], world)}"]
             head.append("no rank failed")
         else:
-            how = "by the store's sequence number" if self.by_seq else "by wall time: no failure notice was journaled"
-            head.append(f"rank {self.first.rank} failed first ({how}), {self.first.where()}: {self.first.error}")
+            head.append(
+                f"rank {self.first.rank} failed first ({self.decided.value}), {self.first.where()}: {self.first.error}"
+            )
             for other in self.independent[:_INDEPENDENT_SHOWN]:
                 apart = _ms(abs(_time(other) - _time(self.first)))
                 head.append(
@@ -218,7 +256,7 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
         if isinstance(r, Transition):
             last_move = r
             times.append(r.end)
-            if r.dest == State.FAILED.value:
+            if r.dest == State.FAILED:
                 evidence.append(r.start)
                 into_failed = into_failed or r
         elif isinstance(r, TrainStep):
@@ -227,7 +265,7 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
                 times.append(r.end)
         elif isinstance(r, TeardownStep):
             times.append(r.end)
-            if r.outcome == "failure":
+            if r.outcome == PlanOutcome.FAILURE:
                 evidence.append(r.start)
             teardown_error = teardown_error or (r.error or "")
         elif isinstance(r, RunStart):
@@ -243,7 +281,7 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
     if end is not None and end.error and end.end is not None:
         evidence.append(end.end)
     last_time = max(times) if times else None
-    failed = bool(evidence) or (end is not None and end.state == State.FAILED.value)
+    failed = bool(evidence) or (end is not None and end.state == State.FAILED)
     failed_at = min(evidence) if evidence else (last_time if failed else None)
     if failure is not None:
         phase, step, error = f"phase {failure.phase}", failure.step, failure.error
@@ -289,14 +327,14 @@ def _missing(rank: int) -> RankEnd:
     )
 
 
-def _first(failed: Sequence[RankEnd]) -> tuple[RankEnd | None, bool]:
-    """The rank that failed first, and whether the store's sequence numbers decided it."""
+def _first(failed: Sequence[RankEnd]) -> tuple[RankEnd | None, Decided]:
+    """The rank that failed first, and how that was decided."""
     numbered = [e for e in failed if e.seq is not None]
     if numbered:
-        return min(numbered, key=lambda e: (e.seq, _time(e), e.rank)), True
+        return min(numbered, key=lambda e: (e.seq, _time(e), e.rank)), Decided.BY_SEQUENCE
     if failed:
-        return min(failed, key=lambda e: (_time(e), e.rank)), False
-    return None, False
+        return min(failed, key=lambda e: (_time(e), e.rank)), Decided.BY_WALL_TIME
+    return None, Decided.NO_FAILURE
 
 
 def _independent(first: RankEnd, other: RankEnd) -> bool:
@@ -308,20 +346,27 @@ def _independent(first: RankEnd, other: RankEnd) -> bool:
     return other.published and other.first_rank is None and not other.note and first.first_rank != other.rank
 
 
-def _describe(end: RankEnd, first: RankEnd | None) -> tuple[tuple[str, ...], str]:
+_Alike = tuple[Outcome, tuple[str, ...]]
+"""What ranks that ended alike share: their outcome and what else tells them apart (phase, error kind, state)."""
+
+
+def _describe(end: RankEnd, first: RankEnd | None) -> tuple[_Alike, str]:
     """A rank's end as (what ranks that ended alike share, the text without times); times are added per group."""
-    if not end.journaled:
-        return ("missing",), "no journal"
-    cut = "" if end.state is not None else ", then no end record — killed?"
-    if end.failed:
+    outcome = end.outcome
+    if outcome is Outcome.MISSING:
+        return (outcome, ()), "no journal"
+    if outcome is Outcome.FAILED:
+        cut = "" if end.state is not None else ", then no end record — killed?"
         named = ""
         if end.first_rank is not None and (first is None or end.first_rank != first.rank):
             named = f" (its note names rank {end.first_rank} as first)"
-        return ("failed", end.phase, _kind_of(end.error), named, cut), f"{end.where()}: {end.error}{named}{cut}"
-    if end.state is None:
+        alike = (end.phase, _kind_of(end.error), named, cut)
+        return (outcome, alike), f"{end.where()}: {end.error}{named}{cut}"
+    if outcome is Outcome.CUT:
         after = f", last step {end.last_step}" if end.last_step is not None else ""
-        return ("cut", end.last_state), f"no end record — killed? (in state {end.last_state}{after}"
-    return ("ended", end.state), end.state
+        return (outcome, (end.last_state,)), f"no end record — killed? (in state {end.last_state}{after}"
+    state = end.state or ""
+    return (outcome, (state,)), state
 
 
 def analyse(ranks: Mapping[int, Sequence[Record]]) -> Verdict:
@@ -336,12 +381,12 @@ def analyse(ranks: Mapping[int, Sequence[Record]]) -> Verdict:
         ends.setdefault(rank, _missing(rank))
     ends = dict(sorted(ends.items()))
     failed = [e for e in ends.values() if e.failed]
-    first, by_seq = _first(failed)
+    first, decided = _first(failed)
     independent = tuple(
         sorted((e for e in failed if first is not None and e is not first and _independent(first, e)), key=_time)
     )
     notes: list[str] = []
-    if first is not None and by_seq:
+    if first is not None and decided is Decided.BY_SEQUENCE:
         earlier = [e for e in failed if e.seq is None and _time(e) < _time(first) - INDEPENDENT_S]
         if earlier:
             e = min(earlier, key=_time)
@@ -351,38 +396,36 @@ def analyse(ranks: Mapping[int, Sequence[Record]]) -> Verdict:
             )
     shown = {first.rank} if first is not None else set()
     shown |= {e.rank for e in independent}
-    buckets: dict[tuple[str, ...], list[RankEnd]] = {}
-    texts: dict[tuple[str, ...], str] = {}
+    buckets: dict[_Alike, list[RankEnd]] = {}
+    texts: dict[_Alike, str] = {}
     for end in ends.values():
         if end.rank in shown:
             continue
         key, text = _describe(end, first)
         buckets.setdefault(key, []).append(end)
         texts.setdefault(key, text)
-    groups = [_group(key, members, texts[key], first, world) for key, members in buckets.items()]
-    order = {"failed": 0, "cut": 1, "ended": 2, "missing": 3}
-    groups.sort(key=lambda g: (order[g[0]], -len(g[1].ranks), g[1].ranks[0]))
-    return Verdict(first, by_seq, independent, tuple(g for _, g in groups), ends, tuple(notes))
+    groups = [_group(outcome, members, texts[(outcome, alike)], first, world)
+              for (outcome, alike), members in buckets.items()]  # fmt: skip
+    order = list(Outcome)  # failed first, then cut short, ended, no journal
+    groups.sort(key=lambda g: (order.index(g.outcome), -len(g.ranks), g.ranks[0]))
+    return Verdict(first, decided, independent, tuple(groups), ends, tuple(notes))
 
 
-def _group(
-    key: tuple[str, ...], members: list[RankEnd], text: str, first: RankEnd | None, world: int
-) -> tuple[str, Group]:
+def _group(outcome: Outcome, members: list[RankEnd], text: str, first: RankEnd | None, world: int) -> Group:
     """A group of ranks that ended alike, its text timed against ``first``'s failure where there is one."""
     ranks = tuple(e.rank for e in members)
-    kind = key[0]
-    if kind == "failed":
+    if outcome is Outcome.FAILED:
         drawn = min(members, key=_time).rank
         if first is not None:
             text = f"failed {_span([_time(e) - _time(first) for e in members], f'rank {first.rank}')}, {text}"
         else:
             text = f"failed, {text}"
-        return kind, Group(ranks, text, drawn, failed=True)
-    if kind == "cut":
+        return Group(ranks, text, drawn, outcome)
+    if outcome is Outcome.CUT:
         lasts = [e.last_time for e in members if e.last_time is not None]
         if first is not None and lasts:
             text += f"; last record {_span([t - _time(first) for t in lasts], f'rank {first.rank} failed')}"
-        return kind, Group(ranks, text + ")", ranks[0])
-    if kind == "missing":
-        return kind, Group(ranks, f"{text} (world size {world})", ranks[0])
-    return kind, Group(ranks, text, ranks[0])
+        return Group(ranks, text + ")", ranks[0], outcome)
+    if outcome is Outcome.MISSING:
+        return Group(ranks, f"{text} (world size {world})", ranks[0], outcome)
+    return Group(ranks, text, ranks[0], outcome)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle._tools import gantt, synthetic, verdict
+from lifecycle._tools import gantt, show_model, synthetic, verdict
 from lifecycle._tools.show import show_main, timeline_lines, write_diagrams, write_page
 from lifecycle.journal import Origin, Record
 
@@ -215,6 +215,13 @@ def test_show_prints_each_attempts_verdict_before_its_ranks(tmp_path: Path, caps
     assert "verdict" not in "\n".join(timeline_lines(synthetic.failing_run("r", 3, 1)[0]))
 
 
+def chart_of(ranks: dict[int, list[Record]]) -> str:
+    """The gantt chart of the one attempt in ``ranks`` (rank → its records), drawn from show's model."""
+    (run,) = show_model.build([r for rs in ranks.values() for r in rs]).runs
+    (drawn,) = run.drawn
+    return gantt.gantt(drawn)
+
+
 def sections(chart: str) -> list[str]:
     """The section names of a gantt chart."""
     return [line.strip().removeprefix("section ") for line in chart.splitlines() if line.strip().startswith("section ")]
@@ -224,13 +231,13 @@ def test_the_gantt_has_a_row_per_rank_up_to_16_then_one_per_group(tmp_path: Path
     """Up to 16 ranks: a section per rank, the first failure a crit milestone on its row; 1,024 ranks: the first
     failing rank and one section per group of ranks that ended alike, far under GitHub's 50,000 characters."""
     small = synthetic.failing_run("r", 16, 1)
-    chart = gantt.gantt(small, "attempt 0", verdict.analyse(small))
+    chart = chart_of(small)
     assert sections(chart) == [f"rank {r}" for r in range(16)]
     marks = [line for line in chart.splitlines() if "milestone" in line]
     assert len(marks) == 1 and marks[0].strip().startswith("rank 1 failed first - InjectedFault")
     big = synthetic.failing_run("r", 1024, 1)
     big[5] = big[5][:-9]  # rank 5 killed before it failed: a group of its own
-    chart = gantt.gantt(big, "attempt 0", verdict.analyse(big))
+    chart = chart_of(big)
     names = sections(chart)
     assert names[0] == "rank 1 (failed first)" and len(names) == 3, names
     assert names[1].startswith("ranks 0, 2-4, 6-1023 (rank ") and names[2] == "rank 5 (rank 5 drawn)"
@@ -248,7 +255,7 @@ def test_the_gantt_stays_under_budget_with_many_groups() -> None:
         for r in range(2, 1024)
     }
     ranks = attempt(1024, ends)
-    chart = gantt.gantt(ranks, "attempt 0", verdict.analyse(ranks))
+    chart = chart_of(ranks)
     assert len(sections(chart)) <= 16 and "more groups not drawn" in chart.splitlines()[4]
     assert len(chart) < gantt.BUDGET
 
