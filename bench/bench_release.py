@@ -7,6 +7,10 @@ raise until the last rank has left its cleanup, on gloo, for:
   (b) naive: cleanup calls barrier() then destroy_process_group() (bounded here by a
       short group timeout: with gloo's default it would be 30 minutes);
   (c) floor: the failing rank just exits; the others leave as soon as they notice.
+A second row per world size runs (a) with Megatron-core's gloo copies of the
+data-parallel groups (``create_gloo_process_groups=True``) and the failing rank's
+all-reduce still pending on one of them when it raises: Megatron's own destroy would
+wait the group timeout on it; the failure plan aborts the groups first.
 (a) and (c) alternate (a, c, c, a, a, c, c, a: each runs first as often), so that load
 from elsewhere hits both alike; (b) runs once, it only shows the order of
 magnitude. For (a) the failing rank's own teardown is also reported: from its raise
@@ -41,18 +45,23 @@ def _rank(rank: int, world: int, port: int, queue: Any, variant: str) -> None:
 
     stamp = {"raised": float("nan")}
     try:
-        if variant == "lifecycle":
+        if variant.startswith("lifecycle"):
             # Imported here only: megatron-core takes seconds of CPU to import, in every rank.
+            from megatron.core import parallel_state
+
             from lifecycle import DistributedConfig, ParallelConfig, Session, TorchActions
 
             config = DistributedConfig(
                 world_size=world, rank=rank, master_addr="127.0.0.1", master_port=port, timeout_s=NAIVE_TIMEOUT_S
             )
-            with Session(TorchActions(config, ParallelConfig())) as session:
+            copies = variant == "lifecycle-copies"
+            with Session(TorchActions(config, ParallelConfig(create_gloo_process_groups=copies))) as session:
                 session.init_distributed()
                 session.init_globals()
                 session.start_training()
                 dist.barrier()
+                if copies and rank == FAILING_RANK:  # work the others never join, pending when it raises
+                    dist.all_reduce(torch.ones(4), group=parallel_state.get_data_parallel_group_gloo(), async_op=True)
                 _work(rank, dist, torch, queue, stamp)
         else:
             store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=NAIVE_TIMEOUT_S))
@@ -96,23 +105,22 @@ def run_once(world: int, variant: str) -> tuple[float, float]:
     return max(r[2] for r in results) - raised_at, failing_left - raised_at
 
 
-def measure(world: int) -> list[object]:
-    """One table row: (a) and (c) alternating ``PAIRS`` times, then (b) once."""
+def measure(world: int, lifecycle: str, naive: float) -> list[object]:
+    """One table row: (a) as ``lifecycle`` and (c) alternating ``PAIRS`` times; ``naive`` is (b)'s time."""
     life: list[float] = []
     own: list[float] = []
     floor: list[float] = []
     for i in range(PAIRS):
-        for variant in ("lifecycle", "floor") if i % 2 == 0 else ("floor", "lifecycle"):
+        for variant in (lifecycle, "floor") if i % 2 == 0 else ("floor", lifecycle):
             everyone, failing = run_once(world, variant)
-            if variant == "lifecycle":
+            if variant == lifecycle:
                 life.append(everyone)
                 own.append(failing)
             else:
                 floor.append(everyone)
-    naive, _ = run_once(world, "naive")
     ratio = median(life) / median(floor)
     return [
-        world,
+        world if lifecycle == "lifecycle" else f"{world}, gloo copies, work pending",
         f"{median(life):.3f}",
         f"{naive:.3f}",
         f"{median(floor):.3f}",
@@ -127,7 +135,10 @@ def measure(world: int) -> list[object]:
 
 def main() -> str:
     """Run every variant at 2 and 4 ranks; return the Markdown table."""
-    rows = [measure(world) for world in (2, 4)]
+    rows = []
+    for world in (2, 4):
+        naive, _ = run_once(world, "naive")
+        rows += [measure(world, variant, naive) for variant in ("lifecycle", "lifecycle-copies")]
     return table(
         f"Release after a rank-local failure (gloo, group timeout {NAIVE_TIMEOUT_S:.0f} s, "
         f"median of {PAIRS} interleaved runs of (a) and (c), one of (b); seconds unless marked)",
@@ -157,7 +168,10 @@ def main() -> str:
         "loop. The lifecycle frees the groups in parallel and, with the default "
         "`ParallelConfig`, creates no gloo twins of groups that are gloo already, so a "
         "teardown costs a few ticks (about one per peer, plus one) however many groups "
-        "megatron-core made (one after the other, it cost about one per group and peer). (b), "
+        "megatron-core made (one after the other, it cost about one per group and peer). The "
+        "rows with gloo copies and work pending on one: Megatron's own destroy would destroy "
+        "the copy gracefully and wait the group timeout on that work; the failure plan aborts "
+        "every Megatron group first. (b), "
         "a cleanup that calls `barrier()`, holds every "
         f"rank until the group timeout ({NAIVE_TIMEOUT_S:.0f} s here, 30 minutes with gloo's "
         "default), so (a)/(b) is tiny.\n"

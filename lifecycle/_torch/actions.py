@@ -38,7 +38,7 @@ from lifecycle._torch.config import (
     set_nccl_environment,
     validate,
 )
-from lifecycle._torch.groups import abort_group, abort_groups, free_in_parallel, is_registered
+from lifecycle._torch.groups import FREE_WAIT_S, abort_group, abort_groups, free_in_parallel, is_registered
 from lifecycle._torch.megatron import (
     MP_GLOBALS,
     drop_leftover_groups,
@@ -414,7 +414,10 @@ class TorchActions:
         _ps.destroy_global_memory_buffer()
         drop_leftover_groups()
         reset_leftovers()
-        free_in_parallel(subgroups)  # Megatron's references are gone: ours are the last
+        # Megatron's references are gone, ours are the last. On a failure, not waited for: a
+        # group with pending work is freed only once the peer's side closes, which the
+        # default group's abort (the next step, which waits) brings about.
+        free_in_parallel(subgroups, 0.0 if abort and self._created_group else FREE_WAIT_S)
         if errors:
             raise LifecycleError(
                 f"{Resource.MODEL_PARALLEL.value}: {len(errors)} model-parallel subgroup(s) failed to abort "

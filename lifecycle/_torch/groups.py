@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch.distributed as dist
@@ -118,6 +120,24 @@ def free_in_parallel(groups: list[Any], wait_s: float = FREE_WAIT_S) -> None:
     _free_in_parallel(groups, wait_s)
 
 
+EXIT_WAIT_S = 5.0
+"""At interpreter exit, how long to wait for groups still being freed in the background.
+
+A gloo group whose destructor is still waiting on pending work when the process exits
+aborts the process ("terminate called without an active exception", SIGABRT): its work
+ends once the peer's side closes, which a peer's own teardown does within milliseconds.
+"""
+
+_FREEING: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+@atexit.register
+def _wait_for_frees() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for thread in list(_FREEING):
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def _free_in_parallel(groups: list[Any], wait_s: float) -> None:
     """Drop this module's references to ``groups`` in one daemon thread each; wait at most ``wait_s`` for them.
 
@@ -138,11 +158,12 @@ def _free_in_parallel(groups: list[Any], wait_s: float) -> None:
             box.clear()
         else:
             threads.append(thread)
+            _FREEING.add(thread)
     deadline = time.monotonic() + wait_s
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     still = sum(thread.is_alive() for thread in threads)
-    if still:
+    if still and wait_s > 0:
         _log.warning(
             "%d aborted process group(s) not freed within %.1f s (collectives still pending on them?); "
             "they are freed in the background, and peers may wait on their connections until then",
