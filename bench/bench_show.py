@@ -43,6 +43,11 @@ RANKS = 1024
 ATTEMPTS = 10
 ROUNDS = 3
 
+BEFORE = {"show": 7.49, "load": 5.34, "json": 1.49, "peak": 218, "grew": 198}
+"""This benchmark's numbers on the code before issue 24 (commit a0a446a: the journal reader checking each field by
+its annotation's name, show grouping attempts by 6-tuples and computing each verdict up to three times), measured
+once on 2026-12-01 on the machine of the table below, back to back with a run of this code; kept to compare with."""
+
 
 def _json_alone(folder: Path) -> int:
     """Decode every line of every ``rank<R>.jsonl`` in ``folder`` with ``json`` alone; the number of records."""
@@ -137,6 +142,7 @@ def main() -> str:
         f"show over {RANKS} rank journals × {ATTEMPTS} attempts ({records} records, {size:.0f} MB;"
         f" median of {ROUNDS} rotating rounds; CPU s)",
         [
+            "code",
             "(a) show, whole command",
             "(b) journal.load alone",
             "(c) json alone",
@@ -147,6 +153,15 @@ def main() -> str:
         ],
         [
             [
+                "before issue 24 (a0a446a, measured once)",
+                *(f"{BEFORE[side]:.2f}" for side in ("show", "load", "json")),
+                f"{BEFORE['show'] / BEFORE['json']:.1f}",
+                f"{BEFORE['load'] / BEFORE['json']:.1f}",
+                f"{BEFORE['peak']:.0f}",
+                f"{BEFORE['grew']:.0f}",
+            ],
+            [
+                "this code",
                 f"{show:.2f}",
                 f"{load:.2f}",
                 f"{raw:.2f}",
@@ -154,15 +169,18 @@ def main() -> str:
                 f"{load / raw:.1f}",
                 f"{peak:.0f}",
                 f"{grew:.0f}",
-            ]
+            ],
         ],
     )
     return (
         text + "\nWhat this shows: whether `python -m lifecycle show` stays interactive on a large job's journals "
         "(1,024 ranks, 10 attempts, every rank failing in every attempt: the most the verdict and the charts have "
         "to say). (a)/(c) is what show costs over merely decoding the same lines; (b)/(c) is the part of it spent "
-        "reading records into checked, typed values (the journal reader validates every field of every record), "
-        "and the rest, (a) − (b), is the verdicts, the timeline and the diagrams of all ten attempts.\n"
+        "reading records into checked, typed values (the journal reader validates every field of every record; the "
+        "target is at most 2), and the rest, (a) − (b), is the verdicts, the timeline and the diagrams of all ten "
+        "attempts. Peak memory is show's own process: its high-water mark, and that less what it held once imported. "
+        "The first row is the code before issue 24, kept from one run of this script (read the ratios: CPU seconds "
+        "drift less than wall time on a shared machine, but they drift).\n"
     )
 
 
