@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from lifecycle._core.resources import declared_resources
 from lifecycle._tools import show_model, synthetic
 from lifecycle._tools.show_model import AttemptKey, RunKey
 from lifecycle._tools.verdict import Decided, Outcome
-from lifecycle.journal import Origin, Record
+from lifecycle.journal import Origin, Record, TeardownStep
 
 
 def flat(ranks: dict[int, list[Record]]) -> list[Record]:
@@ -78,3 +79,13 @@ def test_verdicts_and_rank_outcomes_are_enums() -> None:
     closed = show_model.build(synthetic.rank_call(Origin("c", 0, 0, "ordinary", 0), 2, 1.0, steps=1)).runs[0]
     assert closed.attempts[0].verdict.decided is Decided.NO_FAILURE
     assert [g.outcome for g in closed.attempts[0].verdict.groups] == [Outcome.ENDED, Outcome.MISSING]
+
+
+def test_synthetic_journals_name_each_teardown_step_and_resource_as_declared() -> None:
+    """Each synthetic teardown step names the resource kind that declares it (close_store: rendezvous_store)."""
+    records = flat(synthetic.failing_run("r", 2, 1)) + synthetic.rank_call(
+        Origin("c", 0, 0, "ordinary", 0), 1, 1.0, steps=1
+    )
+    steps = {(r.step, r.resource) for r in records if isinstance(r, TeardownStep)}
+    declared = {(kind.value, resource.value) for resource in declared_resources() for kind in resource.steps}
+    assert steps <= declared and ("close_store", "rendezvous_store") in steps
