@@ -274,6 +274,8 @@ class Session:
             self._journal_move(State.FINALIZING, Trigger.CLOSE, start)
             return reports[0]
         success = reports[0]
+        if self._abandoned_here():  # the session ended without this worker: no failure plan, no notice
+            return success
         if success.interrupted is not None:
             cause = describe(success.interrupted)
             self._fail_teardown(start, f"teardown abandoned: {cause}", success.interrupted, abandoned=success)
@@ -396,6 +398,11 @@ class Session:
         left_running = (running,) if isinstance(running, Step) else ()
         report = TeardownReport(outcome, self.restart_mode, records, held.left, rest, escalation, left_running)
         self._report = report
+        running_text, rest_text = (", ".join(map(str, steps)) or "none" for steps in (left_running, rest))
+        escalation.add_note(
+            f"lifecycle: {self.label}: teardown abandoned; left running: {running_text}; not run: {rest_text} "
+            "(what they hold is for the next session to reclaim)"
+        )
         start = time.monotonic()
         if not self.state.is_final:
             source = self.state

@@ -18,10 +18,12 @@ next ``prepare`` starts another.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -30,6 +32,15 @@ T = TypeVar("T")
 
 SLICE_S = 0.05
 """How long one wait slice lasts: the longest a posted call or a finished job waits to be noticed."""
+
+EXIT_WAIT_S = 5.0
+"""At interpreter exit, how long to wait for workers still inside a job (a release left running).
+
+A release left inside torch (a gloo collective whose peer is gone) usually ends soon
+after (the peer's death closes its connections); a process that exits while a thread is
+still inside a process group's C++ code dies of SIGABRT ("terminate called without an
+active exception"), which hides the run's own outcome.
+"""
 
 
 class _Call:
@@ -135,7 +146,11 @@ class Worker:
             self._ready.wait()
             self._ready.clear()
             while self._jobs:
-                self._jobs.popleft().run()
+                _BUSY.add(self.thread)
+                try:
+                    self._jobs.popleft().run()
+                finally:
+                    _BUSY.discard(self.thread)
                 self._pool.idle(self)
 
 
@@ -204,6 +219,15 @@ class Pool:
 
 POOL = Pool()
 """This process's workers."""
+
+_BUSY: set[threading.Thread] = set()
+
+
+@atexit.register
+def _wait_for_busy_workers() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for thread in list(_BUSY):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def run_waiting(
