@@ -71,10 +71,11 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	@$(call TIMED,LIFECYCLE_TORCH_FREE=1 $(PYTEST) -m "not slow" tests/core tests/journal tests/test_layout.py tests/reliability/test_expected.py)
 
-# Both fuzzers over their whole space (make test runs a seeded sample of each): about 6 minutes. Not in CI.
+# The fuzzers over their whole space (make test runs a seeded sample of each): the interrupt and
+# asynchronous-exception fuzzers (about 6 minutes) and the checkpoint abort fuzz's 500 cases (about 2). Not in CI.
 fuzz-all: $(STAMP)
-	@$(call TIMED,LIFECYCLE_FUZZ_SAMPLE=0 LIFECYCLE_ASYNC_FUZZ_SAMPLE=0 $(PYTEST) -m "not slow" \
-	tests/reliability/test_interrupt_fuzzer.py tests/reliability/test_async_fuzzer.py)
+	@$(call TIMED,LIFECYCLE_FUZZ_SAMPLE=0 LIFECYCLE_ASYNC_FUZZ_SAMPLE=0 LIFECYCLE_CKPT_FUZZ_SAMPLE=0 $(PYTEST) -m "not slow" \
+	tests/reliability/test_interrupt_fuzzer.py tests/reliability/test_async_fuzzer.py tests/checkpoint/test_abort_fuzz.py)
 
 test-slow: $(STAMP) mermaid
 	@$(call TIMED,$(PYTEST) -m slow)

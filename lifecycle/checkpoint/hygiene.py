@@ -111,8 +111,9 @@ def clean(directory: Path, committed: int, run_id: str, keep_last: int | None) -
 
     Only if ``directory`` is owned by ``run_id`` (else a RuntimeWarning names the owner
     and nothing is removed). Removes partial step folders, unreferenced shards and tmp
-    files, and with ``keep_last`` the complete steps older than the ``keep_last``
-    newest at or below ``committed``; ``committed`` itself (the newest verified
+    files (the marker's, and the probe files of a constructor that was killed), and
+    with ``keep_last`` the complete steps older than the ``keep_last`` newest at or
+    below ``committed``; ``committed`` itself (the newest verified
     checkpoint) is never removed, nor are complete steps newer than it. A removal that
     fails is warned about, naming the path and the OS error; the commit stands.
     """
@@ -153,7 +154,9 @@ def clean(directory: Path, committed: int, run_id: str, keep_last: int | None) -
                 removed.append(stray)
         except OSError as exc:
             warnings.warn(f"could not clean {folder}: {os_error_text(exc)}", RuntimeWarning, stacklevel=2)
-    for stray in directory.glob(f".{MARKER}.*.tmp"):
+    # The marker's tmp files, and the probe files of a constructor killed mid-probe: every rank
+    # of this run built its writer before the commit, so none of its probes is still in use.
+    for stray in [*directory.glob(f".{MARKER}.*.tmp"), *directory.glob(".probe-rank*.tmp")]:
         stray.unlink(missing_ok=True)
         removed.append(stray)
     if keep_last is not None:

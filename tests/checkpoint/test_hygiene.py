@@ -46,6 +46,7 @@ def _leave_a_mess(directory: Path) -> tuple[Path, Path, Path]:
     (crashed / ".rank00000-00000000000000bb.pt.tmp").write_bytes(b"half a shard")
     stray = directory / "step_0000000001" / "rank00000-00000000000000cc.pt"
     stray.write_bytes(b"a shard of an attempt that failed before its commit")
+    (directory / ".probe-rank00001-0000dead.tmp").write_bytes(b"a probe of a writer killed while it was built")
     return directory / "step_0000000003", crashed, stray
 
 
