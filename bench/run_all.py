@@ -17,6 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench_checkpoint  # noqa: E402
 import bench_leaks  # noqa: E402
 import bench_overhead  # noqa: E402
 import bench_plugin  # noqa: E402
@@ -39,7 +40,7 @@ def main() -> None:
     import torch
 
     sections = []
-    for bench in (bench_overhead, bench_release, bench_retry, bench_leaks, bench_show, bench_plugin):
+    for bench in (bench_overhead, bench_release, bench_retry, bench_leaks, bench_show, bench_plugin, bench_checkpoint):
         print(f"running {bench.__name__} ...", flush=True)
         started = time.perf_counter()
         text = bench.main()
