@@ -26,7 +26,7 @@ from lifecycle.checkpoint import latest_checkpoint
 from lifecycle.checkpoint.layout import listed_files, read_manifest, step_folders
 
 CASES = 500
-SAMPLE = int(os.environ.get("LIFECYCLE_CKPT_FUZZ_SAMPLE", "60"))
+SAMPLE = int(os.environ.get("LIFECYCLE_CKPT_FUZZ_SAMPLE", "40"))
 """How many of the ``CASES`` cases ``make test`` runs (seeded); 0: all of them."""
 SEED = 2028
 
