@@ -609,3 +609,30 @@ def test_saves_run_no_collective_off_the_main_thread(tmp_path: Path, collective_
     main = threading.main_thread().name
     assert [c.name for c in collective_calls.calls if c.thread != main] == []
     assert [c.name for c in collective_calls.calls] == ["all_gather", "broadcast"] * 3
+
+
+def test_an_abort_stops_the_write_at_the_next_tensor_and_removes_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """abort() as the write reaches the 3rd of 16 tensors: no tensor from there on is written, files removed, < 1 s."""
+    from lifecycle.checkpoint import dcp_format
+
+    writer = AsyncCheckpointer(tmp_path)
+    resolve = dcp_format._CancellablePlanner.resolve_data
+    calls: list[float] = []
+
+    def abort_at_the_third(planner: Any, item: Any) -> Any:
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            writer.abort()  # as another thread would, between the 2nd tensor and the 3rd
+        return resolve(planner, item)
+
+    monkeypatch.setattr(dcp_format._CancellablePlanner, "resolve_data", abort_at_the_third)
+    writer.save(1, {f"t{i:02d}": torch.full((1 << 16,), float(i)) for i in range(16)})
+    done = _wait_done(writer)
+    error = done()
+    assert isinstance(error, CheckpointError) and "aborted while it was written" in str(error)
+    assert len(calls) == 3  # the 3rd tensor was refused: the write ended there
+    assert time.monotonic() - calls[2] < 1.0
+    assert list((tmp_path / "step_0000000001").iterdir()) == []
+    assert latest_checkpoint(tmp_path) is None
