@@ -19,6 +19,7 @@ from lifecycle._core.errors import (
     ResourceRefused,
     SessionFinished,
     StaleResource,
+    StepTimedOut,
     UnfinishedSession,
 )
 from lifecycle._core.executor import StepFailure, StepRecord, TeardownError, TeardownReport
@@ -137,6 +138,7 @@ __all__ = [
     "StepFailure",
     "StepKind",
     "StepRecord",
+    "StepTimedOut",
     "Teardown",
     "TeardownError",
     "TeardownEvent",

@@ -48,6 +48,7 @@ EXPORTS: dict[str, list[str]] = {
         "UnfinishedSession",
         "Teardown",
         "StaleResource",
+        "StepTimedOut",
         "SessionFinished",
         "ResourceRefused",
         "ResourceMismatch",

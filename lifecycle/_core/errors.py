@@ -74,6 +74,21 @@ class UnfinishedSession(LifecycleError):
         super().__init__(f"the session block ended in state {state.value!r} without finishing")
 
 
+class StepTimedOut(LifecycleError, TimeoutError):
+    """Teardown step ``step`` did not return within ``timeout_s``: it was left running, and the plan went on.
+
+    Recorded as that step's error (in the report, the journal and ``show``: ``StepTimedOut``);
+    what the step was releasing stays claimed until it returns (a later session that would
+    acquire that kind waits for it, within a bound, or is refused naming it).
+    """
+
+    def __init__(self, step: str, timeout_s: float) -> None:
+        self.step = step
+        self.timeout_s = timeout_s
+        self._fields = (step, timeout_s)
+        super().__init__(f"teardown step {step} did not return within {timeout_s:g} s: left running, plan went on")
+
+
 class ResourceRefused(LifecycleError):
     """Base of the refusals about one existing (or missing) resource: ``resource`` names it, ``detail`` says why."""
 

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from lifecycle._core.ownership import Ledger, LedgerEntry
 from lifecycle._core.plans import Step
-from lifecycle._core.resources import Releases, Resource
+from lifecycle._core.resources import Releases, Resource, StepKind
 from lifecycle._core.states import Owner, State
 
 Key = tuple[Resource, str]
@@ -96,6 +96,7 @@ class Holdings:
         self._tokens: dict[Key, weakref.ref[Any] | None] = {}
         self._pending: Pending | None = None
         self._claimed: set[Key] = set()
+        self._claim_kind: dict[Key, StepKind] = {}  # the step kind whose release holds a claim
         self._reclaimed: set[Key] = set()
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)  # notified when a claimed release ends
@@ -172,6 +173,10 @@ class Holdings:
         A releasing step claims its entry first and, once it returned, marks it released
         in the ledger; one that raised gives the claim back and marks the entry failed
         (a later plan may retry it, per its kind). Every ``BaseException`` propagates.
+        A step of a kind that ``unblocks`` (an abort) runs even while another step of the
+        entry holds the claim (a graceful destroy left running past its deadline, the main
+        thread's release while the restart wrapper aborts): it is what unblocks that one;
+        the claim stays with its holder until that returns.
         """
         release = self._releases[step.entry.key][step.kind]
         entry = step.entry
@@ -187,33 +192,48 @@ class Holdings:
             return True
         key = step.entry.key
         with self._lock:
-            if key in self._claimed or key in self.ledger.released:
+            if key in self.ledger.released:
                 return False
-            self._claimed.add(key)
+            alongside = key in self._claimed
+            if alongside and (not step.kind.unblocks or self._claim_kind.get(key) is step.kind):
+                return False
+            if not alongside:
+                self._claimed.add(key)
+                self._claim_kind[key] = step.kind
         try:
             call(release)
         except BaseException:
             with self._lock:
-                self._claimed.discard(key)
-                self.ledger = self.ledger.release_failed(entry)
+                if not alongside:
+                    self._claimed.discard(key)
+                    self._claim_kind.pop(key, None)
+                if key not in self.ledger.released:
+                    self.ledger = self.ledger.release_failed(entry)
                 self._settled.notify_all()
             raise
         with self._lock:
             if key not in self.ledger.released:
                 self.ledger = self.ledger.release(entry)
+            if not alongside:
+                self._claimed.discard(key)
+                self._claim_kind.pop(key, None)
             self._settled.notify_all()
         return True
 
     def running(self) -> tuple[LedgerEntry, ...]:
-        """Entries whose release is running now (claimed, not released): a worker may still be inside it."""
+        """Entries a release is running on now (claimed): a worker may still be inside it, released since or not.
+
+        A release left running past its deadline whose entry an abort released meanwhile
+        still counts: when it returns it may still touch what the kind's globals hold.
+        """
         with self._lock:
-            return tuple(e for e in self.ledger.held() if e.key in self._claimed and e.key not in self._reclaimed)
+            return tuple(e for e in self.ledger.entries if e.key in self._claimed and e.key not in self._reclaimed)
 
     def wait_settled(self, key: Key, timeout_s: float) -> bool:
         """Wait until no release of ``key`` runs (at most ``timeout_s``); True if none does."""
         deadline = time.monotonic() + timeout_s
         with self._settled:
-            while key in self._claimed and key not in self.ledger.released:
+            while key in self._claimed and key not in self._reclaimed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

@@ -60,6 +60,15 @@ class Announcement:
 
 
 @runtime_checkable
+class BoundsReleases(Protocol):
+    """Actions that say how long one teardown step may take (optional for actions; see ``Session``)."""
+
+    @property
+    def release_timeout_s(self) -> float | None:
+        """The longest one teardown step may run before it is left running (None: no bound)."""
+
+
+@runtime_checkable
 class AnnouncesFailures(Protocol):
     """Actions that tell the other ranks of a failure, and learn whose came first (optional for actions)."""
 

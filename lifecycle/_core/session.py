@@ -18,6 +18,7 @@ from lifecycle._core.errors import (
     LifecycleError,
     SessionFinished,
     StaleResource,
+    StepTimedOut,
     UnfinishedSession,
     describe,
 )
@@ -29,11 +30,17 @@ from lifecycle._core.machine import Driver
 from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
 from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown, recorded_owner, teardown
 from lifecycle._core.resources import Handler, Releases, Resource, StepKind, declared_resources
-from lifecycle._core.seams import Announcement, AnnouncesFailures, CheckpointWriter, DistributedActions
+from lifecycle._core.seams import (
+    Announcement,
+    AnnouncesFailures,
+    BoundsReleases,
+    CheckpointWriter,
+    DistributedActions,
+)
 from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.signals import InstalledHandlers
 from lifecycle._core.states import Owner, State, Trigger
-from lifecycle._core.worker import POOL, Job, run_waiting
+from lifecycle._core.worker import POOL, SLICE_S, Job, run_waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +135,16 @@ class Session:
         restart_mode: RestartMode = RestartMode.ORDINARY,
         iteration: int = 0,
         label: str = "session",
+        release_timeout_s: float | None = None,
     ) -> None:
         """Bind a new session, in ``uninitialized``, to ``actions`` (what it does to torch/Megatron).
 
         ``label`` names it in log lines (``pretrain`` sets it to ``"rank N"`` once the rank is known).
+        ``release_timeout_s``: the longest one teardown step may run (None: what the actions
+        say, ``BoundsReleases``: ``TorchActions`` says half the group timeout; actions that
+        say nothing: no bound). A step past it is left running on its thread and recorded
+        as failed with ``StepTimedOut``; the plan goes on (so an abort still follows a
+        graceful destroy that hangs) and the session still ends final.
         """
         self._actions = actions
         self.restart_mode = restart_mode
@@ -150,10 +163,16 @@ class Session:
         self._job: Job[TeardownReport] | None = None
         self._left_thread: threading.Thread | None = None  # a worker this session stopped waiting for
         self._records: list[StepRecord] = []  # the records of the teardown running now
+        self._timed_out: list[Step] = []  # steps left running past release_timeout_s
         self._observers: list[Callable[[SessionEvent], object]] = []
         self._phase: tuple[str, State] | None = None  # (phase, the state it was given in)
         self._step: int | None = None
-        POOL.prepare()  # the thread a teardown runs on, started now: never on the failure path
+        if release_timeout_s is None and isinstance(actions, BoundsReleases):
+            release_timeout_s = actions.release_timeout_s
+        if release_timeout_s is not None and not release_timeout_s > 0:
+            raise ValueError(f"release_timeout_s must be above 0 (or None), not {release_timeout_s!r}")
+        self.release_timeout_s = release_timeout_s
+        POOL.prepare(3)  # a teardown's, a step's and the notice's threads, started now: never on the failure path
 
     # -- what can be read -------------------------------------------------------------
 
@@ -780,15 +799,38 @@ class Session:
             if job is not None and step.kind.main_thread:
                 job.on_caller(release)
                 return
-            if job is not None:
-                job.in_step = step
-            try:
-                (_run_step if step.kind.abandonable else _run_step_to_the_end)(release)
-            finally:
-                if job is not None:
-                    job.in_step = None
+            (_run_step if step.kind.abandonable else _run_step_to_the_end)(release)
 
-        return self._holdings.run(step, call)
+        if job is None:
+            return self._holdings.run(step, call)
+        job.in_step = step
+        try:
+            timeout = self.release_timeout_s
+            if timeout is None or step.kind.main_thread or not step.kind.abandonable:
+                return self._holdings.run(step, call)
+            return self._within(step, timeout, lambda: self._holdings.run(step, call))
+        finally:
+            job.in_step = None
+
+    def _within(self, step: Step, timeout_s: float, run: Callable[[], bool]) -> bool:
+        """``run()`` (one step, through the holdings) on another worker, waited for at most ``timeout_s``.
+
+        Past it, ``StepTimedOut``: the step is left running there, its entry still claimed
+        (settled by that worker when it returns; ``LEFTOVERS.wait_for_running`` waits for it).
+        Without an idle worker it runs here, unbounded.
+        """
+        sub: Job[bool] = Job(run)
+        if not POOL.submit(sub):
+            return run()
+        deadline = time.monotonic() + timeout_s
+        while not sub.done.wait(min(SLICE_S, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                self._timed_out.append(step)
+                logger.error("%s: teardown step %s not done within %g s: left running", self.label, step, timeout_s)
+                raise StepTimedOut(str(step), timeout_s)
+        if sub.error is not None:
+            raise sub.error
+        return bool(sub.result)
 
     def _teardown(self, outcome: Outcome, *, stop_at_failure: bool = False) -> TeardownReport:
         """Run the plan of ``outcome``; the holdings mark each release as it happens: an interrupt loses none."""
@@ -814,6 +856,8 @@ class Session:
         except BaseException as exc:  # noqa: BLE001 - an interrupt between steps: keep what ran, abandon the rest
             rest = planned.plan[len(ran) :]
             report = TeardownReport(outcome, self.restart_mode, tuple(ran), planned.left, rest, exc)
+        if self._timed_out:  # a step past its deadline is left running: it may still finish
+            report = dataclasses.replace(report, left_running=report.left_running + tuple(self._timed_out))
         if not self._abandoned_here():
             self._report = report
         return report

@@ -139,6 +139,17 @@ class TorchActions:
         return self._prefix
 
     @property
+    def release_timeout_s(self) -> float:
+        """The longest one teardown step may run before it is left running: twice the group timeout.
+
+        A safety net (``BoundsReleases``; ``Session(release_timeout_s=...)`` overrides it): what
+        torch and a checkpoint finalize wait for is bounded by the group timeout already,
+        so this catches only what has no bound of its own (a user release on a hung mount,
+        a C++ call that never returns).
+        """
+        return 2.0 * self.distributed.timeout_s
+
+    @property
     def attempt(self) -> int | None:
         """The attempt the ranks agreed on for the group this object created last (None: none, or not agreed)."""
         return self._attempt

@@ -21,6 +21,7 @@ from lifecycle._core.errors import (
     ResourceRefused,
     SessionFinished,
     StaleResource,
+    StepTimedOut,
     UnfinishedSession,
 )
 from lifecycle._core.states import State, Trigger
@@ -39,6 +40,7 @@ EXAMPLES: list[LifecycleError] = [
     AlreadyHeld("signal_handlers", "this session already holds it"),
     ConfigError("store_prefix", "'p' was already used for a group"),
     AttemptDisagreement("10.0.0.1:29500", 5.0, {0: 2, 1: None, 2: 2, 3: 0}, 1),
+    StepTimedOut("destroy_process_group", 5.0),
 ]
 
 COPIES: dict[str, Callable[[LifecycleError], object]] = {

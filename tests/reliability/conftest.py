@@ -13,7 +13,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     module = next((m for name, m in list(sys.modules.items()) if name.endswith("test_fault_matrix")), None)
     if module is None or not getattr(module, "RESULTS", None):
         return
-    from reliability.matrix_cells import ALL_CELLS, CELLS, POINTS, RAISED, REFUSED
+    from reliability.matrix_cells import ALL_CELLS, CELLS, GLOO_COPY_CELLS, POINTS, RAISED, REFUSED
 
     def config(cell: Any) -> tuple[Any, ...]:
         return (cell.world_size, cell.mode, cell.group_owner, cell.globals_owner)
@@ -42,3 +42,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     passed = sum(p for p, _ in rows.values())
     total = sum(t for _, t in rows.values())
     write(f"total: {passed}/{total} cells passed")
+    copies = [module.RESULTS[cell.id] for cell in GLOO_COPY_CELLS if cell.id in module.RESULTS]
+    if copies:
+        write(f"with Megatron's gloo copies (2 ranks, ordinary, session-owned): {sum(copies)}/{len(copies)} passed")

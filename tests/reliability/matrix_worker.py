@@ -465,7 +465,7 @@ def config_for(cell: Cell, rank: int, port: int, workdir: Path, *, retry: bool =
             iterations=1 if retry else 2, eval_interval=0 if retry else 2, eval_iterations=1, log_interval=0
         ),
         checkpoint=CheckpointConfig(dir=None if retry else str(workdir), interval=0 if retry else 1),
-        parallel=ParallelConfig(create_gloo_process_groups=False),
+        parallel=ParallelConfig(create_gloo_process_groups=cell.gloo_copies),
         exit=ExitConfig(handle_sigterm=not retry),
     )
 

@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 from reliability.expected import expected, known_bug
-from reliability.matrix_cells import CELLS, REFUSED, Cell, in_make_test
+from reliability.matrix_cells import CELLS, GLOO_COPY_CELLS, REFUSED, Cell, in_make_test
 from reliability.matrix_worker import serve
 
 from lifecycle.testing import free_ports
@@ -136,6 +136,13 @@ def params(cells: tuple[Cell, ...]) -> list[Any]:
 @pytest.mark.parametrize("cell", params(CELLS))
 def test_cell(cell: Cell, pools: Pools) -> None:
     """Every rank reports that this cell's outcome, state, releases, path, retry and timing are right."""
+    run_and_check(cell, pools)
+
+
+@pytest.mark.timeout(CELL_TIMEOUT_S + 30)
+@pytest.mark.parametrize("cell", params(GLOO_COPY_CELLS))
+def test_cell_with_gloo_copies(cell: Cell, pools: Pools) -> None:
+    """With Megatron's gloo copies of the data-parallel groups on, the cell's outcome is as without (issue 23)."""
     run_and_check(cell, pools)
 
 
