@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from lifecycle.journal._older import V1_RUN_ID, from_v1, from_v2
-from lifecycle.journal._records import VERSION, Origin, Record, RunStart, build, check_text, unknown_version, usual
+from lifecycle.journal._records import VERSION, Record, RunStart, Shared, build, check_text, unknown_version, usual
 
 _LOCAL_RUN_ID = f"local-{uuid.uuid4().hex[:12]}"
 
@@ -141,10 +141,6 @@ def _cut_off(text: str, error: json.JSONDecodeError) -> bool:
     return error.msg.startswith("Unterminated string") or error.pos >= len(body) - 10
 
 
-Origins = dict[tuple[Any, ...], Origin]
-"""The ``Origin`` objects a reader built so far, by their values: records of one origin share one object."""
-
-
 def parse(data: object) -> Record:
     """The record in the decoded JSON ``data``: a version 3 or version 2 record (see ``docs/journal.md``).
 
@@ -158,14 +154,14 @@ def parse(data: object) -> Record:
     return _parse(data, None, check=True)
 
 
-def _parse(data: dict[str, Any], origins: Origins | None, *, check: bool) -> Record:
+def _parse(data: dict[str, Any], shared: Shared | None, *, check: bool) -> Record:
     """``parse``'s work on a JSON object; ``check``: look for unwritable text (``check_text``) first."""
     version = data.get("version")
     if type(version) is not int or version not in (2, VERSION):
         raise unknown_version(data)
     if check:
         check_text(data)
-    return build(data if version == VERSION else from_v2(data), origins)
+    return build(data if version == VERSION else from_v2(data), shared)
 
 
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -190,7 +186,7 @@ def _json_object(text: str) -> Any:
     return json.loads(text)
 
 
-def _decode(line: bytes, v1_run: dict[str, Any] | None, origins: Origins | None) -> tuple[list[Record], dict[str, Any]]:
+def _decode(line: bytes, v1_run: dict[str, Any] | None, shared: Shared | None) -> tuple[list[Record], dict[str, Any]]:
     """The records of one journal line (a v1 line may stand for several) and its JSON object.
 
     ``_Torn`` if the line is a record cut off mid-write (by its end: a cut UTF-8
@@ -218,10 +214,10 @@ def _decode(line: bytes, v1_run: dict[str, Any] | None, origins: Origins | None)
         if escaped:
             check_text(data)
         return from_v1(data, v1_run), data
-    return [_parse(data, origins, check=escaped)], data
+    return [_parse(data, shared, check=escaped)], data
 
 
-def _usual(text: str, origins: Origins) -> Record | None:
+def _usual(text: str, shared: Shared) -> Record | None:
     """The record on the usual line ``text`` (one version 3 object, every field of its exact type, no ``\\u``
     escape), else None: the line is then read the checked way (``_decode``), which also says what is wrong."""
     if text[:1] != "{" or "\\u" in text:
@@ -232,10 +228,10 @@ def _usual(text: str, origins: Origins) -> Record | None:
         return None
     if end != len(text) and text[end:].strip():
         return None
-    return usual(value, origins)
+    return usual(value, shared)
 
 
-def _load_file(path: Path, records: list[Record], torn: list[str], origins: Origins) -> None:
+def _load_file(path: Path, records: list[Record], torn: list[str], shared: Shared) -> None:
     """Append the records of the journal at ``path``; note its torn lines; ``ValueError`` ``path:line: ...``.
 
     The usual line is read by ``_usual`` (a file that is all UTF-8 is decoded at once);
@@ -250,7 +246,7 @@ def _load_file(path: Path, records: list[Record], torn: list[str], origins: Orig
     append = records.append
     for number, text in enumerate(lines, start=1):
         if isinstance(text, str):
-            record = _usual(text, origins)
+            record = _usual(text, shared)
             if record is not None:
                 append(record)
                 continue
@@ -258,7 +254,7 @@ def _load_file(path: Path, records: list[Record], torn: list[str], origins: Orig
         if not line.strip():
             continue
         try:
-            decoded, data = _decode(line, v1_run, origins)
+            decoded, data = _decode(line, v1_run, shared)
         except _Torn:
             torn.append(f"{path}:{number}")
             continue
@@ -313,16 +309,16 @@ def load(paths: Iterable[str | os.PathLike[str]]) -> Loaded:
     on a fresh line. Any other line that holds no record raises ``ValueError``
     ``"path:line: ..."``: not UTF-8, not JSON, or a record that breaks the schema
     (``field 'x' ...``). ``OSError`` if a path cannot be read. Records of one origin
-    share one ``Origin`` object.
+    share one ``Origin`` object, and the values of text fields one string each.
     """
     records: list[Record] = []
     torn: list[str] = []
     ignored: list[str] = []
-    origins: Origins = {}
+    shared: Shared = {}
     for given in paths:
         given = Path(given)
         for path in _journals_in(given, ignored) if given.is_dir() else [given]:
-            _load_file(path, records, torn, origins)
+            _load_file(path, records, torn, shared)
     return Loaded(tuple(records), tuple(torn), tuple(ignored))
 
 

@@ -217,6 +217,11 @@ _ORIGIN = compile_fields(Origin)
 _COMPILED: dict[type[Record], Fields] = {cls: compile_fields(cls, skip=frozenset({"origin"})) for cls in KINDS.values()}
 
 _ORIGIN_SIZE = len(_ORIGIN.fields)
+
+Shared = dict[Any, Any]
+"""What the records of one reading share, so that 300,000 records hold a few thousand objects for them: each
+``Origin`` by the tuple of its values, and each value of a ``str`` field by itself (the same few words on every
+line: ``failure``, ``abort_process_group``, ``session``)."""
 _MOST_SHAPES = 1024
 
 
@@ -231,7 +236,7 @@ class _Kind:
     nested record) or too many shapes are always read the checked way.
     """
 
-    __slots__ = ("cls", "fields", "get", "setters", "shapes")
+    __slots__ = ("cls", "fields", "get", "setters", "shapes", "texts")
 
     def __init__(self, cls: type[Record], fields: Fields) -> None:
         """Compile the fast way of ``cls`` (compiled ``fields``), where it has one."""
@@ -247,8 +252,9 @@ class _Kind:
         self.get = operator.itemgetter(*(f.name for f in every))
         slots = ["origin", *(f.name for f in fields.fields)]
         self.setters = tuple(getattr(cls, name).__set__ for name in slots)
+        self.texts = tuple(i for i, f in enumerate(fields.fields) if f.type.exact == {str})
 
-    def fast(self, data: Mapping[str, Any], origins: dict[tuple[Any, ...], Origin] | None) -> Record | None:
+    def fast(self, data: Mapping[str, Any], shared: Shared | None) -> Record | None:
         """The record in ``data`` if it has the usual shape (see the class), else None (read it the checked way)."""
         try:
             values = self.get(data)
@@ -257,15 +263,21 @@ class _Kind:
         if tuple(map(type, values)) not in self.shapes:
             return None
         key = values[:_ORIGIN_SIZE]
-        origin = None if origins is None else origins.get(key)
+        origin = None if shared is None else shared.get(key)
         if origin is None:
             origin = Origin(*key)
-            if origins is not None:
-                origins[key] = origin
+            if shared is not None:
+                shared[key] = origin
+        own = values[_ORIGIN_SIZE:]
+        if shared is not None and self.texts:  # a word seen before: its first string
+            own = list(own)
+            for i in self.texts:
+                text = own[i]
+                own[i] = shared.setdefault(text, text)
         record: Record = object.__new__(self.cls)
         setters = self.setters
         setters[0](record, origin)
-        for setter, value in zip(setters[1:], values[_ORIGIN_SIZE:], strict=True):
+        for setter, value in zip(setters[1:], own, strict=True):
             setter(record, value)
         return record
 
@@ -273,7 +285,7 @@ class _Kind:
 _BY_KIND: dict[str, _Kind] = {kind: _Kind(cls, _COMPILED[cls]) for kind, cls in KINDS.items()}
 
 
-def usual(data: Any, origins: dict[tuple[Any, ...], Origin]) -> Record | None:
+def usual(data: Any, shared: Shared) -> Record | None:
     """The record in ``data`` if it is the usual line: a version 3 JSON object of a known kind whose every field
     has a type it takes as it is (see ``_Kind``); else None, to be read the checked way (``build``)."""
     if type(data) is not dict:
@@ -282,14 +294,14 @@ def usual(data: Any, origins: dict[tuple[Any, ...], Origin]) -> Record | None:
     if type(version) is not int or version != VERSION or type(kind) is not str:
         return None
     known = _BY_KIND.get(kind)
-    return known.fast(data, origins) if known is not None and known.shapes else None
+    return known.fast(data, shared) if known is not None and known.shapes else None
 
 
-def build(data: Mapping[str, Any], origins: dict[tuple[Any, ...], Origin] | None = None) -> Record:
+def build(data: Mapping[str, Any], shared: Shared | None = None) -> Record:
     """The version 3 record in the JSON object ``data`` (its ``version`` already checked; its text too).
 
-    ``origins``: the ``Origin`` objects built so far, by value; a record of an origin
-    seen before shares its object (a journal's records share a handful of origins).
+    ``shared``: the ``Origin`` objects built so far, by value; a record of an origin
+    seen before shares its object (a journal's records share a handful of shared).
     ``ValueError`` ``field 'x' ...`` on an unknown ``kind`` or a bad field.
     """
     kind = data.get("kind")
@@ -298,11 +310,11 @@ def build(data: Mapping[str, Any], origins: dict[tuple[Any, ...], Origin] | None
         if "kind" not in data:
             raise ValueError("field 'kind' is missing")
         raise ValueError(f"field 'kind' is {brief(kind)}: unknown record kind (known: {', '.join(KINDS)})")
-    record = known.fast(data, origins) if known.shapes else None
+    record = known.fast(data, shared) if known.shapes else None
     if record is None:
         origin = Origin(**_ORIGIN.values(data))
-        if origins is not None:
-            origin = origins.setdefault(tuple(dataclasses.astuple(origin)), origin)
+        if shared is not None:
+            origin = shared.setdefault(tuple(dataclasses.astuple(origin)), origin)
         record = known.cls(origin=origin, **known.fields.values(data))
     return record
 

@@ -197,12 +197,15 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
     left = Left(origin=ORIGIN, resource="user", name="cache", owner="caller", reason="owned by the caller")
     records = [*synthetic_run, left]
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
-    origins: dict[tuple[object, ...], Origin] = {}
+    shared: dict[object, object] = {}
+    fast = []
     for record in records:
         data = record.to_json()
-        fast = usual(data, origins)
-        assert fast == build(data) == record and type(fast) is type(record)
-    assert len({id(r.origin) for r in map(lambda r: usual(r.to_json(), origins), records)}) == 2  # shared origins
+        fast.append(usual(data, shared))
+        assert fast[-1] == build(data) == record and type(fast[-1]) is type(record)
+    assert len({id(r.origin) for r in fast if r is not None}) == 2  # one Origin object per origin
+    owners = [r.owner for r in fast if isinstance(r, TeardownStep)]
+    assert len(owners) > 1 and len({id(owner) for owner in owners}) == 1  # one string per word
     data = TrainStep(origin=ORIGIN, step=1, loss=1.0, start=1.0, end=2.0).to_json()
     for unusual in (data | {"start": 1}, data | {"rank": True}, data | {"step": 1.0}, data | {"version": 2}):
         assert usual(unusual, {}) is None  # read the checked way: converted (1 -> 1.0) or refused
