@@ -22,6 +22,14 @@ from lifecycle._core.errors import (
     StepTimedOut,
     UnfinishedSession,
 )
+from lifecycle._core.events import (
+    FailureEvent,
+    JournalEntry,
+    ReclaimEvent,
+    SessionEvent,
+    TeardownEvent,
+    TransitionEvent,
+)
 from lifecycle._core.executor import StepFailure, StepRecord, TeardownError, TeardownReport
 from lifecycle._core.ownership import Ledger, LedgerEntry
 from lifecycle._core.plans import LeftReason, Outcome, Plan, RestartMode, Step, Teardown, plan_teardown, teardown
@@ -37,15 +45,7 @@ from lifecycle._core.resources import (
     undeclare_resource,
 )
 from lifecycle._core.seams import Announcement, CheckpointWriter, DistributedActions
-from lifecycle._core.session import (
-    FailureEvent,
-    JournalEntry,
-    ReclaimEvent,
-    Session,
-    SessionEvent,
-    TeardownEvent,
-    TransitionEvent,
-)
+from lifecycle._core.session import Session
 from lifecycle._core.shield import TeardownInterrupted
 from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states

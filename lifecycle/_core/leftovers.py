@@ -12,12 +12,15 @@ process finds it as the caller's.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lifecycle._core.errors import StaleResource
+from lifecycle._core.errors import StaleResource, describe
+from lifecycle._core.executor import StepRecord, execute
 from lifecycle._core.holdings import REGISTRY, Holdings
 from lifecycle._core.ownership import LedgerEntry
+from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown
 from lifecycle._core.resources import Releases, Resource
 
 
@@ -118,3 +121,48 @@ def _of(holdings: Holdings) -> list[Leftover]:
 
 LEFTOVERS = Leftovers()
 """This process's record."""
+
+
+def reclaim(
+    resource: Resource,
+    mode: RestartMode,
+    observed: Callable[[StepRecord, str], None],
+    wait_s: float,
+) -> Leftover | None:
+    """Release what a final or collected session left of ``resource``; the leftover released, or None.
+
+    First waits (at most ``wait_s``) for a release of it left running (``wait_for_running``).
+    Runs the leftover's failure steps with the callables its session bound, calling
+    ``observed(record, left_by)`` after each. ``StaleResource`` naming that session if a step
+    raises (the record is kept: the next session tries again); an interruption (Ctrl-C) is
+    re-raised as itself, the record kept too. What a live session holds is left alone.
+    """
+    LEFTOVERS.wait_for_running(resource, wait_s)
+    left = LEFTOVERS.take(resource)
+    if left is None:
+        return None
+    try:
+        if not left.is_live():  # a probe may raise too: the claim is given back whatever is raised
+            left.done()
+            return None
+        _release(left, mode, observed)
+    except BaseException:
+        left.give_back()
+        raise
+    left.done()
+    return left
+
+
+def _release(left: Leftover, mode: RestartMode, observed: Callable[[StepRecord, str], None]) -> None:
+    entry = left.entry
+    planned = Teardown(Plan(tuple(Step(kind, entry) for kind in entry.resource.failure)), (), Outcome.FAILURE, mode)
+    report = execute(planned, lambda step: left.releases[step.kind](), on_step=lambda r: observed(r, left.session))
+    interruption = next((f.error for f in report.failed if not isinstance(f.error, Exception)), None)
+    if interruption is not None:
+        raise interruption
+    if report.failed:
+        error = report.failed[0].error
+        raise StaleResource(
+            entry.resource.value,
+            f"left live by {left.session} ({entry.described()}); releasing it failed: {describe(error)}",
+        ) from error

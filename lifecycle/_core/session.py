@@ -10,25 +10,31 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType, TracebackType
 
 from lifecycle._core.errors import (
     AlreadyHeld,
     LifecycleError,
     SessionFinished,
-    StaleResource,
     StepTimedOut,
     UnfinishedSession,
     describe,
 )
+from lifecycle._core.events import (
+    FailureEvent,
+    JournalEntry,
+    ReclaimEvent,
+    SessionEvent,
+    TeardownEvent,
+    TransitionEvent,
+)
 from lifecycle._core.executor import StepFailure, StepRecord, TeardownReport, execute, raise_failures
 from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.holdings import Holdings
-from lifecycle._core.leftovers import LEFTOVERS, Leftover
+from lifecycle._core.leftovers import reclaim
 from lifecycle._core.machine import Driver
 from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
-from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown, recorded_owner, teardown
+from lifecycle._core.plans import Outcome, RestartMode, Step, recorded_owner, teardown
 from lifecycle._core.resources import Handler, Releases, Resource, StepKind, declared_resources
 from lifecycle._core.seams import (
     Announcement,
@@ -41,69 +47,6 @@ from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.signals import InstalledHandlers
 from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.worker import POOL, SLICE_S, Job, run_waiting
-
-
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
-    """One transition taken: from, to, by which trigger, when (monotonic s) and how long it took."""
-
-    source: State
-    dest: State
-    trigger: Trigger
-    at: float
-    duration_s: float
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class TransitionEvent:
-    """A transition just taken (``entry``); its work ran from ``start`` to ``end`` (wall-clock, ``time.time()``)."""
-
-    entry: JournalEntry
-    start: float
-    end: float
-
-
-@dataclass(frozen=True, slots=True)
-class TeardownEvent:
-    """A step of a teardown plan of ``outcome`` just ran (``record``); from ``start`` to ``end``, wall-clock seconds."""
-
-    outcome: Outcome
-    record: StepRecord
-    start: float
-    end: float
-
-
-@dataclass(frozen=True, slots=True)
-class ReclaimEvent:
-    """Before acquiring a kind, the session released what an earlier session left of it.
-
-    ``left_by`` names that session; ``record`` is the release step that ran (its error, if any).
-    """
-
-    left_by: str
-    record: StepRecord
-
-
-@dataclass(frozen=True, slots=True)
-class FailureEvent:
-    """The session is taking its failure edge because of ``error`` (``"Type: message"``), before releasing anything.
-
-    ``time``: when (wall clock). ``phase`` and ``step``: where the caller said it was
-    (``Session.progress``), else the state's name and None. ``announcement``: what came
-    of telling the other ranks (``AnnouncesFailures``); actions that cannot tell them
-    give one with ``seq`` None and ``unpublished`` saying so.
-    """
-
-    phase: str
-    step: int | None
-    error: str
-    time: float
-    announcement: Announcement
-
-
-SessionEvent = TransitionEvent | TeardownEvent | ReclaimEvent | FailureEvent
-"""What a session observer is called with (see ``Session.add_observer``)."""
 
 logger = logging.getLogger("lifecycle.session")
 
@@ -723,49 +666,17 @@ class Session:
         self._holdings.record(LedgerEntry(resource, owner, name, caller_site()), _checked(resource, releases))
 
     def _reclaim_left(self, resource: Resource) -> None:
-        """Release what a final or collected session left of ``resource`` (see ``lifecycle._core.leftovers``).
+        """Release what a final or collected session left of ``resource`` (``lifecycle._core.leftovers.reclaim``)."""
 
-        ``StaleResource`` naming that session if a step raises (the record is kept: the
-        next session tries again); an interruption (Ctrl-C) is re-raised as itself, the
-        record kept too. What a live session holds is left alone: the init finds it.
-        """
-        LEFTOVERS.wait_for_running(resource, LATE_RELEASE_WAIT_S)
-        left = LEFTOVERS.take(resource)
-        if left is None:
-            return
-        try:
-            if left.is_live():  # a probe may raise too: the claim is given back whatever is raised
-                self._reclaim(left)
-        except BaseException:
-            left.give_back()
-            raise
-        left.done()
-
-    def _reclaim(self, left: Leftover) -> None:
-        """Run ``left``'s failure steps with the callables its session bound; ``StaleResource`` if one raises."""
-        entry = left.entry
-        planned = Teardown(
-            Plan(tuple(Step(kind, entry) for kind in entry.resource.failure)), (), Outcome.FAILURE, self.restart_mode
-        )
-
-        def observed(record: StepRecord) -> None:
+        def observed(record: StepRecord, left_by: str) -> None:
             self._reclaimed.append(record)
-            self._notify(ReclaimEvent(left.session, record))
+            self._notify(ReclaimEvent(left_by, record))
 
-        def perform(step: Step) -> None:
-            left.releases[step.kind]()
-
-        report = execute(planned, perform, on_step=observed)
-        interruption = next((f.error for f in report.failed if not isinstance(f.error, Exception)), None)
-        if interruption is not None:
-            raise interruption
-        if report.failed:
-            error = report.failed[0].error
-            raise StaleResource(
-                entry.resource.value,
-                f"left live by {left.session} ({entry.described()}); releasing it failed: {describe(error)}",
-            ) from error
-        logger.warning("%s: released %s, left live by %s", self.label, entry.described(), left.session)
+        reclaimed = reclaim(resource, self.restart_mode, observed, LATE_RELEASE_WAIT_S)
+        if reclaimed is not None:
+            logger.warning(
+                "%s: released %s, left live by %s", self.label, reclaimed.entry.described(), reclaimed.session
+            )
 
     def _announce(self, error: BaseException, state: State) -> None:
         """Tell the other ranks that this one failed in ``state`` (if the actions can), note what they say, notify.

@@ -13,7 +13,8 @@ import time
 
 from lifecycle import journal as _journal
 from lifecycle._core.errors import describe
-from lifecycle._core.session import FailureEvent, ReclaimEvent, Session, SessionEvent, TransitionEvent
+from lifecycle._core.events import FailureEvent, ReclaimEvent, SessionEvent, TransitionEvent
+from lifecycle._core.session import Session
 from lifecycle._core.states import State
 from lifecycle.journal import Failure, JournalWriter, Left, Origin, Record, RunStart, TeardownStep, Transition
 

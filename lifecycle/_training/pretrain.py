@@ -9,6 +9,9 @@ call in the same process starts from a clean slate.
 from __future__ import annotations
 
 import logging
+import os
+import re
+import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -21,12 +24,13 @@ from megatron.core.num_microbatches_calculator import get_num_microbatches
 
 from lifecycle import journal as _journal
 from lifecycle._core.errors import ConfigError, InvalidTransition, SessionFinished, describe
+from lifecycle._core.events import JournalEntry
 from lifecycle._core.executor import TeardownReport
-from lifecycle._core.session import JournalEntry, Session
+from lifecycle._core.session import Session
 from lifecycle._core.states import State, Trigger
 from lifecycle._torch.actions import TorchActions
 from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, SessionHandle, TrainContext, call_hooks
-from lifecycle._training.config import STEPPED_PHASES, InjectedFault, Phase, PretrainConfig
+from lifecycle._training.config import STEPPED_PHASES, FaultKind, InjectedFault, Phase, PretrainConfig
 from lifecycle._training.journaling import RunJournal
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
 from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
@@ -243,13 +247,13 @@ class _Run:
         self.model = None
 
     def inject(self, phase: Phase, step: int | None = None) -> None:
-        """Raise the configured fault if it is due here; a few attribute reads otherwise."""
+        """Inject the configured fault if it is due here (``_fire``); a few attribute reads otherwise."""
         fault = self.config.fault
         if fault is None or fault.phase is not phase or fault.rank != self.rank:
             return
         if phase in STEPPED_PHASES and (step is None or step < fault.step):
             return
-        raise InjectedFault(phase, self.rank, step)
+        _fire(fault.kind, phase, self.rank, step)
 
     def execute(self) -> PretrainResult:
         """Drive the session from ``uninitialized`` to ``closed``; exceptions propagate to the session block."""
@@ -436,7 +440,12 @@ class _Run:
             # consumed before: a resumed run reads exactly what an uninterrupted one would,
             # whatever its data-parallel size (with the same global batch).
             index = self.consumed + micro * self.dp_size + self.dp_rank
+            if micro == 0:
+                self.session.progress(Phase.BATCH, step)
+                self.inject(Phase.BATCH, step)
             batch = _to_device(self.batch_provider("train", index), self.device)
+            if micro == 0:
+                self.session.progress(Phase.STEP, step)
             loss = self.forward(batch, self.model)
             (loss / self.num_microbatches).backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             total += loss.item()
@@ -491,6 +500,31 @@ class _Run:
         committed = checkpointer.finalize()
         if committed is not None:
             self.committed = committed
+
+
+_SPIN_PATTERN = re.compile(r"(a+)+$")
+"""Backtracks exponentially on ``"a" * n + "b"``: the match runs in C, holding the GIL."""
+
+
+def _fire(kind: FaultKind, phase: Phase, rank: int, step: int | None) -> None:
+    """Do what a fault of ``kind`` does; raise ``InjectedFault`` if the process is still running afterwards.
+
+    ``crash`` SIGKILLs this process; ``stop`` SIGSTOPs it (it goes on, and raises, only
+    if something sends SIGCONT); ``hang`` sleeps for good; ``spin`` matches a regular
+    expression that backtracks for about 2**60 steps, in C code that holds the GIL (a
+    Python loop would let other threads run; signals still reach Python's handlers).
+    """
+    logger.warning("rank %d: injecting a %s fault at phase %s, step %s", rank, kind.value, phase.value, step)
+    if kind is FaultKind.CRASH:
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind is FaultKind.STOP:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif kind is FaultKind.HANG:
+        while True:
+            time.sleep(3600)
+    elif kind is FaultKind.SPIN:
+        _SPIN_PATTERN.match("a" * 60 + "b")
+    raise InjectedFault(phase, rank, step)
 
 
 def _model_device() -> torch.device:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from lifecycle import FailureEvent, Session, SessionEvent
 from lifecycle._core.seams import Announcement, AnnouncesFailures
-from lifecycle._core.session import FailureEvent, Session, SessionEvent
 from lifecycle._core.states import State
 from lifecycle._training.journaling import RunJournal
 from lifecycle.journal import Failure, Origin, TeardownStep, read

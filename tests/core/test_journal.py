@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support.journals import v1_failed_call
 
-from lifecycle._core.session import FailureEvent, Session, SessionEvent, TransitionEvent
+from lifecycle import FailureEvent, Session, SessionEvent, TransitionEvent
 from lifecycle._core.states import State
 from lifecycle._training.journaling import RunJournal
 from lifecycle.journal import (
