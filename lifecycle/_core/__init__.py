@@ -5,7 +5,9 @@ per resource kind, each with its ``Handler``) → ``ownership`` → ``plans`` �
 (the one owner of a session's ledger; leftovers derive from it in ``leftovers``) →
 ``seams`` (the protocols the world implements) → ``executor`` → ``worker`` (the threads a
 teardown runs on while the caller waits) → ``signals`` → ``machine`` (the one ``transitions``
-adapter) → ``session`` → ``wrapped`` (sessions under a restart wrapper). The journal a
+adapter) → ``events`` (the records observers get) → ``shield`` and ``frames`` (what a
+teardown guards and clears) → ``session`` → ``wrapped`` (sessions under a restart wrapper);
+``processes`` reads /proc for the launchers. The journal a
 session's run writes is the layer below, ``lifecycle.journal`` (a file format: records,
 writer, reader), which the core does not need.
 """
