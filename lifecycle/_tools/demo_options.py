@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle._core.errors import ConfigError, check_number
-from lifecycle._training.config import STEPPED_PHASES, Phase, PretrainConfig
+from lifecycle._training.config import STEPPED_PHASES, FaultKind, Phase, PretrainConfig
 
 DEFAULT_STEPS = 1000
 """About a minute in all with 2 ranks sharing 2 CPU cores, start-up included."""
@@ -123,6 +123,16 @@ OPTIONS: tuple[Option, ...] = (
         "1..--steps (default: half the steps)",
         "fault.step",
         derived=_part(2),
+        needs=_FAULT,
+    ),
+    Option(
+        "--fault",
+        "what the injected failure does: raise an exception (default), crash (SIGKILL itself), "
+        "stop (SIGSTOP itself), hang (sleep in the phase), spin (C code holding the GIL)",
+        "fault.kind",
+        type=str,
+        metavar=None,
+        choices=tuple(k.value for k in FaultKind),
         needs=_FAULT,
     ),
     Option("--retry", "after a failure, run pretrain again in the same processes", type=None),

@@ -140,6 +140,8 @@ class Phase(StrEnum):
     """Right after the Megatron-core globals were created."""
     SETUP = "setup"
     """After model, optimizer, data and checkpointer were set up."""
+    BATCH = "batch"
+    """In a train step, where the batch provider is called for its first micro-batch (a data loader's phase)."""
     STEP = "step"
     """In a train step, after the backward pass, before the gradient all-reduce."""
     EVAL = "eval"
@@ -152,29 +154,52 @@ class Phase(StrEnum):
     """In a callback's ``on_step_end``."""
 
 
-STEPPED_PHASES = frozenset({Phase.STEP, Phase.EVAL, Phase.CHECKPOINT, Phase.CALLBACK})
+STEPPED_PHASES = frozenset({Phase.BATCH, Phase.STEP, Phase.EVAL, Phase.CHECKPOINT, Phase.CALLBACK})
 """Phases that run at steps: the fault fires the first time the phase runs at or after ``step``."""
+
+
+class FaultKind(StrEnum):
+    """What a ``FaultInjection`` does when it fires; the values are the demo's ``--fault`` names."""
+
+    RAISE = "raise"
+    """Raise ``InjectedFault``: a failure that announces itself."""
+    CRASH = "crash"
+    """SIGKILL its own process: a rank that dies (an out-of-memory kill, a segfault)."""
+    STOP = "stop"
+    """SIGSTOP its own process: a rank frozen whole, every thread included."""
+    HANG = "hang"
+    """Sleep for good in the phase: a rank waiting on something that never comes (a data loader)."""
+    SPIN = "spin"
+    """Run a regular expression that backtracks for good: C code holding the GIL, no thread runs Python."""
 
 
 @dataclass(frozen=True, slots=True)
 class FaultInjection:
-    """Raise ``InjectedFault`` at ``phase`` on ``rank`` (for demos and tests).
+    """Inject a fault of ``kind`` at ``phase`` on ``rank`` (for demos and tests).
 
     For the phases in ``STEPPED_PHASES`` it fires the first time that phase runs at a
-    step >= ``step``; the other phases run once per ``pretrain`` call.
+    step >= ``step``; the other phases run once per ``pretrain`` call. ``kind``
+    (``FaultKind``, default ``raise``) says what it does: raise ``InjectedFault``, or,
+    silently, kill, stop, hang or spin the rank's process.
     """
 
     phase: Phase
     rank: int = 0
     step: int = 1
+    kind: FaultKind = FaultKind.RAISE
 
     def __post_init__(self) -> None:
-        """Accept a phase name as a string; reject an unknown phase, a negative rank or step < 1."""
+        """Accept a phase and a kind name as strings; reject an unknown one, a negative rank or step < 1."""
         try:
             object.__setattr__(self, "phase", Phase(self.phase))
         except ValueError:
             names = ", ".join(p.value for p in Phase)
             raise ConfigError("fault.phase", f"must be one of {names}, got {self.phase!r}") from None
+        try:
+            object.__setattr__(self, "kind", FaultKind(self.kind))
+        except ValueError:
+            names = ", ".join(k.value for k in FaultKind)
+            raise ConfigError("fault.kind", f"must be one of {names}, got {self.kind!r}") from None
         check_number("fault.rank", self.rank, at_least=0)
         check_number("fault.step", self.step, at_least=1)
 

@@ -156,6 +156,8 @@ def _value_for(field: str) -> tuple[str, Any]:
         return "localhost", "localhost"
     if field == "fault.phase":
         return "checkpoint", "checkpoint"
+    if field == "fault.kind":
+        return "spin", "spin"
     if field == "distributed.timeout_s":
         return "7.5", 7.5
     return "3", 3
