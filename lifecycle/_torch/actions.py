@@ -17,15 +17,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron.core import num_microbatches_calculator as _microbatches
-from megatron.core import parallel_state as _ps
-from megatron.core import rerun_state_machine as _rerun
 from torch.distributed import (  # type: ignore[attr-defined]  # re-exported at runtime
     PrefixStore,
     Store,
 )
 
-from lifecycle._core.errors import ConfigError, LifecycleError, MissingResource, ResourceMismatch, StaleResource
+from lifecycle._core.errors import ConfigError, LifecycleError, ResourceMismatch
 from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.ownership import Owner, Resource
 from lifecycle._core.resources import Handler, StepKind
@@ -38,14 +35,9 @@ from lifecycle._torch.config import (
     set_nccl_environment,
     validate,
 )
-from lifecycle._torch.groups import FREE_WAIT_S, abort_group, abort_groups, free_in_parallel, is_registered
-from lifecycle._torch.megatron import (
-    MP_GLOBALS,
-    drop_leftover_groups,
-    live_resources,
-    reset_leftovers,
-    seed_model_parallel_rng,
-)
+from lifecycle._torch.groups import abort_group
+from lifecycle._torch.megatron import live_resources
+from lifecycle._torch.megatron_actions import MegatronActions
 from lifecycle._torch.notice import publish, store_name
 from lifecycle._torch.store import (
     agree_attempt,
@@ -63,7 +55,7 @@ _ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None
 _NO_GROUP_YET = "this rank failed before its process group existed: the ranks had no attempt to publish in yet"
 
 
-class TorchActions:
+class TorchActions(MegatronActions):
     """``DistributedActions`` on real torch.distributed process groups and megatron-core globals.
 
     ``distributed`` says how to create the default group, ``parallel`` how to lay out
@@ -340,191 +332,7 @@ class TorchActions:
                 f"{Resource.PROCESS_GROUP.value}: the default process group is still initialized after abort"
             )
 
-    # -- Megatron model-parallel state -----------------------------------------------
-
-    def init_model_parallel(self) -> Owner:
-        """Create Megatron's model-parallel groups and global memory buffer, or find them.
-
-        Needs the default group. Found while the group is the caller's: the groups must
-        be alive in the current world and their sizes must match the configuration,
-        then ``Owner.CALLER``. Found while this object created the group: that state
-        belongs to an earlier world and ``StaleResource`` is raised instead of reusing
-        it; so is it for a half-made state, and for found groups that are not in the
-        current world. Found sizes that disagree: ``ResourceMismatch``. Otherwise
-        ``initialize_model_parallel`` with the configured sizes, ``timeout_s`` for every
-        subgroup and gloo twins only if ``ParallelConfig.gloo_process_groups`` says so
-        for the default group's backend, then, with CUDA, the tensor-parallel RNG tracker
-        seeded with ``ParallelConfig.seed`` (``seed_model_parallel_rng``); if either
-        raises, whatever it had set is cleared.
-        """
-        self._require_group("init_model_parallel")
-        self.parallel.check_world(dist.get_world_size())
-        if _ps.model_parallel_is_initialized():
-            if self._created_group:
-                raise StaleResource(
-                    Resource.MODEL_PARALLEL.value,
-                    "megatron-core model-parallel state already exists, but this session has just created the "
-                    "default process group: that state is stale (left by an earlier run that did not release "
-                    "it); call megatron.core.parallel_state.destroy_model_parallel() before starting a session",
-                )
-            self._check_found_model_parallel()
-            return Owner.CALLER
-        half_made = [name for name in MP_GLOBALS if getattr(_ps, name, None) is not None]
-        if half_made:
-            raise StaleResource(
-                Resource.MODEL_PARALLEL.value,
-                f"megatron-core model-parallel state is half-made ({', '.join(half_made)} set); call "
-                "megatron.core.parallel_state.destroy_model_parallel() before starting a session",
-            )
-        try:
-            _ps.initialize_model_parallel(
-                tensor_model_parallel_size=self.parallel.tensor_model_parallel_size,
-                pipeline_model_parallel_size=self.parallel.pipeline_model_parallel_size,
-                context_parallel_size=self.parallel.context_parallel_size,
-                # Megatron takes minutes but only feeds them to timedelta: a fraction works,
-                # and keeps subgroups as short-fused as the default group.
-                distributed_timeout_minutes=self.distributed.timeout_s / 60.0,
-                create_gloo_process_groups=self.parallel.gloo_process_groups(dist.get_backend()),
-            )
-            seed_model_parallel_rng(self.parallel.seed)  # with CUDA only; released with the state
-        except BaseException:
-            self.abort_model_parallel()
-            raise
-        return Owner.SESSION
-
-    def destroy_model_parallel(self) -> None:
-        """Success path: drop Megatron's model-parallel groups and its global memory buffers; tolerates partial state.
-
-        Rank-local. When the default group is the caller's, the subgroups Megatron
-        created in it are aborted here too (the caller's group outlives the session, so
-        nothing else would release them); when this object owns the default group,
-        Megatron destroys them (gracefully: nothing is pending after a success) and the
-        rest go with the default group. Then what megatron-core's own destroy leaves set
-        (rank lists, group aliases, the tensor-parallel RNG tracker, the MoE metrics
-        tracker; see ``lifecycle._torch.megatron``) goes back to rest: every
-        ``megatron.core`` module global is as before the session.
-        """
-        self._release_model_parallel(abort=dist.is_initialized() and not self._created_group)
-
-    def abort_model_parallel(self) -> None:
-        """Failure path: abort every Megatron group of this rank first, then reset Megatron's globals as on success.
-
-        Rank-local, no collective, no graceful destroy: the failed step's asynchronous
-        work may still be pending on any of them, and Megatron's own destroy would wait
-        on it (a gloo copy of a data-parallel group: the whole group timeout). Aborted
-        first, they are unregistered, so Megatron's destroy skips them; the gloo ones are
-        then freed in parallel (at most ``FREE_WAIT_S``), which releases a peer blocked
-        in a collective on them.
-        """
-        self._release_model_parallel(abort=dist.is_initialized())
-
-    def _release_model_parallel(self, *, abort: bool) -> None:
-        subgroups = [g for g in getattr(_ps, "_global_process_group_list", None) or () if g is not None]
-        errors: list[Exception] = abort_groups(subgroups) if abort else []
-        _ps.destroy_model_parallel()
-        _ps.destroy_global_memory_buffer()
-        drop_leftover_groups()
-        reset_leftovers()
-        # Megatron's references are gone, ours are the last. On a failure, not waited for: a
-        # group with pending work is freed only once the peer's side closes, which the
-        # default group's abort (the next step, which waits) brings about.
-        free_in_parallel(subgroups, 0.0 if abort and self._created_group else FREE_WAIT_S)
-        if errors:
-            raise LifecycleError(
-                f"{Resource.MODEL_PARALLEL.value}: {len(errors)} model-parallel subgroup(s) failed to abort "
-                f"(megatron-core's references to them were dropped anyway): {errors!r}"
-            ) from errors[0]
-
-    # -- microbatch calculator and rerun state machine -------------------------------
-
-    def init_microbatch_calculator(self) -> Owner:
-        """Create megatron-core's microbatch calculator (constant global batch), or find one.
-
-        Needs the default group. Found: its micro and global batch sizes must match
-        the configuration (else ``ResourceMismatch``), then ``Owner.CALLER``. Created with
-        the data-parallel size of Megatron's state if it exists, else of the world.
-        """
-        self._require_group("init_microbatch_calculator")
-        world = dist.get_world_size()
-        if _ps.model_parallel_is_initialized():
-            data_parallel = _ps.get_data_parallel_world_size()
-            global_batch = self.parallel.global_batch_size or self.parallel.micro_batch_size * data_parallel
-        else:
-            data_parallel = self.parallel.data_parallel_size(world)
-            global_batch = self.parallel.resolved_global_batch_size(world)
-        if global_batch % (self.parallel.micro_batch_size * data_parallel):
-            raise ConfigError(
-                "parallel.global_batch_size",
-                f"{global_batch} is not a multiple of micro_batch_size * data_parallel_size "
-                f"= {self.parallel.micro_batch_size * data_parallel}",
-            )
-        found = _microbatches._GLOBAL_NUM_MICROBATCHES_CALCULATOR
-        if found is not None:
-            have = (found.get_micro_batch_size(), found.get_current_global_batch_size())
-            want = (self.parallel.micro_batch_size, global_batch)
-            if have != want:
-                raise ResourceMismatch(
-                    Resource.MICROBATCH_CALCULATOR.value,
-                    have,
-                    want,
-                    "(micro, global) batch size",
-                    "destroy it (megatron.core.num_microbatches_calculator.destroy_num_microbatches_calculator()) "
-                    "or set ParallelConfig.micro_batch_size and global_batch_size to the sizes it has",
-                )
-            return Owner.CALLER
-        try:
-            _microbatches.init_num_microbatches_calculator(
-                dist.get_rank(), None, global_batch, self.parallel.micro_batch_size, data_parallel
-            )
-        except BaseException:
-            _microbatches.destroy_num_microbatches_calculator()
-            raise
-        return Owner.SESSION
-
-    def destroy_microbatch_calculator(self) -> None:
-        """Drop the microbatch calculator; a no-op if there is none."""
-        _microbatches.destroy_num_microbatches_calculator()
-
-    def init_rerun_state_machine(self) -> Owner:
-        """Create megatron-core's rerun state machine in ``rerun_mode``, or find one.
-
-        Found: its mode must match the configuration (else ``ResourceMismatch``), then
-        ``Owner.CALLER``. Reads the module global directly: megatron's getter would
-        silently create one.
-        """
-        mode = _rerun.RerunMode(self.parallel.rerun_mode)
-        found = _rerun._GLOBAL_RERUN_STATE_MACHINE
-        if found is not None:
-            if found.mode != mode:
-                raise ResourceMismatch(
-                    Resource.RERUN_STATE_MACHINE.value,
-                    found.mode.value,
-                    mode.value,
-                    "mode",
-                    "destroy it (megatron.core.rerun_state_machine.destroy_rerun_state_machine()) "
-                    "or set ParallelConfig.rerun_mode to the mode it has",
-                )
-            return Owner.CALLER
-        try:
-            _rerun.initialize_rerun_state_machine(mode=mode)
-        except BaseException:
-            _rerun.destroy_rerun_state_machine()
-            raise
-        return Owner.SESSION
-
-    def destroy_rerun_state_machine(self) -> None:
-        """Drop the rerun state machine; a no-op if there is none."""
-        _rerun.destroy_rerun_state_machine()
-
     # -- internals -------------------------------------------------------------------
-
-    def _require_group(self, what: str) -> None:
-        if not dist.is_initialized():
-            raise MissingResource(
-                Resource.PROCESS_GROUP.value,
-                f"{what} needs the default process group, and there is none; create it first "
-                "(init_process_group, or Session.init_distributed)",
-            )
 
     def _check_found_group(self) -> None:
         world, rank = self.distributed.resolve_world()
@@ -548,41 +356,6 @@ class TorchActions:
                 "the configured rank, or configure the one it has (DistributedConfig.rank, or RANK)",
             )
         self.parallel.check_world(have_world)
-
-    def _check_found_model_parallel(self) -> None:
-        groups = (
-            _ps.get_tensor_model_parallel_group(),
-            _ps.get_pipeline_model_parallel_group(),
-            _ps.get_data_parallel_group(),
-        )
-        if not all(is_registered(group) for group in groups):
-            raise StaleResource(
-                Resource.MODEL_PARALLEL.value,
-                "megatron-core model-parallel state exists, but its groups are not in the current world: "
-                "it is stale (the default group was re-created without destroy_model_parallel()); call "
-                "megatron.core.parallel_state.destroy_model_parallel() before starting a session",
-            )
-        have = (
-            _ps.get_tensor_model_parallel_world_size(),
-            _ps.get_pipeline_model_parallel_world_size(),
-            _ps.get_context_parallel_world_size(),
-        )
-        want = (
-            self.parallel.tensor_model_parallel_size,
-            self.parallel.pipeline_model_parallel_size,
-            self.parallel.context_parallel_size,
-        )
-        if have != want:
-            raise ResourceMismatch(
-                Resource.MODEL_PARALLEL.value,
-                have,
-                want,
-                "(tensor, pipeline, context) sizes",
-                "megatron-core's model-parallel state is the caller's: destroy it "
-                "(megatron.core.parallel_state.destroy_model_parallel()) or set ParallelConfig's "
-                "tensor_model_parallel_size, pipeline_model_parallel_size and context_parallel_size "
-                "to the sizes it has",
-            )
 
     def _select_device(self, rendezvous: Rendezvous) -> torch.device | None:
         """For nccl: pick the CUDA device (``cuda_device_index``), select it, set the NCCL defaults; None for gloo."""
