@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from lifecycle import State, Trigger
 from lifecycle._core import errors
 from lifecycle._core.errors import (
     AlreadyHeld,
@@ -24,7 +25,6 @@ from lifecycle._core.errors import (
     StepTimedOut,
     UnfinishedSession,
 )
-from lifecycle._core.states import State, Trigger
 
 # One instance of every error type errors.py defines, built with every field set.
 EXAMPLES: list[LifecycleError] = [

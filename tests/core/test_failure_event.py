@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle import FailureEvent, Session, SessionEvent
+from lifecycle import FailureEvent, Session, SessionEvent, State
 from lifecycle._core.seams import Announcement, AnnouncesFailures
-from lifecycle._core.states import State
 from lifecycle._training.journaling import RunJournal
 from lifecycle.journal import Failure, Origin, TeardownStep, read
 from lifecycle.testing import RecordingActions, RecordingCheckpoints

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from support.journals import v1_failed_call
 
-from lifecycle import FailureEvent, Session, SessionEvent, TransitionEvent
-from lifecycle._core.states import State
+from lifecycle import FailureEvent, Session, SessionEvent, State, TransitionEvent
 from lifecycle._training.journaling import RunJournal
 from lifecycle.journal import (
     V1_RUN_ID,

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import pytest
 from transitions import MachineError
 
+from lifecycle import State, Trigger
 from lifecycle._core.errors import InvalidTransition
 from lifecycle._core.machine import Driver
-from lifecycle._core.states import State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge, find_edge
 
 PAIRS = list(itertools.product(State, Trigger))

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lifecycle import Handler, Resource, Session, State, StepKind
-from lifecycle._core.shield import TeardownInterrupted
+from lifecycle import Handler, Resource, Session, State, StepKind, TeardownInterrupted
 from lifecycle.testing import RecordingActions
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from support.launch import run_demo, run_workers
 
-from lifecycle._core.seams import Announcement
+from lifecycle import Announcement
 from lifecycle._torch.notice import DEADLINE_S, publish, store_name
 from lifecycle.journal import Failure, read
 

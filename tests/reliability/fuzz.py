@@ -45,6 +45,7 @@ from lifecycle import (
     State,
     StepKind,
     TeardownError,
+    TeardownInterrupted,
     Trigger,
     declare_resource,
     undeclare_resource,
@@ -53,7 +54,6 @@ from lifecycle._core import worker as worker_module
 from lifecycle._core.holdings import Holdings
 from lifecycle._core.leftovers import LEFTOVERS, Leftover
 from lifecycle._core.session import _serve
-from lifecycle._core.shield import TeardownInterrupted
 from lifecycle._core.signals import resolve
 from lifecycle._core.worker import POOL as WORKERS
 from lifecycle.testing import RecordingActions, RecordingCheckpoints

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from lifecycle._core.resources import declared_resources
+from lifecycle import declared_resources
 from lifecycle._tools import show_model, synthetic
 from lifecycle._tools.show_model import AttemptKey, RunKey
 from lifecycle._tools.verdict import Decided, Outcome

@@ -22,10 +22,10 @@ from lifecycle import (
     State,
     TorchActions,
     TrainContext,
+    Trigger,
     pretrain,
 )
 from lifecycle._core.errors import InvalidTransition, SessionFinished
-from lifecycle._core.states import Trigger
 from lifecycle.testing import RecordingActions
 
 NOTHING_LIVE = dict.fromkeys(alive(), False)
