@@ -33,11 +33,11 @@ from lifecycle.journal import (
 _UP = (("uninitialized", "dist_ready", "init_distributed"), ("dist_ready", "globals_ready", "init_globals"))
 _TEARDOWN = (
     StepKind.DESTROY_RERUN_STATE_MACHINE,
-    StepKind.DESTROY_MODEL_PARALLEL,
+    StepKind.ABORT_MODEL_PARALLEL,
     StepKind.ABORT_PROCESS_GROUP,
     StepKind.CLOSE_STORE,
 )
-"""The steps of a synthetic teardown, in the canonical order (the same steps on success and failure)."""
+"""The steps of a synthetic teardown: the failure plan's, in the canonical order (used for either outcome)."""
 STEP_S = 0.01
 """How long each synthetic training step takes."""
 
