@@ -59,10 +59,13 @@ WALL_LIMIT_S = 1800.0
 """The demo stops torchrun after this long: a stuck demo must not hang a terminal or a CI job."""
 
 RANK_MEMORY_MB = 400
-"""Memory one demo rank needs: its resident set measured at 394 MB (torch, megatron-core, gloo, the model)."""
+"""Memory one demo rank needs: its resident set (torch, megatron-core, gloo, the model), rounded up.
+
+See docs/benchmarks.md, demo-rank-rss: re-measure it when the demo's model or stack changes.
+"""
 
 AGENT_MEMORY_MB = 230
-"""Memory torchrun's agent needs: its resident set measured at 228 MB."""
+"""Memory torchrun's agent needs: its resident set, rounded up (see docs/benchmarks.md, demo-agent-rss)."""
 
 STARTUP_S = 120.0
 """How long torchrun and its ranks may take to import torch and start, on top of the rendezvous timeout."""

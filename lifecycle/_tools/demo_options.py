@@ -25,7 +25,10 @@ from lifecycle._core.errors import ConfigError, check_number
 from lifecycle._training.config import STEPPED_PHASES, FaultKind, Phase, PretrainConfig
 
 DEFAULT_STEPS = 1000
-"""About a minute in all with 2 ranks sharing 2 CPU cores, start-up included."""
+"""Long enough to show training, short enough for a first look with 2 ranks on 2 CPU cores.
+
+See docs/benchmarks.md, demo-default-steps: re-measure it when the demo's model changes.
+"""
 
 MICRO_BATCH_SIZE = 8
 

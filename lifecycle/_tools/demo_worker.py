@@ -51,8 +51,9 @@ def worker_main(argv: list[str]) -> int:
     attempts = [config, retry] if options.retry else [config]
     code = _run_attempts(attempts, rank)
     # Skip the interpreter's final garbage collection over torch's and Megatron-core's
-    # objects (over a second here): everything this rank owes is already released and
-    # its journal written, and torchrun waits for every rank before reporting.
+    # objects (slow: see docs/benchmarks.md, demo-final-gc): everything this rank owes is
+    # already released and its journal written, and torchrun waits for every rank before
+    # reporting.
     gc.freeze()
     return code
 

@@ -282,11 +282,11 @@ class TorchActions(MegatronActions):
         """Tell the other ranks this one failed, through the store of the group it created (``AnnouncesFailures``).
 
         The notice (``lifecycle._torch.notice``) goes under the group's store prefix, the
-        attempt the ranks agreed on, through this rank's client of the store: about a
-        millisecond on a live store, at once when its server is gone (its host failed),
-        never more than ``notice.DEADLINE_S``, and never an ``Exception``. Nothing is
-        published before this object created a group, on a caller's group, or once the
-        store is closed (``unpublished`` says which).
+        attempt the ranks agreed on, through this rank's client of the store: quick on a
+        live store (see docs/benchmarks.md, notice-live-store), at once when its server is
+        gone (its host failed), never more than ``notice.DEADLINE_S``, and never an
+        ``Exception``. Nothing is published before this object created a group, on a
+        caller's group, or once the store is closed (``unpublished`` says which).
         """
         if isinstance(self._notices, str):
             return Announcement(None, self._notices)

@@ -174,7 +174,8 @@ class ParallelConfig:
     resolved by ``gloo_process_groups`` against the default group that exists when the
     Megatron state is created: on a gloo world the twins only duplicate groups that are
     gloo already, and each is one more group to create and to free (megatron-core
-    destroys them one by one, 10-20 ms each at 2 ranks). On a gloo world, pass
+    destroys them one by one, each waiting on gloo's socket loop: see
+    docs/benchmarks.md, gloo-twin-destroy). On a gloo world, pass
     ``use_gloo_process_groups=False`` to megatron-core's optimizer, or set True here.
 
     Construction raises ``ConfigError`` naming the field for a value that is wrong on

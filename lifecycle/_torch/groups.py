@@ -16,10 +16,11 @@ _log = logging.getLogger("lifecycle._torch")
 FREE_WAIT_S = 1.0
 """How long ``abort_group`` waits for the aborted groups to be freed before it returns anyway.
 
-Freeing a gloo group normally takes a few ticks of gloo's 10 ms socket loop (one per
-connection, plus one); a group with collectives still pending on it is freed only once
-they end (at the group timeout at worst, pytorch issue 130345), and this rank should not
-wait that long: it leaves, and the group is freed in the background.
+Freeing a gloo group normally takes a few ticks of gloo's socket loop (one per
+connection, plus one; see docs/benchmarks.md, gloo-tick); a group with collectives
+still pending on it is freed only once they end (at the group timeout at worst,
+pytorch issue 130345), and this rank should not wait that long: it leaves, and the
+group is freed in the background.
 """
 
 
@@ -50,17 +51,18 @@ def abort_group(group: Any, *, wait_s: float = FREE_WAIT_S) -> None:
     parallel, each in a daemon thread, when those threads hold the last references to
     them (torch's and megatron-core's already dropped); it waits at most ``wait_s``
     seconds for them (``FREE_WAIT_S``) and returns, a group still being freed finishing
-    in the background. Why: a gloo group's destructor waits for a tick of gloo's 10 ms
-    socket loop to close each connection (and one more to stop the loop), with the GIL
-    released, so freeing megatron-core's 18 groups one after the other took about
-    110 ms at 2 ranks and 270 ms at 4; in parallel, 20-35 ms and 40-45 ms (measured,
-    torch 2.13, gloo, one process per rank).
+    in the background. Why: a gloo group's destructor waits for a tick of gloo's socket
+    loop to close each connection (and one more to stop the loop), with the GIL
+    released, so freeing megatron-core's groups one after the other costs a tick per
+    group and peer, and in parallel only a few ticks in all (see docs/benchmarks.md,
+    gloo-tick, gloo-free-serial and gloo-free-parallel).
     """
     # References that make our threads the ones to free the gloo groups. One group: its
     # caller holds it anyway. A world of one: no connection to close, and threads only
-    # added their start-up cost (measured: +2-3 ms on a 22 ms retry cycle). Otherwise
-    # every gloo group, those of one rank too (freeing the 11 of them one after the other
-    # took 7-48 ms at 2 ranks). nccl's abort does its work itself: its groups go as before.
+    # added their start-up cost (see docs/benchmarks.md, gloo-free-world-of-one). Otherwise
+    # every gloo group, those of one rank too (freeing them one after the other costs
+    # as much: see docs/benchmarks.md, gloo-free-rank-local). nccl's abort does its work
+    # itself: its groups go as before.
     threaded = group is None and dist.is_initialized() and dist.get_world_size() > 1
     held = [g for g, entry in pg_map().items() if threaded and _gloo_only(entry[0])]
     try:

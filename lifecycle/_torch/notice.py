@@ -11,14 +11,14 @@ then writes): a later rank waits for it at most ``PEER_WAIT_S``.
 A notice must never hold up a teardown, nor raise: ``publish`` returns within
 ``DEADLINE_S`` whatever the store does, and reports every error in its result. It uses
 the rank's own client of the store, already connected, on a daemon thread it waits for
-at most that long. Measured with torch 2.13, nothing else is bounded: a new
-``TCPStore`` client connecting to a port nobody listens on retries after a random delay
-of up to about a second, whatever its timeout (100 ms: 0.8 s; 10 ms: 1.0 s);
-``Store.clone()`` reconnects with the original client's timeout (5 s: 8.2 s); a new
-client of a live server on loopback stalled about 5 s in 4% of 150 connects here; and
-on a connected client, ``add``, ``check`` and ``get`` to a server that is alive but
-frozen (SIGSTOP) wait until it dies, whatever ``set_timeout`` says. A server that is
-gone fails a connected client's operation at once (its connection is closed).
+at most that long. Nothing else is bounded (see docs/benchmarks.md, store-connect-retry,
+store-clone and store-connect-stall): a new ``TCPStore`` client connecting to a port
+nobody listens on retries after a random delay, whatever its timeout;
+``Store.clone()`` reconnects with the original client's timeout; a new client of a
+live server on loopback can stall for seconds; and on a connected client, ``add``,
+``check`` and ``get`` to a server that is alive but frozen (SIGSTOP) wait until it
+dies, whatever ``set_timeout`` says. A server that is gone fails a connected client's
+operation at once (its connection is closed).
 """
 
 from __future__ import annotations
@@ -108,13 +108,14 @@ def publish(
 
     ``store`` is this rank's connected client; ``name`` names it in notes (``store_name``).
     Never raises ``Exception`` and returns within ``deadline_s`` whatever the store does:
-    about a millisecond on a live store (plus at most ``PEER_WAIT_S`` when the first
-    notice lags its count), at once when its server is gone. The work runs on one of
-    lifecycle's workers (``lifecycle._core.worker``, started with the session); one still
-    waiting at the deadline (a server alive but frozen) is left behind, holding its
-    reference to ``store`` until the server answers or dies, and the result says the
-    store did not answer. The result's ``note`` names the first
-    rank when it is a peer, or says why the first failure is unknown.
+    quick on a live store (see docs/benchmarks.md, notice-live-store; plus at most
+    ``PEER_WAIT_S`` when the first notice lags its count), at once when its server is
+    gone. The work runs on one of lifecycle's workers (``lifecycle._core.worker``,
+    started with the session); one still waiting at the deadline (a server alive but
+    frozen) is left behind, holding its reference to ``store`` until the server
+    answers or dies, and the result says the store did not answer. The result's
+    ``note`` names the first rank when it is a peer, or says why the first failure is
+    unknown.
     """
     error_line = _line(describe(error), ERROR_CHARS)
     mine = FailureNotice(rank, socket.gethostname(), os.getpid(), phase, step, error_line, at, seq=0)

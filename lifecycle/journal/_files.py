@@ -171,9 +171,9 @@ _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # t
 def _json_object(text: str) -> Any:
     """``json.loads(text)``, the usual line (an object from its first character) by the decoder's scanner directly.
 
-    The same decoding without ``json.loads``' wrappers (a tenth of its cost on a
-    journal line); any other text, or one the scanner refuses, goes to ``json.loads``,
-    which raises its own error.
+    The same decoding without ``json.loads``' wrappers, a measurable share of its cost
+    on a journal line (see docs/benchmarks.md, journal-scan); any other text, or one
+    the scanner refuses, goes to ``json.loads``, which raises its own error.
     """
     if text[:1] == "{":
         try:
