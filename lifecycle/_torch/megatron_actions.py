@@ -91,37 +91,42 @@ class MegatronActions:
         Rank-local. When the default group is the caller's, the subgroups Megatron
         created in it are aborted here too (the caller's group outlives the session, so
         nothing else would release them); when this object owns the default group,
-        Megatron destroys them (gracefully: nothing is pending after a success) and the
-        rest go with the default group. Then what megatron-core's own destroy leaves set
-        (rank lists, group aliases, the tensor-parallel RNG tracker, the MoE metrics
-        tracker; see ``lifecycle._torch.megatron``) goes back to rest: every
+        Megatron destroys its gloo copies (gracefully: nothing is pending after a success)
+        and the rest go with the default group. Then what megatron-core's own destroy
+        leaves set (rank lists, group aliases, the tensor-parallel RNG tracker, the MoE
+        metrics tracker; see ``lifecycle._torch.megatron``) goes back to rest: every
         ``megatron.core`` module global is as before the session.
         """
-        self._release_model_parallel(abort=dist.is_initialized() and not self._created_group)
+        caller_group = dist.is_initialized() and not self._created_group
+        self._release_model_parallel(_subgroups() if caller_group else [], FREE_WAIT_S)
 
     def abort_model_parallel(self) -> None:
-        """Failure path: abort every Megatron group of this rank first, then reset Megatron's globals as on success.
+        """Failure path: abort Megatron's groups before Megatron's own destroy runs; then as on success.
 
         Rank-local, no collective, no graceful destroy: the failed step's asynchronous
-        work may still be pending on any of them, and Megatron's own destroy would wait
-        on it (a gloo copy of a data-parallel group: the whole group timeout). Aborted
-        first, they are unregistered, so Megatron's destroy skips them; the gloo ones are
-        then freed in parallel (at most ``FREE_WAIT_S``), which releases a peer blocked
-        in a collective on them.
+        work may still be pending on a group, and Megatron's destroy would wait on it for
+        the ones it destroys itself (its gloo copies of the data-parallel groups: the
+        whole group timeout). Aborted first, they are unregistered, so Megatron skips
+        them. With the caller's default group every subgroup is aborted here (and freed
+        within ``FREE_WAIT_S``); with this object's, only the gloo copies (freed in the
+        background: the default group's abort, next, frees the rest at once and releases
+        the peers, whose side closing is what frees a copy with pending work).
         """
-        self._release_model_parallel(abort=dist.is_initialized())
+        if not dist.is_initialized():
+            self._release_model_parallel([], 0.0)
+        elif self._created_group:
+            self._release_model_parallel(_gloo_copies(), 0.0)
+        else:
+            self._release_model_parallel(_subgroups(), FREE_WAIT_S)
 
-    def _release_model_parallel(self, *, abort: bool) -> None:
-        subgroups = [g for g in getattr(_ps, "_global_process_group_list", None) or () if g is not None]
-        errors: list[Exception] = abort_groups(subgroups) if abort else []
+    def _release_model_parallel(self, aborted: list[object], wait_s: float) -> None:
+        """Abort ``aborted``, let Megatron reset its globals, then free ``aborted`` (within ``wait_s``)."""
+        errors = abort_groups(aborted)
         _ps.destroy_model_parallel()
         _ps.destroy_global_memory_buffer()
         drop_leftover_groups()
         reset_leftovers()
-        # Megatron's references are gone, ours are the last. On a failure, not waited for: a
-        # group with pending work is freed only once the peer's side closes, which the
-        # default group's abort (the next step, which waits) brings about.
-        free_in_parallel(subgroups, 0.0 if abort and self._created_group else FREE_WAIT_S)
+        free_in_parallel(aborted, wait_s)  # Megatron's references are gone: ours are the last
         if errors:
             raise LifecycleError(
                 f"{Resource.MODEL_PARALLEL.value}: {len(errors)} model-parallel subgroup(s) failed to abort "
@@ -243,3 +248,17 @@ class MegatronActions:
                 "tensor_model_parallel_size, pipeline_model_parallel_size and context_parallel_size "
                 "to the sizes it has",
             )
+
+
+def _subgroups() -> list[object]:
+    """Every group megatron-core created on this rank (its registry of them), the default group aside."""
+    return [g for g in getattr(_ps, "_global_process_group_list", None) or () if g is not None]
+
+
+def _gloo_copies() -> list[object]:
+    """The live groups megatron-core's own destroy destroys itself (gracefully): its ``*_GLOO`` globals."""
+    found: dict[int, object] = {}
+    for name, value in vars(_ps).items():
+        if name.endswith("_GLOO") and is_registered(value):
+            found.setdefault(id(value), value)
+    return list(found.values())
