@@ -16,11 +16,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lifecycle"
 
-LAYERS = ("journal", "_core", "_torch", "checkpoint", "_training", "restart", "_tools", "testing")
+LAYERS = ("journal", "_liveness", "_core", "_torch", "checkpoint", "_training", "restart", "_tools", "testing")
 """Bottom-up: a module may import its own layer and the ones before it, never a later one.
 
 ``journal`` (public: a file format any tool may read) is the lowest: it imports no other
-layer, so the core, the training loop and ``show`` all use it and it needs none of them."""
+layer, so the core, the training loop and ``show`` all use it and it needs none of them.
+``_liveness`` (the rank's monitor process and its marks, standard library only) is next:
+``Session.progress`` writes its marks."""
 
 HEAVY = ("torch", "megatron", "nvidia_resiliency_ext")
 """What ``_core`` must not import, and ``import lifecycle`` must not load."""

@@ -34,6 +34,7 @@ from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  
 from lifecycle._core.errors import describe
 from lifecycle._core.seams import Announcement
 from lifecycle._core.worker import POOL as WORKERS
+from lifecycle._liveness import rank as liveness
 
 DEADLINE_S = 0.25
 """Bound on the whole of ``publish``, whatever the store does."""
@@ -46,6 +47,9 @@ ERROR_CHARS = 300
 
 NAMESPACE = "failures"
 """The notices' keys, under the attempt's store prefix."""
+
+VERDICTS = "liveness/verdict"
+"""The liveness monitors' verdicts (``lifecycle._liveness.monitor``), numbered from 1, under the attempt's prefix."""
 
 _POLL_S = 0.002
 
@@ -123,14 +127,38 @@ def publish(
     # On a worker started with the session (no thread starts on the failure path). It gets the
     # notice's text, never ``error``: a worker left behind must not keep the failure's frames
     # (and the process groups they reference) alive.
-    finished, outcome = WORKERS.run_within(lambda: _publish(keys, name, mine), deadline_s)
-    if finished and outcome is not None:
+    monitor = liveness.current()
+    verdict_wait = 2 * monitor.interval_s if monitor is not None else 0.0
+    bound = deadline_s + verdict_wait
+    finished, outcome = WORKERS.run_within(lambda: _publish(keys, name, mine, verdict_wait), bound)
+    if not finished or outcome is None:
+        outcome = _unknown(f"{name} did not answer within {bound * 1000:g} ms")
+    if monitor is not None and outcome.first_rank is None:
+        return _from_page(outcome, monitor.marks.verdict(), rank)
+    return outcome
+
+
+def _from_page(outcome: Announcement, verdict: dict[str, object] | None, rank: int) -> Announcement:
+    """``outcome``, naming the rank of the liveness verdict this rank's monitor copied to its page, if a peer's.
+
+    The store may be gone (its host was the rank judged and killed): the page still holds it.
+    """
+    if verdict is None or not isinstance(verdict.get("rank"), int) or verdict["rank"] == rank:
         return outcome
-    return _unknown(f"{name} did not answer within {deadline_s * 1000:g} ms")
+    note = f"lifecycle: {verdict.get('note')}"
+    if outcome.note:
+        note += f" (the store said: {outcome.note.removeprefix('lifecycle: ')})"
+    return Announcement(outcome.seq, outcome.unpublished, int(str(verdict["rank"])), note)
 
 
-def _publish(store: Store, name: str, mine: FailureNotice) -> Announcement:
-    """``publish``'s work, on its thread: count, write, read the first notice; never raises."""
+def _publish(store: Store, name: str, mine: FailureNotice, verdict_wait: float = 0.0) -> Announcement:
+    """``publish``'s work, on its thread: count, write, read the first notice; never raises.
+
+    First to fail while a liveness monitor runs here (``verdict_wait`` above 0), the
+    rank waits up to ``verdict_wait`` for a liveness verdict: a peer that died or was
+    killed resets this rank's connections before its heartbeat is stale, and its own
+    monitor names it (``lifecycle._liveness``).
+    """
     try:
         seq = int(store.add(f"{NAMESPACE}/count", 1))
     except Exception as exc:  # noqa: BLE001 - the store is gone: say so, never raise
@@ -141,7 +169,7 @@ def _publish(store: Store, name: str, mine: FailureNotice) -> Announcement:
     except Exception as exc:  # noqa: BLE001 - counted, but peers will not read it
         return Announcement(seq, f"notice {seq} was counted, but writing it to {name} failed: {_brief(exc)}")
     if seq == 1:
-        return Announcement(seq)
+        return _verdict(store, seq, verdict_wait) if verdict_wait > 0 else Announcement(seq)
     deadline = time.monotonic() + PEER_WAIT_S
     try:
         # Polled (``check`` never waits): ``Store.wait`` would log a warning on each timeout.
@@ -155,6 +183,22 @@ def _publish(store: Store, name: str, mine: FailureNotice) -> Announcement:
         return _first_unknown(seq, f"notice 1 could not be read: {_brief(exc)}")
     note = f"lifecycle: rank {first.rank} failed first ({first.where()}): {first.error}"
     return Announcement(seq, "", first.rank, note)
+
+
+def _verdict(store: Store, seq: int, wait_s: float) -> Announcement:
+    """Notice ``seq`` (1) published: wait up to ``wait_s`` for the first liveness verdict, and name its rank."""
+    key = f"{VERDICTS}/1"
+    deadline = time.monotonic() + wait_s
+    try:
+        while not store.check([key]):
+            if time.monotonic() >= deadline:
+                return Announcement(seq)
+            time.sleep(_POLL_S * 5)
+        verdict = json.loads(bytes(store.get(key)).decode())
+        rank, note = int(verdict["rank"]), str(verdict["note"])
+    except Exception:  # noqa: BLE001 - no readable verdict: this rank's notice stands alone
+        return Announcement(seq)
+    return Announcement(seq, "", rank, f"lifecycle: {note}")
 
 
 def _first_unknown(seq: int, why: str) -> Announcement:

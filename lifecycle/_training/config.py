@@ -218,13 +218,57 @@ class InjectedFault(RuntimeError):
         return (type(self), (self.phase, self.rank, self.step), self.__dict__)
 
 
+class LivenessMode(StrEnum):
+    """What a rank's liveness monitor does (``LivenessConfig.mode``)."""
+
+    OFF = "off"
+    """No monitor."""
+    REPORT = "report"
+    """Publish a verdict on a wedged rank (every rank's failure notes name it), never kill it."""
+    KILL = "kill"
+    """Publish the verdict, dump the wedged rank's Python stacks, kill it: its peers fail at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessConfig:
+    """A monitor process per rank that names a stopped, spinning, hung or dead rank (see docs/liveness.md).
+
+    ``interval_s``: how often the monitor reads the rank's position and beats through
+    the store. A phase's deadline is ``max(5 × its slowest duration, floor_s)`` once
+    calibrated (the steps of the training loop share one, after two warm-up steps and
+    three samples), ``default_deadline_s`` before (setup, the first save, an evaluation,
+    finalize), or ``deadlines[phase]`` when given. The group timeout
+    (``distributed.timeout_s``) stays the bound for what the monitor cannot see.
+    """
+
+    mode: LivenessMode = LivenessMode.OFF
+    interval_s: float = 1.0
+    floor_s: float = 2.0
+    default_deadline_s: float = 600.0
+    deadlines: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        """Accept the mode as a string; reject an unknown one and non-positive durations."""
+        try:
+            object.__setattr__(self, "mode", LivenessMode(self.mode))
+        except ValueError:
+            names = ", ".join(m.value for m in LivenessMode)
+            raise ConfigError("liveness.mode", f"must be one of {names}, got {self.mode!r}") from None
+        check_number("liveness.interval_s", self.interval_s, integer=False, above=0, unit="seconds")
+        check_number("liveness.floor_s", self.floor_s, integer=False, above=0, unit="seconds")
+        check_number("liveness.default_deadline_s", self.default_deadline_s, integer=False, above=0, unit="seconds")
+        for phase, seconds in self.deadlines:
+            check_number(f"liveness.deadlines.{phase}", seconds, integer=False, above=0, unit="seconds")
+
+
 @dataclass(frozen=True, slots=True)
 class PretrainConfig:
     """Everything ``pretrain`` needs, each part validated on construction.
 
     ``journal_dir``: if set, every ``pretrain`` call appends this rank's journal to
     ``<journal_dir>/rank<R>.jsonl`` (see ``lifecycle.journal``), whether it succeeds
-    or fails. ``fault``: an optional injected failure (demos and tests).
+    or fails. ``fault``: an optional injected failure (demos and tests). ``liveness``:
+    the rank's liveness monitor (off unless its mode says otherwise).
 
     ``parallel``'s pipeline and context parallel sizes must be 1: ``ConfigError`` at
     construction otherwise. Without CUDA (backend gloo) megatron-core 0.16.1 cannot run
@@ -241,6 +285,7 @@ class PretrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     exit: ExitConfig = field(default_factory=ExitConfig)
     fault: FaultInjection | None = None
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
     journal_dir: str | None = None
 
     def __post_init__(self) -> None:

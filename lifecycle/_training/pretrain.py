@@ -12,25 +12,36 @@ import logging
 import os
 import re
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.num_microbatches_calculator import get_num_microbatches
+from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from lifecycle import journal as _journal
 from lifecycle._core.errors import ConfigError, InvalidTransition, SessionFinished, describe
-from lifecycle._core.events import JournalEntry
+from lifecycle._core.events import FailureEvent, JournalEntry
 from lifecycle._core.executor import TeardownReport
 from lifecycle._core.session import Session
 from lifecycle._core.states import State, Trigger
+from lifecycle._liveness.rank import RankMonitor, start_monitor
 from lifecycle._torch.actions import TorchActions
 from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, SessionHandle, TrainContext, call_hooks
-from lifecycle._training.config import STEPPED_PHASES, FaultKind, InjectedFault, Phase, PretrainConfig
+from lifecycle._training.config import (
+    STEPPED_PHASES,
+    FaultKind,
+    InjectedFault,
+    LivenessMode,
+    Phase,
+    PretrainConfig,
+)
 from lifecycle._training.journaling import RunJournal
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
 from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
@@ -163,6 +174,8 @@ def pretrain(
         # Megatron's layers keep their tensor-parallel group: dropped here, the aborted
         # group is freed now, not when the caller drops the traceback (gloo closes a
         # group's connections only then; a peer blocked on it would wait for the timeout).
+        if run.monitor is not None:
+            run.monitor.stop()
         run.drop_model()
         end = RunEnd(
             origin=run.journal.origin,
@@ -206,6 +219,8 @@ class _Run:
         self.handle = SessionHandle(session)  # what every hook gets: never the session itself
         self.model_provider = model_provider
         self.batch_provider = batch_provider
+        self.attempt = attempt
+        self.monitor: RankMonitor | None = None
         # Until the group exists, the configured (or torchrun's) rank names the journal.
         try:
             world, rank = config.distributed.resolve_world()
@@ -261,6 +276,7 @@ class _Run:
         session.init_distributed()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         session.label = f"rank {self.rank}"  # failures are logged with the rank, before teardown
+        self.monitor = _start_liveness(self.config, session, self.rank, self.world_size, self.attempt)
         self.inject(Phase.DIST)
         session.init_globals()
         self.inject(Phase.GLOBALS)
@@ -273,6 +289,7 @@ class _Run:
         if ctx.checkpointer is not None and self.step != self.saved and self.step > ctx.start_step:
             self.save(ctx.checkpointer, self.step)
         session.finish()
+        session.progress(Phase.FINALIZE)
         self.inject(Phase.FINALIZE)
         if ctx.checkpointer is not None:
             self.commit(ctx.checkpointer)
@@ -506,11 +523,58 @@ _SPIN_PATTERN = re.compile(r"(a+)+$")
 """Backtracks exponentially on ``"a" * n + "b"``: the match runs in C, holding the GIL."""
 
 
+def _start_liveness(
+    config: PretrainConfig, session: Session, rank: int, world_size: int, attempt: int
+) -> RankMonitor | None:
+    """Start this rank's liveness monitor if ``config.liveness`` asks for one and lifecycle created the group.
+
+    The monitor reaches the store the group was created on (its server's address and
+    port) under the attempt's prefix; on the failure edge the rank tells it it is done
+    (the failing rank's teardown is bounded by its own deadlines, not judged).
+    """
+    live = config.liveness
+    prefix = getattr(session.actions, "store_prefix", None)
+    if live.mode is LivenessMode.OFF or not isinstance(prefix, str):
+        return None
+    server = _store_server()
+    if server is None:
+        logger.warning("rank %d: no liveness monitor: the default group's store is not a TCPStore", rank)
+        return None
+    folder = Path(config.journal_dir) if config.journal_dir is not None else Path(tempfile.gettempdir())
+    monitor = start_monitor(
+        rank=rank,
+        world_size=world_size,
+        host=server[0],
+        port=server[1],
+        prefix=prefix,
+        interval_s=live.interval_s,
+        floor_s=live.floor_s,
+        default_s=live.default_deadline_s,
+        explicit=dict(live.deadlines),
+        mode=live.mode.value,
+        stacks=folder / f"rank{rank}.stacks.txt",
+        attempt=attempt,
+    )
+    session.add_observer(lambda event: monitor.marks.done() if isinstance(event, FailureEvent) else None)
+    return monitor
+
+
+def _store_server() -> tuple[str, int] | None:
+    """The address and port of the ``TCPStore`` under the default group's store (None: another kind of store)."""
+    store: object = dist.distributed_c10d._get_default_store()
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    if isinstance(host, str) and isinstance(port, int):
+        return host, port
+    return None
+
+
 def _fire(kind: FaultKind, phase: Phase, rank: int, step: int | None) -> None:
     """Do what a fault of ``kind`` does; raise ``InjectedFault`` if the process is still running afterwards.
 
-    ``crash`` SIGKILLs this process; ``stop`` SIGSTOPs it (it goes on, and raises, only
-    if something sends SIGCONT); ``hang`` sleeps for good; ``spin`` matches a regular
+    ``crash`` SIGKILLs this process; ``stop`` SIGSTOPs it (a SIGCONT resumes it still
+    wedged: it sleeps for good, as a debugged process would); ``hang`` sleeps for good; ``spin`` matches a regular
     expression that backtracks for about 2**60 steps, in C code that holds the GIL (a
     Python loop would let other threads run; signals still reach Python's handlers).
     """
@@ -519,6 +583,8 @@ def _fire(kind: FaultKind, phase: Phase, rank: int, step: int | None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind is FaultKind.STOP:
         os.kill(os.getpid(), signal.SIGSTOP)
+        while True:  # a SIGCONT resumes it wedged: it never returns to training by itself
+            time.sleep(3600)
     elif kind is FaultKind.HANG:
         while True:
             time.sleep(3600)

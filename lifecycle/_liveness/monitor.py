@@ -1,0 +1,621 @@
+"""A rank's liveness monitor: its own process, standard library only, that tells a wedged rank apart and ends it.
+
+Runs as ``python -S -E -s monitor.py '<json settings>'``, started by the rank it watches
+(``lifecycle._liveness.rank``). It imports nothing of lifecycle, torch or site-packages:
+about 10 MB and a few tens of milliseconds per rank. It reads the rank's progress marks
+from a shared page (``Marks``: attempt, step, phase and a count of marks, written by the
+training thread without a system call), speaks the ``TCPStore`` wire protocol itself
+(``StoreClient``: every call bounded by a socket timeout), and dies with its rank
+(``PR_SET_PDEATHSIG``, after which it reports the death).
+
+Every ``interval_s`` it
+
+- reads the marks; the position is *stale* when its count has not changed for longer
+  than the phase's deadline, on this process's monotonic clock;
+- beats: sets ``<prefix>/liveness/hb/<rank>`` to its beat count and the position (one
+  store write per interval, none per step);
+- watches one neighbour (rank + 1) by its beat count; a neighbour silent for
+  ``max(4 intervals, floor)`` is confirmed by one rank, the one whose store ``add`` on
+  ``<prefix>/liveness/confirm/<rank>`` returns 1, which publishes it as unresponsive;
+- classifies its own rank when stale, from ``/proc/<pid>/stat``: ``T`` stopped, ``R``
+  spinning (two ticks in a row), ``S``/``D`` waiting in its phase, but only when its
+  count of marks is the lowest of all ranks and below another's (behind: a rank waiting
+  in a collective for a peer is ahead of it, or level with it, never named).
+
+A verdict on its own rank (kind ``stopped``, ``spinning``, ``waiting``, or ``died`` when
+the rank's process is gone without saying it was done) is published as the rank's
+failure notice (``<prefix>/failures/<seq>``, the format of ``lifecycle._torch.notice``)
+and as ``<prefix>/liveness/verdict/<n>``; then, unless ``mode`` is ``report``, the
+monitor has the rank dump its Python stacks (the signal lifecycle registered with
+``faulthandler``; sent before SIGCONT to a stopped rank, where it stays pending) into
+the side file, and kills it (SIGCONT, SIGKILL), so its gloo peers get a connection reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import mmap
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+
+# -- the marks page ----------------------------------------------------------------------
+
+MARKS_FORMAT = "<QQqq48s"
+"""count (odd while being written), done flag, attempt, step (-1: none), phase (UTF-8, NUL-padded)."""
+MARKS_SIZE = struct.calcsize(MARKS_FORMAT)
+NO_STEP = -1
+VERDICT_AT = 128
+"""Where the page holds the first verdict the monitor saw (u32 length, then its JSON), for the rank to read."""
+VERDICT_BYTES = 2048
+PAGE_SIZE = VERDICT_AT + 4 + VERDICT_BYTES
+
+
+def write_verdict(page: mmap.mmap, verdict: bytes) -> None:
+    """Put ``verdict`` (JSON, cut to ``VERDICT_BYTES``) in the page: the text first, its length last."""
+    data = verdict[:VERDICT_BYTES]
+    page[VERDICT_AT + 4 : VERDICT_AT + 4 + len(data)] = data
+    struct.pack_into("<I", page, VERDICT_AT, len(data))
+
+
+def read_verdict(page: mmap.mmap) -> dict[str, object] | None:
+    """The verdict in the page, or None if there is none (or it is unreadable)."""
+    (size,) = struct.unpack_from("<I", page, VERDICT_AT)
+    if not 0 < size <= VERDICT_BYTES:
+        return None
+    try:
+        found = json.loads(bytes(page[VERDICT_AT + 4 : VERDICT_AT + 4 + size]))
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a rank is: its ``count`` of marks, ``attempt``, ``step`` (None: none yet) and ``phase``."""
+
+    count: int
+    attempt: int
+    step: int | None
+    phase: str
+    done: bool = False
+
+    def where(self) -> str:
+        """``"step 30, phase step"``, or ``"phase setup"`` without a step."""
+        return f"phase {self.phase}" if self.step is None else f"step {self.step}, phase {self.phase}"
+
+
+def read_marks(page: mmap.mmap) -> Position:
+    """The position in ``page``, read consistently (retried while the writer is mid-write)."""
+    while True:
+        first = struct.unpack_from("<Q", page, 0)[0]
+        if first % 2 == 0:
+            count, done, attempt, step, phase = struct.unpack_from(MARKS_FORMAT, page, 0)
+            if struct.unpack_from("<Q", page, 0)[0] == first:
+                name = phase.rstrip(b"\0").decode("utf-8", "replace")
+                return Position(count // 2, attempt, None if step == NO_STEP else step, name, bool(done))
+        time.sleep(0)
+
+
+# -- /proc -------------------------------------------------------------------------------
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``pid``'s main thread in ``/proc/<pid>/stat`` (``R``, ``S``, ``T``…), None if gone.
+
+    A zombie (``Z``, dead and not yet reaped) counts as gone.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    state = text.rsplit(b")", 1)[1].split()[0].decode()
+    return None if state in ("Z", "X") else state
+
+
+# -- the store's wire protocol -----------------------------------------------------------
+
+_VALIDATE, _SET, _GET, _ADD, _CHECK, _PING = 0, 1, 3, 4, 5, 13
+_MAGIC = 0x3C85F7CE
+_READY = 0
+
+
+class StoreError(Exception):
+    """A store call that failed or did not answer within the client's timeout (the connection is dropped)."""
+
+
+class StoreClient:
+    """A client of a ``TCPStore`` server, every call bounded by ``timeout_s`` (then ``StoreError``, reconnect next).
+
+    Speaks torch's wire protocol (torch 2.x: validate, ping, set, add, check, get on
+    keys that exist). One client per thread.
+    """
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        """Remember the server; connect on first use."""
+        self.host, self.port, self.timeout_s = host, port, timeout_s
+        self._sock: socket.socket | None = None
+        self.calls = 0
+
+    def connect(self) -> None:
+        """Connect and validate now (``StoreError`` if that fails within the timeout)."""
+        self._socket()
+
+    def _socket(self) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(struct.pack("<BI", _VALIDATE, _MAGIC))
+            nonce = os.getpid() & 0xFFFFFFFF
+            sock.sendall(struct.pack("<BI", _PING, nonce))
+            if struct.unpack("<I", _exactly(sock, 4))[0] != nonce:
+                raise StoreError("the store answered the ping with another nonce")
+        except (OSError, struct.error) as exc:
+            raise StoreError(f"connecting to {self.host}:{self.port}: {exc}") from None
+        self._sock = sock
+        return sock
+
+    @property
+    def connected(self) -> bool:
+        """Whether the client holds a connection (a failed call drops it)."""
+        return self._sock is not None
+
+    def close(self) -> None:
+        """Drop the connection (the next call reconnects)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _call(self, request: bytes, answer: int | None) -> bytes:
+        sock = self._socket()
+        self.calls += 1
+        try:
+            sock.sendall(request)
+            return b"" if answer is None else _exactly(sock, answer)
+        except OSError as exc:
+            self.close()
+            raise StoreError(f"store call: {exc}") from None
+
+    def set(self, key: str, value: bytes) -> None:
+        """Set ``key`` to ``value``."""
+        self._call(bytes([_SET]) + _key(key) + _string(value), None)
+
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the counter ``key``; its new value."""
+        result: int = struct.unpack("<q", self._call(bytes([_ADD]) + _key(key) + struct.pack("<q", amount), 8))[0]
+        return result
+
+    def check(self, key: str) -> bool:
+        """Whether ``key`` is set (never waits)."""
+        reply = self._call(bytes([_CHECK]) + struct.pack("<Q", 1) + _key(key), 1)
+        return reply[0] == _READY
+
+    def get(self, key: str) -> bytes | None:
+        """``key``'s value, or None if it is not set (checked first: a get never waits for a key)."""
+        if not self.check(key):
+            return None
+        sock = self._socket()
+        self._call(bytes([_GET]) + _key(key), None)
+        try:
+            (size,) = struct.unpack("<Q", _exactly(sock, 8))
+            return _exactly(sock, size)
+        except OSError as exc:
+            self.close()
+            raise StoreError(f"store get: {exc}") from None
+
+
+def _string(data: bytes) -> bytes:
+    return struct.pack("<Q", len(data)) + data
+
+
+def _key(key: str) -> bytes:
+    """``key`` as the server stores it: torch's ``TCPStore`` client puts ``/`` before every key."""
+    return _string(b"/" + key.encode())
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = sock.recv(left)
+        if not chunk:
+            raise ConnectionResetError("the store closed the connection")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+# -- deadlines ---------------------------------------------------------------------------
+
+LOOP_PHASES = frozenset({"batch", "step", "callback"})
+"""The phases of a training step: one deadline, calibrated on the steps' durations."""
+WARMUP_STEPS = 2
+"""Step changes seen before calibration starts (the first steps compile, allocate, warm caches)."""
+CALIBRATED_AFTER = 3
+"""Samples of a phase (or of steps) after warm-up before its deadline is calibrated."""
+
+
+@dataclass
+class Deadlines:
+    """Deadline per phase: ``max(factor × slowest sample, floor_s)`` once calibrated; else ``default_s``.
+
+    ``explicit`` (phase → seconds) overrides. The training loop's phases share the
+    ``loop`` deadline, sampled per step; other phases are sampled per occurrence
+    (``evaluation``, ``checkpoint``, ``finalize`` apart).
+    """
+
+    floor_s: float
+    default_s: float
+    explicit: dict[str, float]
+    factor: float = 5.0
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)
+
+    def key(self, phase: str) -> str:
+        """The calibration key of ``phase``: ``"loop"`` for a training step's phases."""
+        return "loop" if phase in LOOP_PHASES else phase
+
+    def sample(self, phase: str, seconds: float) -> None:
+        """Record ``seconds`` spent in ``phase`` (warm-up occurrences are skipped)."""
+        key = self.key(phase)
+        self.seen[key] = self.seen.get(key, 0) + 1
+        if self.seen[key] > WARMUP_STEPS:
+            self.samples.setdefault(key, []).append(seconds)
+
+    def of(self, phase: str) -> tuple[float, str]:
+        """``phase``'s deadline and how it was set (``explicit``, ``calibrated``, ``default``)."""
+        if phase in self.explicit:
+            return self.explicit[phase], "explicit"
+        found = self.samples.get(self.key(phase), [])
+        if len(found) >= CALIBRATED_AFTER:
+            return max(self.factor * max(found), self.floor_s), "calibrated"
+        return self.default_s, "default"
+
+
+# -- the monitor -------------------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1
+DUMP_WAIT_S = 0.5
+"""The longest the monitor waits for a wedged rank's stack dump before it kills the rank."""
+
+
+@dataclass
+class Settings:
+    """What the rank passes its monitor (JSON on the command line)."""
+
+    rank: int
+    world_size: int
+    pid: int
+    marks: str
+    host: str
+    port: int
+    prefix: str
+    interval_s: float
+    floor_s: float
+    default_s: float
+    explicit: dict[str, float]
+    mode: str
+    dump_signal: int
+    stacks: str
+    store_timeout_s: float
+
+
+class Monitor:
+    """One rank's monitor; ``run`` loops until the rank says it is done, dies, or is judged."""
+
+    def __init__(self, settings: Settings, page: mmap.mmap, wake: int) -> None:
+        self.s = settings
+        self.page = page
+        self.wake = wake
+        self.store = StoreClient(settings.host, settings.port, settings.store_timeout_s)
+        self.deadlines = Deadlines(settings.floor_s, settings.default_s, dict(settings.explicit))
+        self.beats = 0
+        self.last: Position | None = None
+        self.changed = time.monotonic()
+        self.step_changed = self.changed
+        self.running_ticks = 0
+        self.neighbour = (settings.rank + 1) % settings.world_size
+        self.neighbour_beat: bytes | None = None
+        self.neighbour_changed = self.changed
+        self.judged = False
+        self.seen = False
+        self.parent_died = False
+
+    def run(self) -> int:
+        """The loop; returns the exit code."""
+        try:
+            self.store.connect()
+        except StoreError as exc:
+            _log(f"rank {self.s.rank}: the store is unreachable for now: {exc}")
+        while True:
+            now = time.monotonic()
+            position = read_marks(self.page)
+            if position.done:
+                return 0
+            self.observe(position, now)
+            if self.parent_died or process_state(self.s.pid) is None:
+                if not self.judged and not read_marks(self.page).done:
+                    self.judge("died", position, now - self.changed, None, "its process is gone")
+                return 0
+            if not self.judged:  # first, from /proc: a frozen store must not delay it
+                self.classify(position, now)
+            # The store's part of the tick: after one call fails (or times out), none more this tick.
+            if self.beat(position) and not self.seen:
+                self.see()
+            if self.s.world_size > 1 and not self.judged and self.store.connected:
+                self.watch(now)
+            left = now + self.s.interval_s - time.monotonic()
+            ready, _, _ = select.select([self.wake], [], [], max(0.0, left))
+            if ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self.wake, 64)
+
+    def observe(self, position: Position, now: float) -> None:
+        """Note a change of position (and calibrate on how long the previous one lasted)."""
+        last = self.last
+        if last is None or position.count != last.count or position.attempt != last.attempt:
+            if last is not None and last.phase not in LOOP_PHASES:
+                self.deadlines.sample(last.phase, now - self.changed)
+            if last is not None and position.step != last.step and position.phase in LOOP_PHASES:
+                if last.phase in LOOP_PHASES:
+                    self.deadlines.sample("step", now - self.step_changed)
+                self.step_changed = now
+            self.last = position
+            self.changed = now
+            self.running_ticks = 0
+
+    def beat(self, position: Position) -> bool:
+        """Publish this monitor's beat and its rank's position (one store write); False if the store failed."""
+        self.beats += 1
+        text = json.dumps([self.beats, position.count, position.attempt, position.step, position.phase])
+        try:
+            self.store.set(f"{self.s.prefix}/liveness/hb/{self.s.rank}", text.encode())
+        except StoreError:
+            return False
+        return True
+
+    def see(self) -> None:
+        """Copy the first verdict published (if any) into the page, where the rank's failure path reads it; ack it."""
+        try:
+            found = self.store.get(f"{self.s.prefix}/liveness/verdict/1")
+            if found is None:
+                return
+            write_verdict(self.page, found)
+            self.seen = True
+            self.store.add(f"{self.s.prefix}/liveness/seen/1", 1)
+        except StoreError:
+            return
+
+    def classify(self, position: Position, now: float) -> None:
+        """Judge this rank when its position is older than its phase's deadline and it is the one behind."""
+        age = now - self.changed
+        deadline, _ = self.deadlines.of(position.phase)
+        if age <= deadline:
+            return
+        state = process_state(self.s.pid)
+        if state is None:
+            return  # the next tick reports the death
+        if state in ("T", "t"):
+            self.judge("stopped", position, age, deadline, f"its process is stopped (state {state})")
+        elif state == "R":
+            self.running_ticks += 1
+            if self.running_ticks >= 2:
+                self.judge("spinning", position, age, deadline, "its process runs without progress")
+        else:
+            self.running_ticks = 0
+            behind = self.behind(position)
+            if behind:
+                self.judge("waiting", position, age, deadline, f"it sleeps in {position.where()}; {behind}")
+
+    def behind(self, position: Position) -> str:
+        """Why this rank is behind every other (a reason), or "" when it is not: the full read of all positions."""
+        counts: dict[int, int] = {}
+        for rank in range(self.s.world_size):
+            if rank == self.s.rank:
+                continue
+            try:
+                found = self.store.get(f"{self.s.prefix}/liveness/hb/{rank}")
+            except StoreError:
+                return ""
+            if found is None:
+                return ""
+            _, count, attempt, _, _ = json.loads(found)
+            if attempt != position.attempt:
+                return ""
+            counts[rank] = count
+        if not counts or min(counts.values()) < position.count or max(counts.values()) <= position.count:
+            return ""
+        ahead = sorted(rank for rank, count in counts.items() if count > position.count)
+        return f"rank(s) {', '.join(map(str, ahead))} went on past it"
+
+    def watch(self, now: float) -> None:
+        """Watch the neighbour's beat; confirm and publish one that stopped beating (one rank does, by ``add``)."""
+        key = f"{self.s.prefix}/liveness/hb/{self.neighbour}"
+        try:
+            beat = self.store.get(key)
+        except StoreError:
+            return
+        if beat is None:
+            return
+        if beat != self.neighbour_beat:
+            self.neighbour_beat, self.neighbour_changed = beat, now
+            return
+        silent = now - self.neighbour_changed
+        if silent <= max(4 * self.s.interval_s, self.s.floor_s):
+            return
+        try:
+            if self.store.add(f"{self.s.prefix}/liveness/confirm/{self.neighbour}", 1) != 1:
+                self.neighbour_changed = now + 3600.0  # another rank confirms; stop asking
+                return
+        except StoreError:
+            return
+        _, _, _, step, phase = json.loads(beat)
+        where = f"phase {phase}" if step is None else f"step {step}, phase {phase}"
+        note = (
+            f"rank {self.neighbour} is unresponsive: its monitor has not beaten for {silent:.1f} s "
+            f"(last at {where}; its host or monitor is gone, no connection reset)"
+        )
+        self.publish(self.neighbour, "unresponsive", phase, step, note, pid=0)
+        self.neighbour_changed = now + 3600.0
+
+    def judge(self, kind: str, position: Position, age: float, deadline: float | None, why: str) -> None:
+        """Publish the verdict on this rank; then (``kill`` mode) dump its stacks and kill it."""
+        self.judged = True
+        if kind == "died":
+            note = f"rank {self.s.rank} died at {position.where()} ({why}; it reported no failure of its own)"
+        else:
+            note = (
+                f"rank {self.s.rank} {kind_words(kind, position)}: no progress for {age:.1f} s "
+                f"(deadline {deadline:g} s); {why}"
+            )
+            if self.s.mode == "kill":
+                note += f"; its Python stacks are in {self.s.stacks}"
+        verdict = (self.s.rank, kind, position.phase, position.step, note)
+        first = self.publish(*verdict, pid=self.s.pid)
+        _log(f"lifecycle liveness: {note}")
+        if kind == "died" or self.s.mode != "kill":
+            return
+        self.dump(kind)
+        if first is None and kind == "stopped":
+            # A stopped rank that hosts the store froze the store too: it answers again now.
+            first = self.publish(*verdict, pid=self.s.pid)
+        if first:
+            self.wait_until_seen()
+        try:
+            os.kill(self.s.pid, signal.SIGCONT)
+            os.kill(self.s.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait_until_seen(self) -> None:
+        """Wait (at most two intervals) until every other monitor has copied the verdict to its rank's page.
+
+        The kill may take the store with it (when this rank hosts it): the survivors'
+        failure path then reads the verdict from its own page.
+        """
+        deadline = time.monotonic() + 2 * self.s.interval_s
+        while time.monotonic() < deadline:
+            try:
+                if self.store.add(f"{self.s.prefix}/liveness/seen/1", 0) >= self.s.world_size - 1:
+                    return
+            except StoreError:
+                return
+            time.sleep(min(0.02, self.s.interval_s / 4))
+
+    def publish(self, rank: int, kind: str, phase: str, step: int | None, note: str, *, pid: int) -> bool | None:
+        """The failure notice of ``rank`` and the verdict, in the store (best effort, each call bounded).
+
+        True if this is the attempt's first verdict (the one every monitor copies to its
+        page), False if another came first, None if the store failed.
+        """
+        now = time.time()
+        verdict = {"rank": rank, "kind": kind, "phase": phase, "step": step, "note": note, "time": now}
+        try:
+            seq = self.store.add(f"{self.s.prefix}/failures/count", 1)
+            notice = {
+                "rank": rank,
+                "host": socket.gethostname(),
+                "pid": pid,
+                "phase": phase,
+                "step": step,
+                "error": f"LivenessVerdict: {note}"[:300],
+                "time": now,
+                "seq": seq,
+            }
+            self.store.set(f"{self.s.prefix}/failures/{seq}", json.dumps(notice).encode())
+            n = self.store.add(f"{self.s.prefix}/liveness/verdicts", 1)
+            text = json.dumps(verdict).encode()
+            self.store.set(f"{self.s.prefix}/liveness/verdict/{n}", text)
+        except StoreError as exc:
+            _log(f"lifecycle liveness: publishing the verdict on rank {rank} failed: {exc}")
+            return None
+        if n == 1:
+            write_verdict(self.page, text)
+            self.seen = True
+        return n == 1
+
+    def dump(self, kind: str) -> None:
+        """Have the rank write its stacks (a stopped one: the signal first, pending, then SIGCONT); wait for the file.
+
+        The handler writes the dump at once, from C; this returns as soon as the file
+        stops growing (at most ``DUMP_WAIT_S``), before a resumed rank's code runs far.
+        """
+        pid = self.s.pid
+        before = _size(self.s.stacks)
+        try:
+            os.kill(pid, self.s.dump_signal)
+            if kind == "stopped":
+                os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + DUMP_WAIT_S
+        size, steady = before, 0
+        while time.monotonic() < deadline and steady < 2:
+            time.sleep(0.002)
+            now = _size(self.s.stacks)
+            steady = steady + 1 if now > before and now == size else 0
+            size = now
+
+
+def kind_words(kind: str, position: Position) -> str:
+    """How a verdict says ``kind``: ``"is stopped at step 3, phase step"``."""
+    words = {"stopped": "is stopped", "spinning": "is spinning", "waiting": "is waiting"}[kind]
+    return f"{words} at {position.where()}"
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _log(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """Run the monitor with the JSON settings in ``argv[1]``; exit code 0, or 2 when started wrongly."""
+    settings = Settings(**json.loads(argv[1]))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
+    if os.getppid() != settings.pid:  # the rank died before prctl took effect
+        return 0
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    monitor: Monitor | None = None
+
+    def parent_died(signum: int, frame: object) -> None:
+        if monitor is not None:
+            monitor.parent_died = True
+
+    signal.signal(signal.SIGUSR1, parent_died)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the rank's to handle
+    with open(settings.marks, "r+b") as file:
+        page = mmap.mmap(file.fileno(), PAGE_SIZE)
+    monitor = Monitor(settings, page, wake_read)
+    if os.getppid() != settings.pid:
+        monitor.parent_died = True
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    return monitor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

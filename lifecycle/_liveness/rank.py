@@ -1,0 +1,193 @@
+"""The rank's side of liveness: its progress marks, its monitor process, the stack dump it can ask for.
+
+``start_monitor`` (``pretrain`` calls it once the default group exists) creates the
+marks page, registers the stack-dump signal with ``faulthandler``, and starts the
+monitor (``lifecycle._liveness.monitor``, standard library only) with ``subprocess``
+(no fork of the training process). From then on every ``Session.progress`` call, or
+``mark``, writes the position into the page: a few hundred nanoseconds, no system
+call, no store call. ``RankMonitor.stop`` tells the monitor the rank is done, ends it
+and joins it, before the session ends (so nothing is left inside a store call at exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import mmap
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import IO
+
+from lifecycle._liveness import monitor as _monitor
+
+DUMP_SIGNAL = signal.SIGRTMIN + 6
+"""The signal this process's ``faulthandler`` answers with every thread's Python stack (the monitor sends it)."""
+
+STOP_WAIT_S = 1.0
+"""How long ``stop`` waits for the monitor to exit before it kills it."""
+
+_PHASE_BYTES = 48
+
+
+class Marks:
+    """This rank's position in a page shared with its monitor; ``mark`` never raises and makes no system call."""
+
+    def __init__(self) -> None:
+        """Create the page: a file in ``/dev/shm`` (memory) when there is one, else in the temp folder."""
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, self.path = tempfile.mkstemp(prefix="lifecycle-marks-", dir=folder)
+        try:
+            os.ftruncate(fd, _monitor.PAGE_SIZE)
+            self._page = mmap.mmap(fd, _monitor.PAGE_SIZE)
+        finally:
+            os.close(fd)
+        self._count = 0
+        self._lock = threading.Lock()
+        self.attempt = 0
+        self._write(0, _monitor.NO_STEP, b"")
+
+    def mark(self, phase: str, step: int | None) -> None:
+        """Record that the rank is at ``step`` (None: none yet) in ``phase``."""
+        try:
+            encoded = phase.encode()[:_PHASE_BYTES]
+            with self._lock:
+                self._write(0, _monitor.NO_STEP if step is None else step, encoded)
+        except (ValueError, struct.error):  # a closed page, a step out of range: never raise into training
+            pass
+
+    def done(self) -> None:
+        """Tell the monitor the rank no longer trains (finished, or failing on its own): it stops judging."""
+        try:
+            with self._lock:
+                count, _, attempt, step, phase = struct.unpack_from(_monitor.MARKS_FORMAT, self._page, 0)
+                struct.pack_into(_monitor.MARKS_FORMAT, self._page, 0, count + 2, 1, attempt, step, phase)
+        except ValueError:
+            pass
+
+    def _write(self, done: int, step: int, phase: bytes) -> None:
+        count = self._count
+        page = self._page
+        struct.pack_into("<Q", page, 0, count + 1)  # odd: being written
+        struct.pack_into(_monitor.MARKS_FORMAT, page, 0, count + 1, done, self.attempt, step, phase)
+        self._count = count + 2
+        struct.pack_into("<Q", page, 0, count + 2)
+
+    def verdict(self) -> dict[str, object] | None:
+        """The first liveness verdict of the attempt, as this rank's monitor copied it here (None: none seen)."""
+        try:
+            return _monitor.read_verdict(self._page)
+        except ValueError:  # closed
+            return None
+
+    def close(self) -> None:
+        """Unmap and remove the page."""
+        self._page.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+class RankMonitor:
+    """A running monitor of this rank: its marks, its process, the stacks file; ``stop`` ends it."""
+
+    def __init__(
+        self, marks: Marks, process: subprocess.Popen[bytes], stacks: IO[str], mode: str, interval_s: float
+    ) -> None:
+        """Hold what ``start_monitor`` made."""
+        self.marks, self.process, self.stacks, self.mode = marks, process, stacks, mode
+        self.interval_s = interval_s
+
+    def mark(self, phase: str, step: int | None) -> None:
+        """Record the rank's position (``Marks.mark``)."""
+        self.marks.mark(phase, step)
+
+    def stop(self) -> None:
+        """Tell the monitor the rank is done, end it (SIGTERM, SIGKILL after ``STOP_WAIT_S``), join it; idempotent."""
+        global _CURRENT
+        if _CURRENT is self:
+            _CURRENT = None
+        self.marks.done()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        faulthandler.unregister(DUMP_SIGNAL)
+        self.stacks.close()
+        self.marks.close()
+
+
+_CURRENT: RankMonitor | None = None
+
+
+def current() -> RankMonitor | None:
+    """The monitor running for this process, if any."""
+    return _CURRENT
+
+
+def mark(phase: str, step: int | None) -> None:
+    """Record this rank's position for its monitor, if one runs (``Session.progress`` calls it); never raises."""
+    running = _CURRENT
+    if running is not None:
+        running.marks.mark(phase, step)
+
+
+def start_monitor(
+    *,
+    rank: int,
+    world_size: int,
+    host: str,
+    port: int,
+    prefix: str,
+    interval_s: float,
+    floor_s: float,
+    default_s: float,
+    explicit: dict[str, float],
+    mode: str,
+    stacks: Path,
+    attempt: int = 0,
+    store_timeout_s: float | None = None,
+) -> RankMonitor:
+    """Start this rank's monitor (see the module docstring), after stopping one still running here.
+
+    ``host``/``port``: the rendezvous store's server; ``prefix``: the attempt's store
+    prefix (failure notices and beats go under it). ``mode``: ``kill`` or ``report``.
+    ``stacks``: the side file the Python stacks are dumped into (appended to).
+    """
+    global _CURRENT
+    if _CURRENT is not None:
+        _CURRENT.stop()
+    marks = Marks()
+    marks.attempt = attempt
+    stacks.parent.mkdir(parents=True, exist_ok=True)
+    dump = open(stacks, "a")  # noqa: SIM115 - kept open for faulthandler until stop()
+    faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
+    settings = _monitor.Settings(
+        rank=rank,
+        world_size=world_size,
+        pid=os.getpid(),
+        marks=marks.path,
+        host=host,
+        port=port,
+        prefix=prefix,
+        interval_s=interval_s,
+        floor_s=floor_s,
+        default_s=default_s,
+        explicit=explicit,
+        mode=mode,
+        dump_signal=int(DUMP_SIGNAL),
+        stacks=str(stacks),
+        store_timeout_s=store_timeout_s if store_timeout_s is not None else interval_s / 2,
+    )
+    command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, json.dumps(settings.__dict__)]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    _CURRENT = RankMonitor(marks, process, dump, mode, interval_s)
+    return _CURRENT

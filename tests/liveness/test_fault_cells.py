@@ -1,0 +1,76 @@
+"""Silent faults become failure edges: a stopped, spinning, hung or dead rank is named and every rank fails in time.
+
+Two gloo ranks train with a liveness monitor each (0.25 s interval, 2 s floor) and a
+60 s group timeout, so only the monitor can release them in time. One rank stops,
+spins in C holding the GIL, hangs in the batch provider, or dies, at step 60.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.launch import run_workers
+
+DEADLINE_S = 2.0
+"""The loop's deadline in these runs: the floor (the steps are far shorter than 0.4 s)."""
+
+SLACK_S = 2.0
+
+CELLS = [
+    pytest.param("stop", "step", 1, id="stop-last"),
+    pytest.param("hang", "batch", 0, id="hang-in-batch-rank0"),
+    pytest.param("stop", "step", 0, id="stop-rank0", marks=pytest.mark.slow),
+    pytest.param("spin", "step", 0, id="spin-rank0", marks=pytest.mark.slow),
+    pytest.param("spin", "step", 1, id="spin-last", marks=pytest.mark.slow),
+    pytest.param("hang", "batch", 1, id="hang-in-batch-last", marks=pytest.mark.slow),
+    pytest.param("crash", "step", 0, id="crash-rank0", marks=pytest.mark.slow),
+    pytest.param("crash", "step", 1, id="crash-last", marks=pytest.mark.slow),
+]
+
+KIND_WORDS = {"stop": "is stopped", "spin": "is spinning", "hang": "is waiting", "crash": "died"}
+
+
+def _report(output: str) -> dict[str, object]:
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    assert lines, output[-3000:]
+    found: dict[str, object] = json.loads(lines[-1])
+    return found
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("kind", "phase", "faulty"), CELLS)
+def test_a_silent_fault_is_named_and_releases_every_rank(tmp_path: Path, kind: str, phase: str, faulty: int) -> None:
+    """Every rank fails within D + 2 s of the fault; the survivor's notes name the faulty rank, never itself."""
+    results = run_workers("liveness_worker", str(tmp_path), kind, phase, str(faulty), "400", timeout_s=100)
+    survivor = 1 - faulty
+    by_rank = {result.rank: result for result in results}
+    assert not any(result.timed_out for result in results), [str(r) for r in results]
+    assert by_rank[faulty].returncode == -9, by_rank[faulty].output[-3000:]  # killed by its monitor, or itself
+    report = _report(by_rank[survivor].output)
+    assert report["error"] is not None, report
+    took = float(str(report["failed_at"])) - float(str(report["last_step_end"]))
+    assert took <= DEADLINE_S + SLACK_S, (took, report)
+    notes = " ".join(str(note) for note in report["notes"])  # type: ignore[attr-defined]
+    if kind == "crash" and faulty == 0:
+        # Rank 0 hosts the store: it died with it, so no verdict could be published; the store's error names its host.
+        assert "hosted by rank 0, is unreachable" in notes, notes
+    else:
+        assert f"rank {faulty} {KIND_WORDS[kind]}" in notes, notes
+    for victim_named in (f"rank {survivor} is ", f"rank {survivor} died", f"rank {survivor} failed first"):
+        assert victim_named not in notes, notes
+    if kind != "crash":
+        stacks = (tmp_path / f"rank{faulty}.stacks.txt").read_text()
+        assert "in _fire" in stacks, stacks[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_no_verdict_over_many_healthy_jittered_steps(tmp_path: Path) -> None:
+    """1,000 healthy steps of 0-3 base steps, one of ten (a slow save's stand-in): both ranks close, no verdict."""
+    results = run_workers("liveness_worker", str(tmp_path), "none", "step", "0", "1000", "3", timeout_s=220)
+    for result in results:
+        assert result.ok, str(result)
+        assert _report(result.output)["error"] is None
+        assert "lifecycle liveness" not in result.output, result.output[-3000:]

@@ -1,0 +1,103 @@
+"""One rank of the liveness tests in ``tests/liveness/``: ``pretrain`` with a liveness monitor and a silent fault.
+
+Usage: ``liveness_worker.py OUT_DIR KIND PHASE FAIL_RANK STEPS [JITTER]`` with ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (``lifecycle.testing.launch_ranks``).
+KIND is a ``FaultKind`` or ``none``; the fault fires at step ``FAIL_STEP`` in PHASE on
+FAIL_RANK. The monitor beats every 0.25 s with the 2 s floor; the group timeout is 60 s,
+so only the monitor releases the ranks in time. Every step sleeps a base step; with
+JITTER (a factor, e.g. 3), a random time up to JITTER base steps instead, ten at step 40,
+and a checkpoint is saved every 250 steps. Prints one JSON line: this rank, its error and
+notes, the wall-clock time it failed, and the end of its last step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+warnings.filterwarnings("ignore")
+
+from support.configs import TINY  # noqa: E402
+
+from lifecycle import (  # noqa: E402
+    Callback,
+    CheckpointConfig,
+    DistributedConfig,
+    FaultInjection,
+    ParallelConfig,
+    PretrainConfig,
+    SessionHandle,
+    TrainingConfig,
+    pretrain,
+)
+from lifecycle._core.errors import describe  # noqa: E402
+from lifecycle._training.config import LivenessConfig  # noqa: E402
+
+RANK = int(os.environ["RANK"])
+FAIL_STEP = 60
+GROUP_TIMEOUT_S = 60.0
+INTERVAL_S = 0.25
+FLOOR_S = 2.0
+BASE_STEP_S = 0.02
+
+
+class Jitter(Callback):
+    """Sleeps a base step after each step; with ``factor``, 0 to ``factor`` base steps, and ten at step 40."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.random = random.Random(RANK)
+
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+        if not self.factor:
+            time.sleep(BASE_STEP_S)
+            return
+        time.sleep(BASE_STEP_S * (10 if step == 40 else self.random.uniform(0, self.factor)))
+
+
+def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: float) -> int:
+    fault = None
+    if kind != "none":
+        fault = FaultInjection(phase=phase, rank=fail_rank, step=FAIL_STEP, kind=kind)  # type: ignore[arg-type]
+    config = PretrainConfig(
+        distributed=DistributedConfig(timeout_s=GROUP_TIMEOUT_S),
+        parallel=ParallelConfig(micro_batch_size=4),
+        model=TINY,
+        training=TrainingConfig(iterations=steps, log_interval=0, eval_interval=0),
+        checkpoint=CheckpointConfig(dir=str(out / "ckpt"), interval=250) if jitter else CheckpointConfig(),
+        journal_dir=str(out),
+        fault=fault,
+        liveness=LivenessConfig(mode="kill", interval_s=INTERVAL_S, floor_s=FLOOR_S, default_deadline_s=30.0),  # type: ignore[arg-type]
+    )
+    error: BaseException | None = None
+    last: list[float] = [0.0]
+
+    class LastStep(Callback):
+        def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+            last[0] = time.time()
+
+    callbacks: list[Callback] = [LastStep(), Jitter(jitter)]
+    try:
+        pretrain(config, callbacks=callbacks)
+    except Exception as exc:  # noqa: BLE001 - what the test inspects
+        error = exc
+    report: dict[str, Any] = {
+        "rank": RANK,
+        "error": error and describe(error),
+        "notes": list(getattr(error, "__notes__", ())),
+        "failed_at": time.time(),
+        "last_step_end": last[0],
+    }
+    print(json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    jitter = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
+    sys.exit(main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), jitter))
