@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle._core.errors import ConfigError, check_number
-from lifecycle._training.config import STEPPED_PHASES, FaultKind, Phase, PretrainConfig
+from lifecycle._training.config import STEPPED_PHASES, FaultKind, LivenessMode, Phase, PretrainConfig
 
 DEFAULT_STEPS = 1000
 """Long enough to show training, short enough for a first look with 2 ranks on 2 CPU cores.
@@ -137,6 +137,23 @@ OPTIONS: tuple[Option, ...] = (
         metavar=None,
         choices=tuple(k.value for k in FaultKind),
         needs=_FAULT,
+    ),
+    Option(
+        "--liveness",
+        "each rank's liveness monitor: kill (default: name a stopped, spinning, hung or dead rank, "
+        "dump its stacks and kill it, so the others fail at once), report (name it only), off",
+        "liveness.mode",
+        type=str,
+        default="kill",
+        metavar=None,
+        choices=tuple(m.value for m in LivenessMode),
+    ),
+    Option(
+        "--liveness-interval",
+        "seconds between a monitor's looks and beats (default 1)",
+        "liveness.interval_s",
+        type=float,
+        metavar="S",
     ),
     Option("--retry", "after a failure, run pretrain again in the same processes", type=None),
     Option(

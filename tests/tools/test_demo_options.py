@@ -158,6 +158,10 @@ def _value_for(field: str) -> tuple[str, Any]:
         return "checkpoint", "checkpoint"
     if field == "fault.kind":
         return "spin", "spin"
+    if field == "liveness.mode":
+        return "report", "report"
+    if field == "liveness.interval_s":
+        return "0.5", 0.5
     if field == "distributed.timeout_s":
         return "7.5", 7.5
     return "3", 3
