@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import copy
 import pickle
+import sys
 from collections.abc import Callable
 
 import pytest
 
-from lifecycle import State, Trigger
-from lifecycle._core import errors
-from lifecycle._core.errors import (
+from lifecycle import (
     AlreadyHeld,
     AttemptDisagreement,
     ConfigError,
@@ -22,7 +21,9 @@ from lifecycle._core.errors import (
     ResourceRefused,
     SessionFinished,
     StaleResource,
+    State,
     StepTimedOut,
+    Trigger,
     UnfinishedSession,
 )
 
@@ -68,6 +69,7 @@ def test_every_error_pickles_and_copies_with_its_fields_and_notes(error: Lifecyc
 
 def test_every_error_type_in_the_module_has_a_pickling_example() -> None:
     """Each LifecycleError subclass defined in lifecycle._core.errors is among the pickling examples."""
+    errors = sys.modules[LifecycleError.__module__]
     defined = {
         obj
         for obj in vars(errors).values()

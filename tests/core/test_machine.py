@@ -14,10 +14,9 @@ from collections.abc import Callable
 import pytest
 from transitions import MachineError
 
-from lifecycle import State, Trigger
-from lifecycle._core.errors import InvalidTransition
+from lifecycle import TRANSITIONS, Edge, InvalidTransition, State, Trigger
 from lifecycle._core.machine import Driver
-from lifecycle._core.table import TRANSITIONS, Edge, find_edge
+from lifecycle._core.table import find_edge
 
 PAIRS = list(itertools.product(State, Trigger))
 UNDECLARED = [(s, t) for s, t in PAIRS if find_edge(s, t) is None]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle import TRANSITIONS, State
+from lifecycle._tools.diagrams import dot, mermaid
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,8 +108,6 @@ def test_the_dot_file_marks_final_states_and_styles_no_current_state(generated: 
 
 def test_a_taken_path_is_highlighted() -> None:
     """Edges passed as taken are highlighted in both formats, and only they (pins private ``mermaid``/``dot``)."""
-    from lifecycle._tools.diagrams import dot, mermaid
-
     path = TRANSITIONS[:2]
     assert "class uninitialized,dist_ready,globals_ready taken" in mermaid(path)
     nodes, edges = dot_statements(dot(path))
@@ -119,16 +118,12 @@ def test_a_taken_path_is_highlighted() -> None:
 
 def test_the_dot_text_is_deterministic() -> None:
     """The same table and taken edges give the same bytes, whatever the order the taken edges come in."""
-    from lifecycle._tools.diagrams import dot
-
     assert dot() == dot() == (ROOT / "diagrams" / "lifecycle.dot").read_text(encoding="utf-8")
     assert dot(TRANSITIONS[:3]) == dot(tuple(reversed(TRANSITIONS[:3]))) == dot(set(TRANSITIONS[:3]))
 
 
 def test_drawing_logs_no_transitions_warning(caplog: pytest.LogCaptureFixture) -> None:
     """Drawing the dot diagram (plain and with a path) logs nothing at WARNING or above from transitions."""
-    from lifecycle._tools.diagrams import dot
-
     with caplog.at_level(logging.DEBUG):
         dot()
         dot(TRANSITIONS)
@@ -137,8 +132,6 @@ def test_drawing_logs_no_transitions_warning(caplog: pytest.LogCaptureFixture) -
 
 def test_without_the_graphviz_package_dot_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the ``graphviz`` Python package, drawing the dot diagram raises an ImportError naming the install."""
-    from lifecycle._tools.diagrams import dot
-
     monkeypatch.setitem(sys.modules, "graphviz", None)  # makes `import graphviz` fail
     with pytest.raises(ImportError, match="pip install graphviz"):
         dot()

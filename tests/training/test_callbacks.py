@@ -16,8 +16,10 @@ from lifecycle import (
     ExitReason,
     FaultInjection,
     InjectedFault,
+    InvalidTransition,
     Phase,
     Session,
+    SessionFinished,
     SessionHandle,
     State,
     TorchActions,
@@ -25,7 +27,6 @@ from lifecycle import (
     Trigger,
     pretrain,
 )
-from lifecycle._core.errors import InvalidTransition, SessionFinished
 from lifecycle.testing import RecordingActions
 
 NOTHING_LIVE = dict.fromkeys(alive(), False)
