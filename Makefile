@@ -69,7 +69,7 @@ test: $(STAMP)
 
 # Torch-free tests only; the run fails if anything imported torch.
 test-unit: $(STAMP)
-	@$(call TIMED,LIFECYCLE_TORCH_FREE=1 $(PYTEST) -m "not slow" tests/core tests/journal tests/test_layout.py tests/test_measurements.py tests/reliability/test_expected.py)
+	@$(call TIMED,LIFECYCLE_TORCH_FREE=1 $(PYTEST) -m "not slow" tests/core tests/journal tests/test_layout.py tests/test_measurements.py tests/test_private_imports.py tests/reliability/test_expected.py)
 
 # The fuzzers over their whole space (make test runs a seeded sample of each): the interrupt and
 # asynchronous-exception fuzzers (about 6 minutes) and the checkpoint abort fuzz's 500 cases (about 2). Not in CI.

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from support.internals import session as session_module
 
-import lifecycle._core.session as session_module
 from lifecycle import Handler, Resource, Session, StaleResource, State, StepKind, StepTimedOut, TeardownError
 from lifecycle.testing import RecordingActions
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.internals import AnnouncesFailures, RunJournal
 
-from lifecycle import FailureEvent, Session, SessionEvent, State
-from lifecycle._core.seams import Announcement, AnnouncesFailures
-from lifecycle._training.journaling import RunJournal
+from lifecycle import Announcement, FailureEvent, Session, SessionEvent, State
 from lifecycle.journal import Failure, Origin, TeardownStep, read
 from lifecycle.testing import RecordingActions, RecordingCheckpoints
 

@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support.internals import RunJournal
 from support.journals import v1_failed_call
 
 from lifecycle import FailureEvent, Session, SessionEvent, State, TransitionEvent
-from lifecycle._training.journaling import RunJournal
 from lifecycle.journal import (
     V1_RUN_ID,
     VERSION,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from support.internals import LEFTOVERS
 
 from lifecycle import (
     Handler,
@@ -25,7 +26,6 @@ from lifecycle import (
     declare_resource,
     undeclare_resource,
 )
-from lifecycle._core.leftovers import LEFTOVERS
 from lifecycle.testing import RecordingActions
 
 

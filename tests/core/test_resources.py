@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from support.internals import diagrams, wrapper_plan
 
 from lifecycle import (
     Handler,
@@ -26,8 +27,6 @@ from lifecycle import (
     plan_teardown,
     undeclare_resource,
 )
-from lifecycle._core.wrapped import wrapper_plan
-from lifecycle._tools import diagrams
 from lifecycle.testing import RecordingActions
 
 

@@ -20,8 +20,9 @@ from support.configs import ONE
 from support.launch import run_workers
 from support.probes import NOTHING_ALIVE, alive
 from support.session import drive
+from support.torch_internals import HOSTED, open_store
+from support.torch_internals import actions as torch_actions
 
-import lifecycle._torch.actions as torch_actions
 from lifecycle import (
     ConfigError,
     Owner,
@@ -33,7 +34,6 @@ from lifecycle import (
     declared_resources,
     live_resources,
 )
-from lifecycle._torch.store import HOSTED, open_store
 from lifecycle.testing import release_everything
 
 ACQUIRED = tuple(r for r in declared_resources() if r.acquired_by in (Trigger.INIT_DISTRIBUTED, Trigger.INIT_GLOBALS))

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.internals import show_main
 from support.launch import WORKERS, free_port, suite_env
 
-from lifecycle._tools.show import show_main
 from lifecycle.journal import Record, RunEnd, RunStart, Transition, read
 from lifecycle.testing import run_command
 

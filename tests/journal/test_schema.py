@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.internals import synthetic
 from support.journals import v1_failed_call
 
-from lifecycle._tools import synthetic
 from lifecycle.journal import KINDS, VERSION, Left, Origin, TeardownStep, TrainStep, parse, read
 from lifecycle.journal._records import build, usual
 from lifecycle.journal._schema import compile_fields

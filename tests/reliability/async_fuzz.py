@@ -29,17 +29,14 @@ from types import CodeType, FrameType
 from typing import Any
 
 from reliability.fuzz import PACKAGE_DIR, POOL, POOL_KIND, drain_leftovers, kept_handlers, with_exits
+from support.internals import LEFTOVERS, WORKERS, serve_code, worker
 
 from lifecycle import Session, State
-from lifecycle._core import worker as worker_module
-from lifecycle._core.leftovers import LEFTOVERS
-from lifecycle._core.session import _serve
-from lifecycle._core.worker import POOL as WORKERS
 from lifecycle.testing import RecordingActions, RecordingCheckpoints
 
 MAIN = threading.main_thread()
-_SKIPPED_FILES = frozenset({worker_module.__file__})
-_SKIPPED_CODES = frozenset({_serve.__code__})
+_SKIPPED_FILES = frozenset({worker.__file__})
+_SKIPPED_CODES = frozenset({serve_code})
 
 
 class Landed(BaseException):

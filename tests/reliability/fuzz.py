@@ -35,6 +35,8 @@ from enum import StrEnum
 from types import CodeType, FrameType
 from typing import Any
 
+from support.internals import LEFTOVERS, WORKERS, Holdings, Leftover, resolve, serve_code, worker
+
 import lifecycle
 from lifecycle import (
     Handler,
@@ -50,12 +52,6 @@ from lifecycle import (
     declare_resource,
     undeclare_resource,
 )
-from lifecycle._core import worker as worker_module
-from lifecycle._core.holdings import Holdings
-from lifecycle._core.leftovers import LEFTOVERS, Leftover
-from lifecycle._core.session import _serve
-from lifecycle._core.signals import resolve
-from lifecycle._core.worker import POOL as WORKERS
 from lifecycle.testing import RecordingActions, RecordingCheckpoints
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(lifecycle.__file__)) + os.sep
@@ -260,8 +256,8 @@ HANDLER_WAIT_S = 5.0
 """The longest a worker that sent a signal waits for the main thread's handler to start."""
 
 MAIN = threading.main_thread()
-_SERVE = _serve.__code__
-WORKER_FILE = worker_module.__file__
+_SERVE = serve_code
+WORKER_FILE = worker.__file__
 """The wait machinery's frames (``_serve``, ``lifecycle._core.worker``) are not traced: how often they run is timing."""
 
 

@@ -55,6 +55,7 @@ from reliability.expected import (
 from reliability.matrix_cells import Cell
 from support.configs import FAST, GROUP_TIMEOUT_S
 from support.probes import TORCH_COLLECTIVES, alive
+from support.torch_internals import SyntheticTokens  # the default batches: pretrain's own provider
 
 from lifecycle import (
     Callback,
@@ -80,7 +81,6 @@ from lifecycle import (
     TrainingConfig,
     pretrain,
 )
-from lifecycle._training.model import SyntheticTokens  # the default batches: pretrain's own provider
 from lifecycle.checkpoint import AsyncCheckpointer
 from lifecycle.restart import wrapped_pretrain
 from lifecycle.testing import release_everything
@@ -246,7 +246,7 @@ class Probe:
     def model_provider(self, config: PretrainConfig) -> torch.nn.Module:
         """The default model, unless the fault is due in setup."""
         self.fire("setup")
-        from lifecycle._training.model import default_model_provider  # pretrain's own default
+        from support.torch_internals import default_model_provider  # pretrain's own default
 
         return default_model_provider(config)
 

@@ -25,9 +25,7 @@ from collections.abc import Iterator
 import pytest
 from reliability.async_fuzz import Case, Scenario, count, lines, problems_of, run_case
 from reliability.fuzz import declare_pool, seed
-
-from lifecycle._core import worker as worker_module
-from lifecycle._core.holdings import REGISTRY
+from support.internals import REGISTRY, WORKERS
 
 SAMPLE = int(os.environ.get("LIFECYCLE_ASYNC_FUZZ_SAMPLE", "400"))
 """A seeded sample of this many line events per scenario (``make test``); 0: every one (``make fuzz-all``)."""
@@ -83,7 +81,7 @@ def test_an_exception_landing_at_any_line_leaves_the_session_final_and_the_proce
 
 def test_a_teardown_run_in_place_is_caught(pool: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no worker to run the teardown on, an exception landing mid-teardown cuts it short: the checks say so."""
-    monkeypatch.setattr(worker_module.POOL, "submit", lambda job: False)
+    monkeypatch.setattr(WORKERS, "submit", lambda job: False)
     _, failures = sweep(Scenario.FAIL)
     assert failures, "a teardown run on the main thread survived every landing: the fuzzer cannot fail"
     assert any("still holds" in failure or "handler" in failure for failure in failures), failures[:3]

@@ -53,14 +53,11 @@ from reliability.fuzz import (
     run_case,
     seed,
 )
+from support.internals import LEFTOVERS, REGISTRY, Shield, executor
+from support.internals import session as session_module
+from support.internals import shield as shield_module
 
 from lifecycle import Ledger
-from lifecycle._core import executor
-from lifecycle._core import session as session_module
-from lifecycle._core import shield as shield_module
-from lifecycle._core.holdings import REGISTRY
-from lifecycle._core.leftovers import LEFTOVERS
-from lifecycle._core.shield import Shield
 
 # -- fixtures ----------------------------------------------------------------------------
 

@@ -5,4 +5,8 @@
 - ``probes``: what is alive, and a recorder of torch.distributed / megatron-core calls.
 - ``session``: driving a session to a state; ``PlannedFailure``, the failure a test raises.
 - ``journals``: journal fixtures (a v1 file).
+- ``internals``, ``torch_internals``: the suite's one door to lifecycle's private modules
+  (torch-free, and those that import torch). A test of one private module imports that
+  module itself; anything else reaches behind the public names through these two
+  (``tests/test_private_imports.py`` keeps it so).
 """

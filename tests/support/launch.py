@@ -15,8 +15,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from lifecycle._core.processes import process_environments
 from lifecycle.testing import RankResult, free_port, free_ports, launch_ranks, run_command
+from support.internals import process_environments
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"

@@ -16,8 +16,8 @@ import psutil
 import pytest
 import torch.distributed as dist
 from megatron.core import num_microbatches_calculator, parallel_state
+from support.internals import kill_group, kill_marked, marked
 
-from lifecycle._tools.launcher import kill_group, kill_marked, marked
 from lifecycle.testing import (
     alive,
     free_ports,

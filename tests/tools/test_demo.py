@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support.internals import final_states
 from support.launch import run_demo
 
-from lifecycle._tools.show import final_states
 from lifecycle.journal import Origin, RunEnd, RunStart, TrainStep, read
 
 

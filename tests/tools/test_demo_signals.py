@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support.internals import final_states
 from support.launch import started_demo
 
-from lifecycle._tools.show import final_states
 from lifecycle.journal import RunEnd, read
 
 TRAINING = "tokens/s"

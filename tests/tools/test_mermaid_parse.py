@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.internals import synthetic
 
-from lifecycle._tools import synthetic
 from lifecycle._tools.page import BUNDLE
 from lifecycle._tools.show import show_main
 from lifecycle.journal import Origin, Record

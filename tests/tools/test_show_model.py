@@ -6,12 +6,14 @@ Torch-free; the views built on it (text, charts, page) are pinned in ``test_show
 from __future__ import annotations
 
 import pytest
+from support.internals import synthetic
 
 from lifecycle import declared_resources
-from lifecycle._tools import show_model, synthetic
-from lifecycle._tools.show_model import AttemptKey, RunKey
+from lifecycle._tools import show_model
 from lifecycle._tools.verdict import Decided, Outcome
 from lifecycle.journal import Origin, Record, TeardownStep
+
+RunKey, AttemptKey = show_model.RunKey, show_model.AttemptKey  # the keys a view never indexes
 
 
 def flat(ranks: dict[int, list[Record]]) -> list[Record]:

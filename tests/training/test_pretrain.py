@@ -13,6 +13,7 @@ import torch
 from support.configs import config_of_one
 from support.launch import REPO, free_port, run_bounded
 from support.probes import alive
+from support.torch_internals import default_forward_step, default_model_provider  # pretrain's own defaults
 
 from lifecycle import (
     Callback,
@@ -31,7 +32,6 @@ from lifecycle import (
     TrainingConfig,
     pretrain,
 )
-from lifecycle._training.model import default_forward_step, default_model_provider  # pretrain's own defaults
 from lifecycle.checkpoint import latest_checkpoint
 from lifecycle.journal import VERSION, read
 from lifecycle.testing import torchrun_command

@@ -29,6 +29,7 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402 - after the warning filter
 import torch.distributed as dist  # noqa: E402
 from support.configs import TINY  # noqa: E402
+from support.internals import RunJournal, describe  # noqa: E402
 
 from lifecycle import (  # noqa: E402
     Callback,
@@ -42,7 +43,6 @@ from lifecycle import (  # noqa: E402
     TrainingConfig,
     pretrain,
 )
-from lifecycle._core.errors import describe  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 FAIL_STEP = 3
@@ -97,7 +97,6 @@ def store_refuses(addr: str, port: int) -> bool:
 
 def host_first(out: Path) -> None:
     """Rank 0 (the store's host) fails and its process ends; rank 1 fails after, the store gone."""
-    from lifecycle._training.journaling import RunJournal
     from lifecycle.journal import Origin, run_id
 
     session = Session(TorchActions(DistributedConfig(timeout_s=TIMEOUT_S), ParallelConfig()))

@@ -44,11 +44,10 @@ from nvidia_resiliency_ext.inprocess.store import PrefixStore
 from reliability.async_fuzz import MAIN, Tracer
 from reliability.fuzz import PACKAGE_DIR
 from support.configs import FAST, GROUP_TIMEOUT_S
+from support.internals import LEFTOVERS, WORKERS
 from support.probes import megatron_left, monitor_pid, reap
 
 from lifecycle import DistributedConfig, ParallelConfig, Session, TorchActions, restart
-from lifecycle._core import worker as worker_module
-from lifecycle._core.leftovers import LEFTOVERS
 from lifecycle.testing import RecordingCheckpoints, free_ports
 from lifecycle.testing.leaks import find_leaks, snapshot
 
@@ -230,7 +229,7 @@ def main() -> None:
     """
     out, seed, sample = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     if os.environ.get("LIFECYCLE_TEARDOWN_IN_PLACE") == "1":
-        worker_module.POOL.submit = lambda job: False  # type: ignore[method-assign]
+        WORKERS.submit = lambda job: False  # type: ignore[method-assign]
     with out.open("a") as lines:
 
         def report(case: dict[str, Any]) -> None:

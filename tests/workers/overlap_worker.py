@@ -22,9 +22,9 @@ from megatron.core import parallel_state
 from support.configs import GROUP_TIMEOUT_S
 from support.probes import alive
 from support.session import drive
+from support.torch_internals import HOSTED
 
 from lifecycle import DistributedConfig, ParallelConfig, Session, State, TorchActions, Trigger, declared_resources
-from lifecycle._torch.store import HOSTED
 from lifecycle.testing import release_everything
 
 ACQUIRED = tuple(r for r in declared_resources() if r.acquired_by in (Trigger.INIT_DISTRIBUTED, Trigger.INIT_GLOBALS))

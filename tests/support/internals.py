@@ -1,0 +1,81 @@
+"""The suite's one door to lifecycle's private, torch-free modules.
+
+White-box tests reach here for what no user should touch, and only they: the fuzzers
+(the worker pool's idle hooks, the frames they must not trace, the holdings registry),
+the meta-tests that break one piece (``Shield._restore``, ``LEFTOVERS.take``,
+``Session._journal_move``) to show a checker catches it, the journal writer a session
+uses (``RunJournal``), and ``show``'s own functions that tests call in-process. A test
+of one private module (``tests/tools/test_show_model.py`` of
+``lifecycle._tools.show_model``, say) imports that module itself; everything else
+imports it from here, so that what the suite reaches behind the public names is listed
+in one place. The torch-dependent ones are in ``support.torch_internals``.
+"""
+
+from __future__ import annotations
+
+from lifecycle._core import (
+    errors,
+    executor,
+    holdings,
+    leftovers,
+    processes,
+    seams,
+    session,
+    shield,
+    signals,
+    worker,
+    wrapped,
+)
+from lifecycle._tools import diagrams, launcher, page, show, synthetic
+from lifecycle._training import journaling
+
+__all__ = [
+    "LEFTOVERS",
+    "REGISTRY",
+    "WORKERS",
+    "AnnouncesFailures",
+    "Holdings",
+    "Leftover",
+    "RunJournal",
+    "Shield",
+    "describe",
+    "diagrams",
+    "executor",
+    "final_states",
+    "kill_group",
+    "kill_marked",
+    "marked",
+    "page",
+    "process_environments",
+    "resolve",
+    "serve_code",
+    "session",
+    "shield",
+    "show_main",
+    "synthetic",
+    "worker",
+    "wrapper_plan",
+]
+
+LEFTOVERS = leftovers.LEFTOVERS
+"""What sessions left held for the next session to reclaim (``lifecycle._core.leftovers``)."""
+Leftover = leftovers.Leftover
+REGISTRY = holdings.REGISTRY
+"""Every live session's holdings (``lifecycle._core.holdings``)."""
+Holdings = holdings.Holdings
+WORKERS = worker.POOL
+"""lifecycle's worker pool, started with a session (``lifecycle._core.worker``)."""
+serve_code = session._serve.__code__
+"""The code of the session's wait loop, whose frames a tracer must skip (how often it runs is timing)."""
+Shield = shield.Shield
+resolve = signals.resolve
+describe = errors.describe
+AnnouncesFailures = seams.AnnouncesFailures
+wrapper_plan = wrapped.wrapper_plan
+process_environments = processes.process_environments
+RunJournal = journaling.RunJournal
+final_states = show.final_states
+show_main = show.show_main
+kill_group = launcher.kill_group
+kill_marked = launcher.kill_marked
+marked = launcher.marked
