@@ -467,8 +467,8 @@ class Session:
         (so ``progress`` need not be called again to leave a phase); at the step given
         last (``step`` None keeps it; None until one is given). It is also this rank's
         progress mark for its liveness monitor, if one runs (``lifecycle._liveness``: a
-        write to a shared page, no system call). Costs about a microsecond: call it as
-        often as you like. Never raises.
+        write to a shared page, no system call). Cheap (see docs/benchmarks.md,
+        progress-mark): call it as often as you like. Never raises.
         """
         self._phase = (phase, self.state)
         if step is not None:
