@@ -54,6 +54,7 @@ def _state_after(child: subprocess.Popen[bytes], seconds: float) -> str | None:
     return process_state(child.pid)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_crash_kills_the_process_with_sigkill() -> None:
     """crash: the process ends with SIGKILL (no exception, no exit code of its own)."""
@@ -62,7 +63,14 @@ def test_crash_kills_the_process_with_sigkill() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("kind", "state"), [("stop", "T"), ("hang", "S"), ("spin", "R")])
+@pytest.mark.parametrize(
+    ("kind", "state"),
+    [
+        pytest.param("stop", "T", marks=pytest.mark.slow),  # the fault cells cover stop and hang too
+        pytest.param("hang", "S", marks=pytest.mark.slow),
+        ("spin", "R"),
+    ],
+)
 def test_silent_faults_leave_the_process_in_their_state(kind: str, state: str) -> None:
     """stop: stopped (T); hang: asleep (S); spin: running (R), its other thread silent (C code holds the GIL)."""
     child = _start(kind)
