@@ -620,16 +620,19 @@ def test_an_abort_stops_the_write_at_the_next_tensor_and_removes_its_files(
     writer = AsyncCheckpointer(tmp_path)
     resolve = dcp_format._CancellablePlanner.resolve_data
     calls: list[float] = []
+    watched = threading.Event()  # the test holds the pending write before the abort clears it
 
     def abort_at_the_third(planner: Any, item: Any) -> Any:
         calls.append(time.monotonic())
         if len(calls) == 3:
+            watched.wait(5)
             writer.abort()  # as another thread would, between the 2nd tensor and the 3rd
         return resolve(planner, item)
 
     monkeypatch.setattr(dcp_format._CancellablePlanner, "resolve_data", abort_at_the_third)
     writer.save(1, {f"t{i:02d}": torch.full((1 << 16,), float(i)) for i in range(16)})
     done = _wait_done(writer)
+    watched.set()
     error = done()
     assert isinstance(error, CheckpointError) and "aborted while it was written" in str(error)
     assert len(calls) == 3  # the 3rd tensor was refused: the write ended there
