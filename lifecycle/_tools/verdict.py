@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from lifecycle._core.plans import Outcome as PlanOutcome
@@ -51,6 +51,7 @@ class Decided(Enum):
     NO_FAILURE = "no rank failed"
     BY_SEQUENCE = "by the store's sequence number"
     BY_WALL_TIME = "by wall time: no failure notice was journaled"
+    BY_NOTICE = "named by a peer's notice: it journaled no failure, its liveness monitor published it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +338,23 @@ def _first(failed: Sequence[RankEnd]) -> tuple[RankEnd | None, Decided]:
     return None, Decided.NO_FAILURE
 
 
+def _named_by_notice(first: RankEnd, ends: Mapping[int, RankEnd]) -> RankEnd | None:
+    """The rank that the first journaled notice names as first when that rank journaled no failure (None otherwise).
+
+    A rank judged and killed by its liveness monitor (stopped, spinning, hung) or dead
+    writes no ``Failure`` record; its monitor publishes its notice, which the survivors'
+    notes name. It is reported as failed when its journal last says anything, with the
+    survivor's note as its error.
+    """
+    if first.seq == 1 or first.first_rank is None:
+        return None
+    named = ends.get(first.first_rank)
+    if named is None or named.failed or named.state is not None:
+        return None
+    error = re.sub(r"^lifecycle: (rank \d+ failed first \([^)]*\): )?", "", first.note)
+    return replace(named, failed_at=named.last_time if named.last_time is not None else first.failed_at, error=error)
+
+
 def _independent(first: RankEnd, other: RankEnd) -> bool:
     """Whether ``other`` failed on its own: within ``INDEPENDENT_S`` of ``first``, or, having published its own
     notice, it names no peer as first and has no note (a note without a first rank says why the first was unknown,
@@ -382,6 +400,10 @@ def analyse(ranks: Mapping[int, Sequence[Record]]) -> Verdict:
     ends = dict(sorted(ends.items()))
     failed = [e for e in ends.values() if e.failed]
     first, decided = _first(failed)
+    if first is not None and decided is Decided.BY_SEQUENCE:
+        named = _named_by_notice(first, ends)
+        if named is not None:
+            first, decided = named, Decided.BY_NOTICE
     independent = tuple(
         sorted((e for e in failed if first is not None and e is not first and _independent(first, e)), key=_time)
     )

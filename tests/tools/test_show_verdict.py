@@ -66,6 +66,22 @@ def test_the_first_failure_is_ordered_by_the_stores_sequence_number() -> None:
     assert "rank 1: closed" in lines
 
 
+def test_a_rank_its_liveness_monitor_killed_is_named_first_from_the_survivors_notice() -> None:
+    """Rank 0 was stopped and killed by its monitor (no Failure record, no end); rank 1's notice is number 2 and names
+    rank 0: the verdict names rank 0 with the monitor's words, never the survivor (before: rank 1 "failed first")."""
+    note = (
+        "lifecycle: rank 0 failed first (step 6, phase step): LivenessVerdict: rank 0 is stopped at step 6, "
+        "phase step: no progress for 2.0 s (deadline 2 s)"
+    )
+    ranks = attempt(2, {0: {"end": "killed"}, 1: failed(FAIL + 2.0, PEER, seq=2, first_rank=0, note=note)})
+    lines = verdict.analyse(ranks).lines()
+    assert lines[0].startswith("rank 0 failed first (named by a peer's notice"), lines
+    assert lines[0].endswith(
+        ": LivenessVerdict: rank 0 is stopped at step 6, phase step: no progress for 2.0 s (deadline 2 s)"
+    )
+    assert any(line.startswith("rank 1: failed") for line in lines), lines
+
+
 def test_without_failure_records_the_first_failure_is_by_wall_time() -> None:
     """Journals without Failure records (older runs): the earliest failure evidence by wall time decides, and the
     verdict says so; the phase is the state the rank failed from, the step the last it recorded."""
