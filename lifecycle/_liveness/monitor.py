@@ -1,10 +1,10 @@
 """A rank's liveness monitor: its own process, standard library only, that tells a wedged rank apart and ends it.
 
 Runs as ``python -S -E -s monitor.py '<json settings>'``, started by the rank it watches
-(``lifecycle._liveness.rank``). It imports nothing of lifecycle, torch or site-packages:
-about 10 MB and a few tens of milliseconds per rank. It reads the rank's progress marks
-from a shared page (``Marks``: attempt, step, phase and a count of marks, written by the
-training thread without a system call), speaks the ``TCPStore`` wire protocol itself
+(``lifecycle._liveness.rank``). It imports nothing of lifecycle, torch or site-packages,
+so it starts fast and small (see docs/benchmarks.md, monitor-cost). It reads the rank's
+progress marks from a shared page (``Marks``: attempt, step, phase and a count of marks,
+written by the training thread without a system call), speaks the ``TCPStore`` wire protocol itself
 (``StoreClient``: every call bounded by a socket timeout), and dies with its rank
 (``PR_SET_PDEATHSIG``, after which it reports the death).
 
@@ -322,6 +322,7 @@ class Monitor:
         self.last: Position | None = None
         self.changed = time.monotonic()
         self.step_changed = self.changed
+        self.step_seen: int | None = None
         self.running_ticks = 0
         self.neighbour = (settings.rank + 1) % settings.world_size
         self.neighbour_beat: bytes | None = None
@@ -366,9 +367,11 @@ class Monitor:
             if last is not None and last.phase not in LOOP_PHASES:
                 self.deadlines.sample(last.phase, now - self.changed)
             if last is not None and position.step != last.step and position.phase in LOOP_PHASES:
-                if last.phase in LOOP_PHASES:
-                    self.deadlines.sample("step", now - self.step_changed)
-                self.step_changed = now
+                if last.phase in LOOP_PHASES and position.step is not None and self.step_seen is not None:
+                    # Steps shorter than an interval: the mean over the steps made since the last look.
+                    steps = max(1, position.step - self.step_seen)
+                    self.deadlines.sample("step", (now - self.step_changed) / steps)
+                self.step_changed, self.step_seen = now, position.step
             self.last = position
             self.changed = now
             self.running_ticks = 0
@@ -475,7 +478,7 @@ class Monitor:
         else:
             note = (
                 f"rank {self.s.rank} {kind_words(kind, position)}: no progress for {age:.1f} s "
-                f"(deadline {deadline:g} s); {why}"
+                f"(deadline {deadline:.1f} s); {why}"
             )
             if self.s.mode == "kill":
                 note += f"; its Python stacks are in {self.s.stacks}"

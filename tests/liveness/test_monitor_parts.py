@@ -121,3 +121,25 @@ def test_every_store_call_is_bounded_against_a_frozen_server() -> None:
     finally:
         host.kill()
         host.wait()
+
+
+def test_steps_shorter_than_a_look_calibrate_on_their_mean() -> None:
+    """Ten steps per 0.25 s look: each sample is 25 ms (not the look's 250 ms), so the deadline is the floor."""
+    marks = Marks()
+    try:
+        with open(marks.path, "r+b") as file:
+            page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
+        settings = monitor.Settings(
+            rank=0, world_size=1, pid=os.getpid(), marks=marks.path, host="127.0.0.1", port=1, prefix="p",
+            interval_s=0.25, floor_s=0.05, default_s=600.0, explicit={}, mode="report", dump_signal=0,
+            stacks="/dev/null", store_timeout_s=0.1,
+        )  # fmt: skip
+        watcher = monitor.Monitor(settings, page, wake=-1)
+        for look in range(8):
+            marks.mark("step", 10 * look + 1)
+            watcher.observe(monitor.read_marks(page), now=look * 0.25)
+        assert max(watcher.deadlines.samples["loop"]) == pytest.approx(0.025)
+        assert watcher.deadlines.of("batch") == (pytest.approx(0.125), "calibrated")
+        page.close()
+    finally:
+        marks.close()
