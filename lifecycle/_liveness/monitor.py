@@ -15,8 +15,10 @@ Every ``interval_s`` it
 - beats: sets ``<prefix>/liveness/hb/<rank>`` to its beat count and the position (one
   store write per interval, none per step);
 - watches one neighbour (rank + 1) by its beat count; a neighbour silent for
-  ``max(4 intervals, floor)`` is confirmed by one rank, the one whose store ``add`` on
-  ``<prefix>/liveness/confirm/<rank>`` returns 1, which publishes it as unresponsive;
+  ``max(4 intervals, floor)`` (a monitor whose rank is done says so in its last beat)
+  is confirmed by one rank, the one whose store ``add`` on
+  ``<prefix>/liveness/confirm/<rank>/<beat>`` returns 1, which reads it once more and
+  publishes it as unresponsive;
 - classifies its own rank when stale, from ``/proc/<pid>/stat``: ``T`` stopped, ``R``
   spinning (two ticks in a row), ``S``/``D`` waiting in its phase, but only when its
   count of marks is the lowest of all ranks and below another's (behind: a rank waiting
@@ -341,6 +343,7 @@ class Monitor:
             now = time.monotonic()
             position = read_marks(self.page)
             if position.done:
+                self.beat(position, done=True)  # a last beat that says so: the neighbour stops watching
                 return 0
             self.observe(position, now)
             if self.parent_died or process_state(self.s.pid) is None:
@@ -376,10 +379,14 @@ class Monitor:
             self.changed = now
             self.running_ticks = 0
 
-    def beat(self, position: Position) -> bool:
-        """Publish this monitor's beat and its rank's position (one store write); False if the store failed."""
+    def beat(self, position: Position, *, done: bool = False) -> bool:
+        """Publish this monitor's beat and its rank's position (one store write); False if the store failed.
+
+        ``done``: the rank is done (finished, or failing on its own): its watcher stops watching.
+        """
         self.beats += 1
-        text = json.dumps([self.beats, position.count, position.attempt, position.step, position.phase])
+        fields: list[object] = [self.beats, position.count, position.attempt, position.step, position.phase]
+        text = json.dumps([*fields, "done"] if done else fields)
         try:
             self.store.set(f"{self.s.prefix}/liveness/hb/{self.s.rank}", text.encode())
         except StoreError:
@@ -431,7 +438,7 @@ class Monitor:
                 return ""
             if found is None:
                 return ""
-            _, count, attempt, _, _ = json.loads(found)
+            _, count, attempt, _, _ = json.loads(found)[:5]
             if attempt != position.attempt:
                 return ""
             counts[rank] = count
@@ -447,7 +454,7 @@ class Monitor:
             beat = self.store.get(key)
         except StoreError:
             return
-        if beat is None:
+        if beat is None or json.loads(beat)[5:] == ["done"]:
             return
         if beat != self.neighbour_beat:
             self.neighbour_beat, self.neighbour_changed = beat, now
@@ -456,12 +463,17 @@ class Monitor:
         if silent <= max(4 * self.s.interval_s, self.s.floor_s):
             return
         try:
-            if self.store.add(f"{self.s.prefix}/liveness/confirm/{self.neighbour}", 1) != 1:
+            # One confirmer per silent beat: the rank whose add on it comes first.
+            number = json.loads(beat)[0]
+            if self.store.add(f"{self.s.prefix}/liveness/confirm/{self.neighbour}/{number}", 1) != 1:
                 self.neighbour_changed = now + 3600.0  # another rank confirms; stop asking
+                return
+            if self.store.get(key) != beat:  # the confirming read: it beat meanwhile after all
+                self.neighbour_changed = now
                 return
         except StoreError:
             return
-        _, _, _, step, phase = json.loads(beat)
+        _, _, _, step, phase = json.loads(beat)[:5]
         where = f"phase {phase}" if step is None else f"step {step}, phase {phase}"
         note = (
             f"rank {self.neighbour} is unresponsive: its monitor has not beaten for {silent:.1f} s "
@@ -608,7 +620,8 @@ def main(argv: list[str]) -> int:
             monitor.parent_died = True
 
     signal.signal(signal.SIGUSR1, parent_died)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # SIGTERM (the rank's stop()) wakes the loop, which sees the rank done and says so before it exits.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the rank's to handle
     with open(settings.marks, "r+b") as file:
         page = mmap.mmap(file.fileno(), PAGE_SIZE)

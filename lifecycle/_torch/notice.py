@@ -48,6 +48,12 @@ ERROR_CHARS = 300
 NAMESPACE = "failures"
 """The notices' keys, under the attempt's store prefix."""
 
+VERDICT_WAIT_MAX_S = 1.0
+"""The longest a failing rank waits for a liveness verdict (two monitor intervals, at most this)."""
+
+VERDICT_ERROR = "LivenessVerdict: "
+"""How the error of a notice a liveness monitor published begins."""
+
 VERDICTS = "liveness/verdict"
 """The liveness monitors' verdicts (``lifecycle._liveness.monitor``), numbered from 1, under the attempt's prefix."""
 
@@ -128,7 +134,7 @@ def publish(
     # notice's text, never ``error``: a worker left behind must not keep the failure's frames
     # (and the process groups they reference) alive.
     monitor = liveness.current()
-    verdict_wait = 2 * monitor.interval_s if monitor is not None else 0.0
+    verdict_wait = min(2 * monitor.interval_s, VERDICT_WAIT_MAX_S) if monitor is not None else 0.0
     bound = deadline_s + verdict_wait
     finished, outcome = WORKERS.run_within(lambda: _publish(keys, name, mine, verdict_wait), bound)
     if not finished or outcome is None:
@@ -154,10 +160,12 @@ def _from_page(outcome: Announcement, verdict: dict[str, object] | None, rank: i
 def _publish(store: Store, name: str, mine: FailureNotice, verdict_wait: float = 0.0) -> Announcement:
     """``publish``'s work, on its thread: count, write, read the first notice; never raises.
 
-    First to fail while a liveness monitor runs here (``verdict_wait`` above 0), the
-    rank waits up to ``verdict_wait`` for a liveness verdict: a peer that died or was
-    killed resets this rank's connections before its heartbeat is stale, and its own
-    monitor names it (``lifecycle._liveness``).
+    While a liveness monitor runs here (``verdict_wait`` above 0), a rank whose notice is
+    number 1, or whose notice 1 is not a monitor's, waits up to ``verdict_wait`` for a
+    liveness verdict, which then names the first rank: a peer that died resets this
+    rank's connections (and maybe another survivor's, first) before its heartbeat is
+    stale, and its own monitor names it (``lifecycle._liveness``). An ordinary failure
+    pays that wait.
     """
     try:
         seq = int(store.add(f"{NAMESPACE}/count", 1))
@@ -182,22 +190,30 @@ def _publish(store: Store, name: str, mine: FailureNotice, verdict_wait: float =
     except Exception as exc:  # noqa: BLE001 - an unreadable first notice: unknown, and why
         return _first_unknown(seq, f"notice 1 could not be read: {_brief(exc)}")
     note = f"lifecycle: rank {first.rank} failed first ({first.where()}): {first.error}"
-    return Announcement(seq, "", first.rank, note)
+    found = Announcement(seq, "", first.rank, note)
+    if verdict_wait > 0 and not first.error.startswith(VERDICT_ERROR):
+        # Notice 1 may be a peer that a dead rank reset before the dead rank's monitor spoke.
+        return _verdict(store, seq, verdict_wait, found)
+    return found
 
 
-def _verdict(store: Store, seq: int, wait_s: float) -> Announcement:
-    """Notice ``seq`` (1) published: wait up to ``wait_s`` for the first liveness verdict, and name its rank."""
+def _verdict(store: Store, seq: int, wait_s: float, otherwise: Announcement | None = None) -> Announcement:
+    """Notice ``seq`` published: wait up to ``wait_s`` for the first liveness verdict, and name its rank.
+
+    No verdict by then: ``otherwise`` (None: this rank's notice, number 1, stands alone).
+    """
     key = f"{VERDICTS}/1"
     deadline = time.monotonic() + wait_s
+    fallback = otherwise if otherwise is not None else Announcement(seq)
     try:
         while not store.check([key]):
             if time.monotonic() >= deadline:
-                return Announcement(seq)
+                return fallback
             time.sleep(_POLL_S * 5)
         verdict = json.loads(bytes(store.get(key)).decode())
         rank, note = int(verdict["rank"]), str(verdict["note"])
-    except Exception:  # noqa: BLE001 - no readable verdict: this rank's notice stands alone
-        return Announcement(seq)
+    except Exception:  # noqa: BLE001 - no readable verdict: what the notices say stands
+        return fallback
     return Announcement(seq, "", rank, f"lifecycle: {note}")
 
 

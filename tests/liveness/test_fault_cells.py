@@ -1,6 +1,6 @@
 """Silent faults become failure edges: a stopped, spinning, hung or dead rank is named and every rank fails in time.
 
-Two gloo ranks train with a liveness monitor each (0.25 s interval, 2 s floor) and a
+Two or four gloo ranks train with a liveness monitor each (0.25 s interval, 2 s floor) and a
 60 s group timeout, so only the monitor can release them in time. One rank stops,
 spins in C holding the GIL, hangs in the batch provider, or dies, at step 60.
 """
@@ -19,15 +19,18 @@ DEADLINE_S = 2.0
 SLACK_S = 2.0
 
 CELLS = [
-    pytest.param("stop", "step", 1, id="stop-last"),
-    pytest.param("hang", "batch", 0, id="hang-in-batch-rank0"),
-    pytest.param("stop", "step", 0, id="stop-rank0", marks=pytest.mark.slow),
-    pytest.param("spin", "step", 0, id="spin-rank0", marks=pytest.mark.slow),
-    pytest.param("spin", "step", 1, id="spin-last", marks=pytest.mark.slow),
-    pytest.param("hang", "batch", 1, id="hang-in-batch-last", marks=pytest.mark.slow),
-    pytest.param("crash", "step", 0, id="crash-rank0", marks=pytest.mark.slow),
-    pytest.param("crash", "step", 1, id="crash-last", marks=pytest.mark.slow),
-]
+    pytest.param("stop", "step", 1, 2, id="stop-last-of-2"),
+    pytest.param("hang", "batch", 0, 2, id="hang-in-batch-rank0-of-2"),
+    *(
+        pytest.param(kind, phase, faulty, world, id=f"{kind}-{'rank0' if faulty == 0 else 'last'}-of-{world}",
+                     marks=pytest.mark.slow)
+        for world in (2, 4)
+        for kind, phase in (("stop", "step"), ("spin", "step"), ("hang", "batch"), ("crash", "step"))
+        for faulty in (0, world - 1)
+        if (kind, phase, faulty, world) not in {("stop", "step", 1, 2), ("hang", "batch", 0, 2)}
+    ),
+]  # fmt: skip
+"""{stop, spin, hang in the batch provider, crash} x {rank 0, the last rank} x {2, 4 ranks}: two in make test."""
 
 KIND_WORDS = {"stop": "is stopped", "spin": "is spinning", "hang": "is waiting", "crash": "died"}
 
@@ -40,26 +43,34 @@ def _report(output: str) -> dict[str, object]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("kind", "phase", "faulty"), CELLS)
-def test_a_silent_fault_is_named_and_releases_every_rank(tmp_path: Path, kind: str, phase: str, faulty: int) -> None:
+@pytest.mark.parametrize(("kind", "phase", "faulty", "world"), CELLS)
+def test_a_silent_fault_is_named_and_releases_every_rank(
+    tmp_path: Path, kind: str, phase: str, faulty: int, world: int
+) -> None:
     """Every rank fails within D + 2 s of the fault; the survivor's notes name the faulty rank, never itself."""
-    results = run_workers("liveness_worker", str(tmp_path), kind, phase, str(faulty), "400", timeout_s=100)
-    survivor = 1 - faulty
+    args = (str(tmp_path), kind, phase, str(faulty), "400")
+    results = run_workers("liveness_worker", *args, world_size=world, timeout_s=100)
     by_rank = {result.rank: result for result in results}
     assert not any(result.timed_out for result in results), [str(r) for r in results]
     assert by_rank[faulty].returncode == -9, by_rank[faulty].output[-3000:]  # killed by its monitor, or itself
-    report = _report(by_rank[survivor].output)
-    assert report["error"] is not None, report
-    took = float(str(report["failed_at"])) - float(str(report["last_step_end"]))
-    assert took <= DEADLINE_S + SLACK_S, (took, report)
-    notes = " ".join(str(note) for note in report["notes"])  # type: ignore[attr-defined]
-    if kind == "crash" and faulty == 0:
-        # Rank 0 hosts the store: it died with it, so no verdict could be published; the store's error names its host.
-        assert "hosted by rank 0, is unreachable" in notes, notes
-    else:
-        assert f"rank {faulty} {KIND_WORDS[kind]}" in notes, notes
-    for victim_named in (f"rank {survivor} is ", f"rank {survivor} died", f"rank {survivor} failed first"):
-        assert victim_named not in notes, notes
+    for survivor in range(world):
+        if survivor == faulty:
+            continue
+        report = _report(by_rank[survivor].output)
+        assert report["error"] is not None, report
+        took = float(str(report["failed_at"])) - float(str(report["last_step_end"]))
+        assert took <= DEADLINE_S + SLACK_S, (survivor, took, report)
+        notes = " ".join(str(note) for note in report["notes"])  # type: ignore[attr-defined]
+        if kind == "crash" and faulty == 0:
+            # Rank 0 hosts the store: it died with it, no verdict could be published; the store's error names its host.
+            assert "hosted by rank 0, is unreachable" in notes, notes
+        else:
+            assert f"rank {faulty} {KIND_WORDS[kind]}" in notes, notes
+        for victim in range(world):
+            if victim == faulty:
+                continue
+            for named in (f"rank {victim} is ", f"rank {victim} died", f"rank {victim} failed first"):
+                assert named not in notes, (survivor, notes)
     if kind != "crash":
         stacks = (tmp_path / f"rank{faulty}.stacks.txt").read_text()
         assert "in _fire" in stacks, stacks[-2000:]

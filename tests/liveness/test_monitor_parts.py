@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import signal
@@ -141,5 +142,47 @@ def test_steps_shorter_than_a_look_calibrate_on_their_mean() -> None:
         assert max(watcher.deadlines.samples["loop"]) == pytest.approx(0.025)
         assert watcher.deadlines.of("batch") == (pytest.approx(0.125), "calibrated")
         page.close()
+    finally:
+        marks.close()
+
+
+def _watcher(port: int, marks: Marks) -> monitor.Monitor:
+    """Rank 0's monitor of a 2-rank world on the store at ``port``, 0.25 s interval, 1 s floor (not started)."""
+    with open(marks.path, "r+b") as file:
+        page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
+    settings = monitor.Settings(
+        rank=0, world_size=2, pid=os.getpid(), marks=marks.path, host="127.0.0.1", port=port, prefix="p",
+        interval_s=0.25, floor_s=1.0, default_s=600.0, explicit={}, mode="report", dump_signal=0,
+        stacks="/dev/null", store_timeout_s=0.5,
+    )  # fmt: skip
+    return monitor.Monitor(settings, page, wake=-1)
+
+
+@pytest.mark.timeout(60)
+def test_a_neighbour_that_stops_beating_is_published_unresponsive_once_and_a_done_one_never() -> None:
+    """Rank 1's beat unchanged past max(4 intervals, floor): rank 0's monitor publishes it (notice 1, verdict 1);
+    a second look publishes nothing more; a beat that says done is never published."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    marks = Marks()
+    try:
+        watcher = _watcher(server.port, marks)
+        server.set("p/liveness/hb/1", '[7, 40, 0, 12, "step"]')
+        watcher.watch(now=0.0)
+        watcher.watch(now=0.9)  # within the floor: nothing
+        assert not server.check(["p/failures/count"])
+        watcher.watch(now=1.5)
+        notice = json.loads(server.get("p/failures/1"))
+        assert (notice["rank"], notice["step"], notice["phase"]) == (1, 12, "step")
+        assert "rank 1 is unresponsive" in json.loads(server.get("p/liveness/verdict/1"))["note"]
+        watcher.watch(now=9.0)
+        assert server.add("p/failures/count", 0) == 1
+
+        done = _watcher(server.port, marks)
+        server.set("p/liveness/hb/1", '[8, 41, 0, 12, "step", "done"]')
+        done.watch(now=0.0)
+        done.watch(now=9.0)
+        assert server.add("p/failures/count", 0) == 1
     finally:
         marks.close()
