@@ -97,6 +97,8 @@ class Holdings:
         self._pending: Pending | None = None
         self._claimed: set[Key] = set()
         self._claim_kind: dict[Key, StepKind] = {}  # the step kind whose release holds a claim
+        self._alongside: dict[Key, set[StepKind]] = {}  # aborts running beside a claim (see ``run``)
+        self._stuck: set[Key] = set()  # claims whose release was left running past its deadline
         self._reclaimed: set[Key] = set()
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)  # notified when a claimed release ends
@@ -174,9 +176,10 @@ class Holdings:
         in the ledger; one that raised gives the claim back and marks the entry failed
         (a later plan may retry it, per its kind). Every ``BaseException`` propagates.
         A step of a kind that ``unblocks`` (an abort) runs even while another step of the
-        entry holds the claim (a graceful destroy left running past its deadline, the main
-        thread's release while the restart wrapper aborts): it is what unblocks that one;
-        the claim stays with its holder until that returns.
+        entry holds the claim if that one was left running past its deadline (``stuck``: a
+        graceful destroy that hangs): it is what unblocks it; the claim stays with its
+        holder until that returns. Otherwise a claimed entry is not run twice at once (a
+        restart wrapper's abort waits for its next pass while the session's release runs).
         """
         release = self._releases[step.entry.key][step.kind]
         entry = step.entry
@@ -194,19 +197,22 @@ class Holdings:
         with self._lock:
             if key in self.ledger.released:
                 return False
-            alongside = key in self._claimed
-            if alongside and (not step.kind.unblocks or self._claim_kind.get(key) is step.kind):
+            busy: set[StepKind | None] = set(self._alongside.get(key, ()))
+            if key in self._claimed:
+                busy.add(self._claim_kind.get(key))  # None: claimed for a reclaim
+            alongside = bool(busy)
+            if alongside and (not step.kind.unblocks or key not in self._stuck or step.kind in busy):
                 return False
-            if not alongside:
+            if alongside:
+                self._alongside.setdefault(key, set()).add(step.kind)
+            else:
                 self._claimed.add(key)
                 self._claim_kind[key] = step.kind
         try:
             call(release)
         except BaseException:
             with self._lock:
-                if not alongside:
-                    self._claimed.discard(key)
-                    self._claim_kind.pop(key, None)
+                self._unclaim_run(key, step.kind, alongside)
                 if key not in self.ledger.released:
                     self.ledger = self.ledger.release_failed(entry)
                 self._settled.notify_all()
@@ -214,11 +220,24 @@ class Holdings:
         with self._lock:
             if key not in self.ledger.released:
                 self.ledger = self.ledger.release(entry)
-            if not alongside:
-                self._claimed.discard(key)
-                self._claim_kind.pop(key, None)
+            self._unclaim_run(key, step.kind, alongside)
             self._settled.notify_all()
         return True
+
+    def _unclaim_run(self, key: Key, kind: StepKind, alongside: bool) -> None:
+        """A run of ``kind`` on ``key`` ended: drop its claim, or its mark as running alongside one (lock held)."""
+        if alongside:
+            self._alongside.get(key, set()).discard(kind)
+        else:
+            self._claimed.discard(key)
+            self._claim_kind.pop(key, None)
+            self._stuck.discard(key)
+
+    def stuck(self, key: Key) -> None:
+        """The release holding ``key``'s claim was left running (past its deadline): an abort may now run beside it."""
+        with self._lock:
+            if key in self._claimed:
+                self._stuck.add(key)
 
     def running(self) -> tuple[LedgerEntry, ...]:
         """Entries a release is running on now (claimed): a worker may still be inside it, released since or not.

@@ -741,6 +741,7 @@ class Session:
         while not sub.done.wait(min(SLICE_S, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 self._timed_out.append(step)
+                self._holdings.stuck(step.entry.key)
                 logger.error("%s: teardown step %s not done within %g s: left running", self.label, step, timeout_s)
                 raise StepTimedOut(str(step), timeout_s)
         if sub.error is not None:
