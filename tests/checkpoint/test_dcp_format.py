@@ -58,6 +58,7 @@ def test_a_one_rank_checkpoint_loads_with_dcp_load_and_converts_without_lifecycl
     _clean(_read_alone("convert", folder, str(tmp_path / "one.pt")), MODEL_KEYS + OPTIMIZER_KEYS)
 
 
+@pytest.mark.slow  # the one-rank checkpoint's standard readers stay in make test
 @pytest.mark.timeout(180)
 def test_a_tensor_parallel_checkpoint_loads_on_one_and_two_ranks_and_converts(tmp_path: Path) -> None:
     """TP2 (2 gloo ranks): dcp.load at world 1 (no_dist) and at 2 ranks, and dcp_to_torch_save, are byte-equal."""

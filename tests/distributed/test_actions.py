@@ -534,7 +534,7 @@ def test_half_made_model_parallel_state_is_refused() -> None:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", ["torchrun", "plain"])
+@pytest.mark.parametrize("launcher", [pytest.param("torchrun", marks=pytest.mark.slow), "plain"])
 def test_two_ranks_failure_in_each_state_releases_blocked_peer(launcher: str, tmp_path: Path) -> None:
     """Rank 1 fails in each state while rank 0 waits in an all-reduce: both leave teardown in seconds, release all."""
     env = {"DIST_RESULTS": str(tmp_path)}

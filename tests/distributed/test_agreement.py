@@ -86,6 +86,7 @@ def _results(tmp_path: Path) -> dict[int, dict[str, Any]]:
     return {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_rank_two_attempts_ahead_meets_its_peer_and_both_close(tmp_path: Path) -> None:
     """Rank 1 fails twice while rank 0 is in setup; the next attempt closes on both (old code: prefixes apart)."""

@@ -79,6 +79,7 @@ def test_an_exception_landing_at_any_line_leaves_the_session_final_and_the_proce
     print(f"{scenario}: {cases} cases in {time.monotonic() - start:.1f} s")
 
 
+@pytest.mark.slow  # the fuzzer's own check (it fails on a build that runs the teardown in place): 34 s
 def test_a_teardown_run_in_place_is_caught(pool: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no worker to run the teardown on, an exception landing mid-teardown cuts it short: the checks say so."""
     monkeypatch.setattr(WORKERS, "submit", lambda job: False)

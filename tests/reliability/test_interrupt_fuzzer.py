@@ -144,7 +144,7 @@ class Sweep:
         return f"seed {self.seed}: {self.cases} cases over {self.events} line events\n  hits by region: {regions}"
 
 
-SAMPLE = int(os.environ.get("LIFECYCLE_FUZZ_SAMPLE", "700"))
+SAMPLE = int(os.environ.get("LIFECYCLE_FUZZ_SAMPLE", "500"))
 """A seeded sample of this many cases per scenario (``make test``: the teardown runs on a worker now, and every
 case of the three scenarios, about 9,000, takes about 4 minutes); 0: every case (``make fuzz-all``)."""
 
