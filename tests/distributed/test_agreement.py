@@ -117,6 +117,7 @@ def test_a_store_host_failing_in_init_releases_its_peer_at_once_and_leaves_no_li
     assert not ranks[0]["second"]["listening_after"] and not ranks[1]["second"]["listening_after"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_peer_never_rendezvouses_again_on_a_server_its_host_is_about_to_drop(tmp_path: Path) -> None:
     """Rank 1 starts its next session while rank 0 holds the last one's store: it waits for the next, both close."""

@@ -210,6 +210,7 @@ def test_loading_the_plugin_imports_no_torch(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["HEAVY []"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_second_leaked_store_is_reported_compared_by_object(pytester: pytest.Pytester) -> None:
     """A store hosted while another is alive (an earlier test's, a module fixture's) is a leak of its own.

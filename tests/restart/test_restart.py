@@ -311,6 +311,7 @@ def test_a_caller_created_group_is_refused_before_the_wrapper_starts(world_of_on
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_two_wrapped_runs_back_to_back_in_one_process_both_succeed(world_of_one: WorldOfOne) -> None:
     """Two ``run`` calls in a row, each with a restart, on the same ports: both close."""

@@ -70,6 +70,7 @@ def test_a_failure_on_one_rank_does_not_hang_and_a_retry_succeeds(tmp_path: Path
     assert (tmp_path / "attempt0-gantt.mermaid").is_file() and (tmp_path / "show.html").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_failed_demo_exits_nonzero(tmp_path: Path) -> None:
     """Without --retry, a failure in a callback on rank 0 makes the demo exit 1, promptly."""

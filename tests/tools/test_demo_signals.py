@@ -75,6 +75,7 @@ def test_a_second_sigint_kills_everything_at_once_without_a_traceback(tmp_path: 
     assert closed or (last.startswith("demo: FAILED") and "SIGINT again" in last), last
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_sigkilled_launcher_takes_torchrun_and_the_ranks_with_it(tmp_path: Path) -> None:
     """SIGKILL to the launcher: torchrun (parent-death SIGTERM) stops its ranks, and all are gone within seconds."""
