@@ -1,6 +1,6 @@
 # Every target bootstraps .venv itself. torch==2.13.0 is the CPU build on disk here.
 # Test targets print their duration; budgets on 2 cores: test-unit < 30 s, test < 8 min
-# (the fault matrix < 200 s of it), test-slow < 20 min.
+# (the fault matrix < 200 s of it), test-slow < 25 min.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
