@@ -61,13 +61,18 @@ class WorldOfOne:
     threads_before: int = 0
 
 
+def threads() -> int:
+    """Running threads, less lifecycle's teardown workers (started with the first session, kept for the process)."""
+    return sum(thread.name != "lifecycle-teardown" for thread in threading.enumerate())
+
+
 @pytest.fixture
 def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[WorldOfOne]:
     """Rank 0 of a world of one on fresh ports (group store P, Wrapper store P + 1); reaps what the Wrapper started."""
     port = free_ports(2)[0]
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(key, value)  # restored afterwards: the Wrapper rewrites RANK / WORLD_SIZE
-    world = WorldOfOne(port, threads_before=threading.active_count())
+    world = WorldOfOne(port, threads_before=threads())
     try:
         yield world
     finally:
@@ -149,7 +154,7 @@ def assert_nothing_left(world: WorldOfOne, *, monitor_exit: bool = True) -> None
     """
     assert not dist.is_initialized()
     assert megatron_left() == []
-    assert threading.active_count() <= world.threads_before + 1
+    assert threads() <= world.threads_before + 1
     if monitor_exit:
         assert reap(world.monitors, grace_s=10.0) == []
 
