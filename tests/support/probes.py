@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import sys
 import threading
+import traceback
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ __all__ = [
     "megatron_left",
     "monitor_pid",
     "reap",
+    "record_run",
     "release_everything",
     "sockets",
     "threads",
@@ -192,3 +195,22 @@ def by_session(calls: TorchCalls, tag: Any) -> list[Call]:
 def by_wrapper(calls: TorchCalls, tag: Any) -> list[Call]:
     """The calls the Wrapper's abort/finalize made (through the attempt's steps) while tagged ``tag``."""
     return [c for c in calls.calls if c.tag == tag and c.via_module(ATTEMPT_MODULE)]
+
+
+def record_run(scenario: Callable[[dict[str, Any]], None], path: Path) -> int:
+    """A worker rank's ending: run ``scenario(record)``, then write ``record`` as JSON to ``path``; returns 0.
+
+    What the scenario raised goes in ``crash`` (with ``traceback``); then whether a group is
+    still initialized, what ``alive()`` sees and what ``release_everything()`` had to release.
+    """
+    record: dict[str, Any] = {}
+    try:
+        scenario(record)
+    except BaseException as exc:  # noqa: BLE001 - recorded: what the rank saw is the result
+        record["crash"] = f"{type(exc).__name__}: {exc}"
+        record["traceback"] = traceback.format_exc()
+    record["dist_initialized"] = dist.is_initialized()
+    record["alive"] = alive()
+    record["left"] = release_everything()
+    path.write_text(json.dumps(record))
+    return 0

@@ -12,23 +12,21 @@ reclaimed, and what was left alive.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from support.probes import alive
+from support.probes import record_run
 from support.session import drive
 
 from lifecycle import DistributedConfig, ParallelConfig, Session, State, TorchActions
-from lifecycle.testing import free_port, release_everything
+from lifecycle.testing import free_port
 
 GROUP_TIMEOUT_S = 8.0
 """Longer than the SIGINTs take (the barrier is still blocked then); short enough that the barrier left
@@ -99,17 +97,7 @@ def main() -> int:
         dist.all_reduce(torch.ones(1))
         os.kill(os.getpid(), signal.SIGSTOP)  # killed by rank 0 while stopped
         return 1
-    record: dict[str, Any] = {}
-    try:
-        rank0(record, results)
-    except BaseException as exc:  # noqa: BLE001 - recorded: what the rank saw is the result
-        record["crash"] = f"{type(exc).__name__}: {exc}"
-        record["traceback"] = traceback.format_exc()
-    record["dist_initialized"] = dist.is_initialized()
-    record["alive"] = alive()
-    record["left"] = release_everything()
-    (results / "rank0.json").write_text(json.dumps(record))
-    return 0
+    return record_run(lambda record: rank0(record, results), results / "rank0.json")
 
 
 if __name__ == "__main__":

@@ -13,22 +13,19 @@ and what was left alive.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from support.probes import TORCH_RELEASES, TorchCalls, alive
+from support.probes import TORCH_RELEASES, TorchCalls, record_run
 from support.session import drive
 
 from lifecycle import DistributedConfig, ParallelConfig, Session, State, TorchActions
-from lifecycle.testing import release_everything
 
 TIMEOUT_S = 15.0
 """The group timeout: a teardown that waits on the pending work takes this long."""
@@ -72,17 +69,7 @@ def scenario(rank: int, record: dict[str, Any]) -> None:
 def main() -> int:
     """Run the scenario on this rank; write what it saw, then what was left alive."""
     rank = int(os.environ["RANK"])
-    record: dict[str, Any] = {}
-    try:
-        scenario(rank, record)
-    except BaseException as exc:  # noqa: BLE001 - recorded: what the rank saw is the result
-        record["crash"] = f"{type(exc).__name__}: {exc}"
-        record["traceback"] = traceback.format_exc()
-    record["dist_initialized"] = dist.is_initialized()
-    record["alive"] = alive()
-    record["left"] = release_everything()
-    Path(os.environ["RESULTS"], f"rank{rank}.json").write_text(json.dumps(record))
-    return 0
+    return record_run(lambda record: scenario(rank, record), Path(os.environ["RESULTS"], f"rank{rank}.json"))
 
 
 if __name__ == "__main__":
