@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
@@ -16,7 +14,6 @@ from lifecycle._core.errors import (
     AlreadyHeld,
     LifecycleError,
     SessionFinished,
-    StepTimedOut,
     UnfinishedSession,
     describe,
 )
@@ -28,13 +25,13 @@ from lifecycle._core.events import (
     TeardownEvent,
     TransitionEvent,
 )
-from lifecycle._core.executor import StepFailure, StepRecord, TeardownReport, execute, raise_failures
+from lifecycle._core.executor import StepFailure, StepRecord, TeardownReport, raise_failures
 from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.holdings import Holdings
 from lifecycle._core.leftovers import reclaim
 from lifecycle._core.machine import Driver
 from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
-from lifecycle._core.plans import Outcome, RestartMode, Step, recorded_owner, teardown
+from lifecycle._core.plans import Outcome, RestartMode, recorded_owner
 from lifecycle._core.resources import Handler, Releases, Resource, StepKind, declared_resources
 from lifecycle._core.seams import (
     Announcement,
@@ -46,7 +43,8 @@ from lifecycle._core.seams import (
 from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.signals import InstalledHandlers
 from lifecycle._core.states import Owner, State, Trigger
-from lifecycle._core.worker import POOL, SLICE_S, Job, run_waiting
+from lifecycle._core.teardown import STEP_CODES, TeardownRunner
+from lifecycle._core.worker import POOL
 from lifecycle._liveness import rank as _liveness
 
 logger = logging.getLogger("lifecycle.session")
@@ -99,15 +97,10 @@ class Session:
         self._driver = Driver()
         self._holdings = Holdings(self, self.id, lambda: f"{self.label} [session {self.id}]")
         self._journal: list[JournalEntry] = []
-        self._report: TeardownReport | None = None
         self._exit_request: str | None = None
-        self._shield = Shield(_PROTECTED, _STEPS, self)
+        self._shield = Shield(_PROTECTED, STEP_CODES, self)
         self._landed: list[BaseException] = []
-        self._escalated: TeardownInterrupted | None = None
-        self._job: Job[TeardownReport] | None = None
-        self._left_thread: threading.Thread | None = None  # a worker this session stopped waiting for
-        self._records: list[StepRecord] = []  # the records of the teardown running now
-        self._timed_out: list[Step] = []  # steps left running past release_timeout_s
+        self._teardowns = TeardownRunner(self, self._holdings)
         self._observers: list[Callable[[SessionEvent], object]] = []
         self._phase: tuple[str, State] | None = None  # (phase, the state it was given in)
         self._step: int | None = None
@@ -152,7 +145,7 @@ class Session:
     @property
     def report(self) -> TeardownReport | None:
         """The report of the last teardown, or None before any teardown ran."""
-        return self._report
+        return self._teardowns.report
 
     @property
     def reclaimed(self) -> tuple[StepRecord, ...]:
@@ -211,7 +204,7 @@ class Session:
         """
         self._shield.install()
         try:
-            report = self._waiting(self._close, Outcome.SUCCESS)
+            report = self._teardowns.wait(self._close, Outcome.SUCCESS, self._landed)
         except BaseException as exc:
             escalation = self._end_shield()
             if escalation is not None and escalation is not exc:
@@ -230,14 +223,14 @@ class Session:
         reports: list[TeardownReport] = []
 
         def work() -> bool:
-            reports.append(self._teardown(Outcome.SUCCESS, stop_at_failure=True))
+            reports.append(self._teardowns.run_plan(Outcome.SUCCESS, stop_at_failure=True))
             return not reports[0].failed and reports[0].interrupted is None
 
         if self._driver.fire(Trigger.CLOSE, work):
             self._journal_move(State.FINALIZING, Trigger.CLOSE, start)
             return reports[0]
         success = reports[0]
-        if self._abandoned_here():  # the session ended without this worker: no failure plan, no notice
+        if self._teardowns.abandoned_here():  # the session ended without this worker: no failure plan, no notice
             return success
         if success.interrupted is not None:
             cause = describe(success.interrupted)
@@ -246,7 +239,8 @@ class Session:
         failed = _describe(success.failed)
         logger.error("%s: teardown step failed (%s); switching to the failure plan", self.label, failed)
         after = self._fail_teardown(start, f"teardown failed: {failed}", success.failed[0].error)
-        self._report = dataclasses.replace(after, records=success.records + after.records, abandoned=after.abandoned)
+        both = success.records + after.records
+        self._teardowns.report = dataclasses.replace(after, records=both, abandoned=after.abandoned)
         if after.interrupted is not None:
             raise after.interrupted
         raise_failures(success.failed + after.failed)
@@ -281,7 +275,7 @@ class Session:
         """
         self._shield.install()
         try:
-            report = self._waiting(lambda: self._fail(error), Outcome.FAILURE)
+            report = self._teardowns.wait(lambda: self._fail(error), Outcome.FAILURE, self._landed)
         except BaseException as exc:
             escalation = self._end_shield(error)
             if escalation is not None and escalation is not exc:
@@ -311,68 +305,6 @@ class Session:
                     raise  # removed: what a deferred signal's previous handler raised
                 self._landed.append(exc)
 
-    def _waiting(self, work: Callable[[], TeardownReport], outcome: Outcome) -> TeardownReport:
-        """Run ``work`` on a worker thread while this one waits, recording what lands here; its report or error.
-
-        A second interrupt (``TeardownInterrupted``, raised by the shield in the wait)
-        stops the worker before its next step; if it is inside a step that does not return
-        within ``STEP_GRACE_S`` (a release that hangs), this thread leaves it running there
-        and ends the session itself (``_abandon``).
-        """
-        job: Job[TeardownReport] = Job(work)
-        self._job = job
-        try:
-            run_waiting(job, self._landed, _serve, stop=(TeardownInterrupted,))
-        except TeardownInterrupted as escalation:
-            self._escalated = escalation  # the worker stops between steps, also once the shield is gone
-            start = time.monotonic()
-            running = job.in_step
-            while not job.done.is_set():
-                grace = ABANDON_GRACE_S if running is None else STEP_GRACE_S
-                if time.monotonic() - start >= grace:
-                    return self._abandon(job, running, escalation, outcome)
-                try:
-                    job.serve()
-                except BaseException as exc:  # noqa: BLE001 - a landing: recorded
-                    self._landed.append(exc)
-                running = job.in_step
-        finally:
-            self._job = None
-        if job.error is not None:
-            raise job.error
-        assert job.result is not None
-        return job.result
-
-    def _abandon(
-        self, job: Job[TeardownReport], running: object, escalation: TeardownInterrupted, outcome: Outcome
-    ) -> TeardownReport:
-        """End the session here, leaving the worker inside ``running``: run what must not be skipped, go ``failed``."""
-        self._left_thread = job.thread  # what the worker does from now on is not this session's story
-        job.abandoned = True
-        records = tuple(self._records)  # what the worker's plan ran so far
-        done = {record.step for record in records}
-        held = teardown(self.ledger, self.restart_mode, outcome)  # the plan that was running: what it leaves
-        for step in held.plan:
-            if not step.kind.abandonable:
-                with contextlib.suppress(Exception):
-                    self._holdings.run(step)
-        after = held.plan[held.plan.index(running) + 1 :] if running in held.plan else held.plan
-        rest = tuple(step for step in after if step.kind.abandonable and step not in done and step != running)
-        left_running = (running,) if isinstance(running, Step) else ()
-        report = TeardownReport(outcome, self.restart_mode, records, held.left, rest, escalation, left_running)
-        self._report = report
-        running_text, rest_text = (", ".join(map(str, steps)) or "none" for steps in (left_running, rest))
-        escalation.add_note(
-            f"lifecycle: {self.label}: teardown abandoned; left running: {running_text}; not run: {rest_text} "
-            "(what they hold is for the next session to reclaim)"
-        )
-        start = time.monotonic()
-        if not self.state.is_final:
-            source = self.state
-            self._driver.force_failed()
-            self._journal_move(source, Trigger.FAIL, start, f"teardown abandoned: {describe(escalation)}")
-        raise escalation
-
     def _raise_landed(self, cause: BaseException | None) -> None:
         """Raise the first exception that landed on the waiting thread (from ``cause``), noting the others."""
         landed, self._landed = self._landed, []
@@ -385,10 +317,6 @@ class Session:
         if cause is None:
             raise first
         raise first from cause
-
-    def _abandoned_here(self) -> bool:
-        """True on a worker this session stopped waiting for: its late bookkeeping is dropped."""
-        return self._left_thread is not None and threading.current_thread() is self._left_thread
 
     def _fail(self, error: BaseException) -> TeardownReport:
         start, text, state = time.monotonic(), describe(error), self.state.value
@@ -576,6 +504,25 @@ class Session:
         self._driver.fire(trigger, run)
         self._journal_move(source, trigger, start, detail)
 
+    # -- what the teardown runner tells the session (``lifecycle._core.teardown.Host``) --
+
+    def teardown_step_ran(self, outcome: Outcome, record: StepRecord) -> None:
+        """A step of ``outcome``'s plan ran: observers get a ``TeardownEvent``. Never raises."""
+        if self._observers:
+            self._notify(TeardownEvent(outcome, record, record.start, record.end))
+
+    def teardown_abandoned(self, escalation: TeardownInterrupted) -> None:
+        """The caller stopped waiting for the teardown (a second interrupt): the session goes ``failed`` now."""
+        start = time.monotonic()
+        if not self.state.is_final:
+            source = self.state
+            self._driver.force_failed()
+            self._journal_move(source, Trigger.FAIL, start, f"teardown abandoned: {describe(escalation)}")
+
+    def escalation(self) -> BaseException | None:
+        """The escalated interrupt the shield raised during this session's teardown, if any."""
+        return self._shield.escalation
+
     def _holds_nothing(self) -> bool:
         """True if the ledger records nothing the session would release (only what the caller owns, if anything)."""
         return all(entry.owner is Owner.CALLER for entry in self.ledger.entries)
@@ -591,7 +538,7 @@ class Session:
             raise AlreadyHeld(label, f"this session already holds it ({entry.described()})")
 
     def _journal_move(self, source: State, trigger: Trigger, start: float, detail: str = "") -> None:
-        if self._abandoned_here():
+        if self._teardowns.abandoned_here():
             return
         now = time.monotonic()
         entry = JournalEntry(source, self.state, trigger, now, now - start, detail)
@@ -601,7 +548,7 @@ class Session:
             self._notify(TransitionEvent(entry, end - entry.duration_s, end))
 
     def _notify(self, event: SessionEvent) -> None:
-        if self._abandoned_here():
+        if self._teardowns.abandoned_here():
             return
         for observer in self._observers:
             try:
@@ -702,82 +649,6 @@ class Session:
         if self._observers:
             self._notify(FailureEvent(phase, self._step, describe(error), now, announcement))
 
-    def _perform(self, step: Step) -> bool:
-        """Run ``step`` through the holdings (claimed, at most once); False if another thread released it first.
-
-        A step of a kind that must run on the waiting thread (``StepKind.main_thread``:
-        restoring signal handlers) is posted to it when the teardown runs on a worker.
-        """
-        job = self._job
-
-        def call(release: Callable[[], object]) -> None:
-            if job is not None and step.kind.main_thread:
-                job.on_caller(release)
-                return
-            (_run_step if step.kind.abandonable else _run_step_to_the_end)(release)
-
-        if job is None:
-            return self._holdings.run(step, call)
-        job.in_step = step
-        try:
-            timeout = self.release_timeout_s
-            if timeout is None or step.kind.main_thread or not step.kind.abandonable:
-                return self._holdings.run(step, call)
-            return self._within(step, timeout, lambda: self._holdings.run(step, call))
-        finally:
-            job.in_step = None
-
-    def _within(self, step: Step, timeout_s: float, run: Callable[[], bool]) -> bool:
-        """``run()`` (one step, through the holdings) on another worker, waited for at most ``timeout_s``.
-
-        Past it, ``StepTimedOut``: the step is left running there, its entry still claimed
-        (settled by that worker when it returns; ``LEFTOVERS.wait_for_running`` waits for it).
-        Without an idle worker it runs here, unbounded.
-        """
-        sub: Job[bool] = Job(run)
-        if not POOL.submit(sub):
-            return run()
-        deadline = time.monotonic() + timeout_s
-        while not sub.done.wait(min(SLICE_S, max(0.0, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                self._timed_out.append(step)
-                self._holdings.stuck(step.entry.key)
-                logger.error("%s: teardown step %s not done within %g s: left running", self.label, step, timeout_s)
-                raise StepTimedOut(str(step), timeout_s)
-        if sub.error is not None:
-            raise sub.error
-        return bool(sub.result)
-
-    def _teardown(self, outcome: Outcome, *, stop_at_failure: bool = False) -> TeardownReport:
-        """Run the plan of ``outcome``; the holdings mark each release as it happens: an interrupt loses none."""
-        self._holdings.settle_pending(lambda resource: recorded_owner(resource, Owner.SESSION, self.restart_mode))
-        planned = teardown(self.ledger, self.restart_mode, outcome)
-        ran: list[StepRecord] = []
-        if not self._abandoned_here():
-            self._records = ran  # read by _abandon if this thread is left inside a step
-
-        def observed(record: StepRecord) -> None:
-            ran.append(record)
-            if self._observers:
-                self._notify(TeardownEvent(outcome, record, record.start, record.end))
-
-        try:
-            report = execute(
-                planned,
-                self._perform,
-                on_step=observed,
-                stop_at_failure=stop_at_failure,
-                escalated=lambda: self._shield.escalation or self._escalated,
-            )
-        except BaseException as exc:  # noqa: BLE001 - an interrupt between steps: keep what ran, abandon the rest
-            rest = planned.plan[len(ran) :]
-            report = TeardownReport(outcome, self.restart_mode, tuple(ran), planned.left, rest, exc)
-        if self._timed_out:  # a step past its deadline is left running: it may still finish
-            report = dataclasses.replace(report, left_running=report.left_running + tuple(self._timed_out))
-        if not self._abandoned_here():
-            self._report = report
-        return report
-
     def _fail_teardown(
         self,
         start: float,
@@ -806,9 +677,9 @@ class Session:
                 first()
             self._announce(error, source)
             if abandoned is None:
-                reports.append(self._teardown(Outcome.FAILURE))
+                reports.append(self._teardowns.run_plan(Outcome.FAILURE))
             else:
-                self._report = abandoned
+                self._teardowns.report = abandoned
                 reports.append(abandoned)
             return True
 
@@ -826,32 +697,8 @@ _PROTECTED = frozenset({Session.fail.__code__, Session.close.__code__})
 """Where the shield defers signals: a teardown and its bookkeeping (see ``lifecycle._core.shield``)."""
 
 
-def _run_step(release: Callable[[], object]) -> None:
-    """Run a teardown step's release: the only place an escalated interrupt is raised at once."""
-    release()
-
-
-def _run_step_to_the_end(release: Callable[[], object]) -> None:
-    """Run a release that must not be left half done (its kind is not ``abandonable``)."""
-    release()
-
-
-def _serve(job: Job[TeardownReport]) -> None:
-    """One slice of waiting for a teardown on a worker: where an escalated interrupt is raised at once."""
-    job.serve()
-
-
-_STEPS = frozenset({_run_step.__code__, _serve.__code__})
-"""Where an escalated interrupt is raised at once: inside a teardown step (which may hang), or waiting for one."""
-
 LATE_RELEASE_WAIT_S = 5.0
 """How long acquiring a kind waits for a release of it an abandoned teardown left running (then: refused)."""
-
-ABANDON_GRACE_S = 1.0
-"""After an escalated interrupt, the longest the worker gets to reach its next step (bookkeeping only)."""
-
-STEP_GRACE_S = 0.2
-"""After an escalated interrupt, how long a step the worker is inside gets to return before it is left running."""
 
 
 def _checked(resource: Resource, releases: Releases) -> Releases:

@@ -55,6 +55,7 @@ from reliability.fuzz import (
 )
 from support.internals import LEFTOVERS, REGISTRY, Shield, executor
 from support.internals import session as session_module
+from support.internals import teardown as teardown_module
 from support.internals import shield as shield_module
 
 from lifecycle import Ledger
@@ -235,7 +236,7 @@ def test_barrier_after_a_failed_success_step_is_caught(pool: None, monkeypatch: 
     problems = _fine_then_broken(
         check_no_barrier_after_failure,
         lambda: _anchored(Scenario.CLOSE_FAULTY, Variant.SIGTERM, _MID_TEARDOWN),
-        lambda: monkeypatch.setattr(session_module, "execute", execute_all),
+        lambda: monkeypatch.setattr(teardown_module, "execute", execute_all),
     )
     assert any("barrier" in p for p in problems), problems
 

@@ -23,6 +23,7 @@ from lifecycle._core import (
     session,
     shield,
     signals,
+    teardown,
     worker,
     wrapped,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "shield",
     "show_main",
     "synthetic",
+    "teardown",
     "worker",
     "wrapper_plan",
 ]
@@ -65,7 +67,7 @@ REGISTRY = holdings.REGISTRY
 Holdings = holdings.Holdings
 WORKERS = worker.POOL
 """lifecycle's worker pool, started with a session (``lifecycle._core.worker``)."""
-serve_code = session._serve.__code__
+serve_code = teardown.SERVE_CODE
 """The code of the session's wait loop, whose frames a tracer must skip (how often it runs is timing)."""
 Shield = shield.Shield
 resolve = signals.resolve
