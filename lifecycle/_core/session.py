@@ -360,17 +360,25 @@ class Session:
         self._refuse_held(Resource.USER, name)
         self._record(Resource.USER, Owner.SESSION, {StepKind.RELEASE_USER_RESOURCE: release}, name)
 
-    def install_signal_handlers(self, signums: tuple[int, ...] = (signal.SIGTERM,)) -> None:
+    def install_signal_handlers(
+        self, signums: tuple[int, ...] = (signal.SIGTERM,), on_signal: Callable[[int], None] | None = None
+    ) -> None:
         """Turn each of ``signums`` into a requested exit (see ``exit_requested``); restored at teardown.
 
-        Installing twice raises ``AlreadyHeld`` before anything is installed. At teardown a
-        signal's previous handler is put back only if ours is still the one installed.
+        With ``on_signal``, a signal calls ``on_signal(signum)`` instead, in the main thread,
+        between two bytecodes (as a signal handler): it may request the exit itself, or
+        raise (``pretrain`` raises ``StoppedByLauncher`` for a SIGTERM that follows a peer's
+        failure). Installing twice raises ``AlreadyHeld`` before anything is installed. At
+        teardown a signal's previous handler is put back only if ours is still the one installed.
         """
         self._check_live("install_signal_handlers")
         self._refuse_held(Resource.SIGNAL_HANDLERS)
 
         def request(signum: int, frame: FrameType | None) -> None:
-            self.request_exit(signal.Signals(signum).name)
+            if on_signal is not None:
+                on_signal(signum)
+            else:
+                self.request_exit(signal.Signals(signum).name)
 
         handlers = InstalledHandlers((), request)  # none yet: recorded (pending) before any is installed
 

@@ -285,6 +285,25 @@ def test_sigterm_becomes_a_requested_exit_and_the_handler_is_restored() -> None:
     assert session.state is State.CLOSED
 
 
+def test_on_signal_replaces_the_requested_exit() -> None:
+    """With ``on_signal`` a SIGTERM calls it instead of requesting an exit; what it raises takes the failure edge."""
+
+    class Stop(Exception):
+        pass
+
+    seen: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        seen.append(signum)
+        raise Stop
+
+    with pytest.raises(Stop), Session(RecordingActions()) as session:
+        run_to_training(session, RecordingActions())
+        session.install_signal_handlers(on_signal=on_signal)
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert seen == [signal.SIGTERM] and session.exit_requested is None and session.state is State.FAILED
+
+
 def test_a_second_session_runs_after_a_failed_one() -> None:
     """A session is used once; a retry is a new session that can reach ``closed``."""
     actions = RecordingActions()
