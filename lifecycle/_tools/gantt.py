@@ -1,11 +1,11 @@
 """A Mermaid ``gantt`` chart of one attempt of show's model: every rank's states and teardown steps on one time axis.
 
-One section per rank up to ``MAX_ROWS`` ranks; beyond that, the rank that failed first
-(and those that failed independently) plus one section per group of ranks that ended
-alike (``verdict.Group``), drawn from one rank of the group. The first failure is a
-``crit`` milestone. Times are milliseconds since the attempt's first record
-(``dateFormat x``). The text stays far under the 50,000 characters GitHub renders:
-past ``BUDGET`` the teardown steps are left out (labels are cut to 70 characters, and
+One section per rank up to ``MAX_ROWS`` ranks; beyond that, the cause's rank (and those
+that failed independently) plus one section per group of ranks that ended alike
+(``verdict.Group``), drawn from one rank of the group. The cause (``verdict.find_cause``)
+is a ``crit`` milestone on its rank's row, in the verdict's words. Times are milliseconds
+since the attempt's first record (``dateFormat x``). The text stays far under the 50,000
+characters GitHub renders: past ``BUDGET`` the teardown steps are left out (labels are cut to 70 characters, and
 sections to ``MAX_ROWS``, in any case).
 """
 
@@ -95,7 +95,7 @@ def _rows(ranks: Mapping[int, Sequence[Record]], verdict: Verdict) -> tuple[list
         return [(f"rank {rank}", rank) for rank in journaled], 0
     rows: list[tuple[str, int]] = []
     if verdict.first is not None:
-        rows.append((f"rank {verdict.first.rank} (failed first)", verdict.first.rank))
+        rows.append((f"rank {verdict.first.rank} (the cause)", verdict.first.rank))
     rows += [(f"rank {e.rank} (failed independently)", e.rank) for e in verdict.independent[:3]]
     drawn = [g for g in verdict.groups if ranks.get(g.rank)]
     room = MAX_ROWS - len(rows)
@@ -142,11 +142,11 @@ def _chart(ranks: Mapping[int, Sequence[Record]], title: str, verdict: Verdict, 
         for end_ in marked:
             if end_ is not None and end_.rank == rank and end_.failed_at is not None:
                 count += 1
-                what = "failed first" if end_ is verdict.first else "failed independently"
-                failure = next((r for r in ranks[rank] if isinstance(r, Failure)), None)
-                error = failure.error if failure is not None else end_.error
+                if end_ is verdict.first and verdict.cause is not None:
+                    said = f"the cause - {verdict.cause.words()}"
+                else:
+                    failure = next((r for r in ranks[rank] if isinstance(r, Failure)), None)
+                    said = f"rank {rank} failed independently - {failure.error if failure else end_.error}"
                 at = ms(end_.failed_at)
-                lines.append(
-                    f"    {_label(f'rank {rank} {what} - {error}', 90)} :crit, milestone, t{count}, {at}, {at}"
-                )
+                lines.append(f"    {_label(said, 90)} :crit, milestone, t{count}, {at}, {at}")
     return "\n".join(lines) + "\n"

@@ -1,11 +1,16 @@
-"""The verdict on one attempt: which rank failed first, and how every other rank ended.
+"""The verdict on one attempt: its cause (the rank whose failure came first), and how every other rank ended.
 
 ``analyse`` reads one attempt's records, rank by rank, and finds each rank's end:
-closed, failed (when, where, with what), or cut short (no end record: killed?). The
-first failure is ordered by the store's sequence number where the ranks journaled a
-``Failure`` record with one (the live failure notice), otherwise by the wall time of
-the first failure evidence: the ``Failure`` record's time, the start of the move into
-``failed``, the first step of a failure teardown, or a ``RunEnd`` with an error.
+closed, failed (when, where, with what), or cut short (no end record). The cause is
+found by one rule (``find_cause``), which every view uses (the text, the charts, the
+HTML page, the demo's summary, the world tests' report): the earliest failure in the
+store's order of failure notices and liveness verdicts. A rank killed without a word
+is named by the liveness verdict its peers' notices carry, or, without one, placed
+before the connection errors its death caused; a connection error on a peer is a
+consequence, said to be one, and never the cause; wall time decides only where no
+notice was journaled, and the line says so. The first line names the cause in plain
+words (``rank 1 died in the training step at step 80 (killed: no end record, ...)``,
+``rank 2 hung in the batch provider at step 41 (alive, no progress for 4.1 s ...)``).
 Ranks that ended alike are grouped (``ranks 0, 2-1023: failed 60-80 ms after rank
 1 ...``), ranks of the world (``RunStart.world_size``) with no journal are named, and
 ``Verdict.lines`` keeps the whole at most 24 lines however many ranks and errors.
@@ -46,12 +51,13 @@ class Outcome(Enum):
 
 
 class Decided(Enum):
-    """How the verdict found the rank that failed first."""
+    """How the verdict found the cause: the rank whose failure came first."""
 
     NO_FAILURE = "no rank failed"
-    BY_SEQUENCE = "by the store's sequence number"
-    BY_WALL_TIME = "by wall time: no failure notice was journaled"
-    BY_NOTICE = "named by a peer's notice: it journaled no failure, its liveness monitor published it"
+    BY_SEQUENCE = "first in the store's order of failure notices"
+    BY_NOTICE = "named by its peers' failure notices"
+    BY_CONSEQUENCE = "no failure notice of its own: its peers' connection errors are consequences of its death"
+    BY_WALL_TIME = "by wall time, a fallback: no failure notice was journaled (hosts' clocks may differ)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +131,9 @@ class Group:
 class Verdict:
     """The verdict on one attempt.
 
-    ``first``: the rank that failed first (None: no rank failed); ``decided``: how it
-    was found (by the store's sequence number, by wall time; ``NO_FAILURE`` when none failed);
+    ``first``: the rank whose failure is the cause (None: no rank failed), placed where
+    the cause rule (``find_cause``) puts it; ``cause``: its words; ``decided``: how it
+    was found (the store's order, a peer's notice, by wall time; ``NO_FAILURE`` when none failed);
     ``independent``: other ranks that failed on their own, not because of ``first``;
     ``groups``: every other rank, grouped by how it ended; ``ends``: each rank's end,
     by rank (ranks with no journal included); ``notes``: what else to say.
@@ -138,6 +145,11 @@ class Verdict:
     groups: tuple[Group, ...]
     ends: Mapping[int, RankEnd]
     notes: tuple[str, ...]
+    cause: Cause | None = None
+
+    def headline(self) -> str:
+        """The first line: the cause in plain words (``Cause.line``), or how the attempt ended without one."""
+        return self.lines(limit=1)[0]
 
     def lines(self, limit: int = MAX_LINES) -> list[str]:
         """The verdict as at most ``limit`` lines (groups past that are counted in a last ``… and N more`` line)."""
@@ -147,10 +159,8 @@ class Verdict:
             if len(self.groups) == 1:
                 return [f"no rank failed: {_all(self.groups[0], world)}"]
             head.append("no rank failed")
-        else:
-            head.append(
-                f"rank {self.first.rank} failed first ({self.decided.value}), {self.first.where()}: {self.first.error}"
-            )
+        elif self.cause is not None:
+            head.append(self.cause.line())
             for other in self.independent[:_INDEPENDENT_SHOWN]:
                 apart = _ms(abs(_time(other) - _time(self.first)))
                 head.append(
@@ -328,40 +338,256 @@ def _missing(rank: int) -> RankEnd:
     )
 
 
-def _first(failed: Sequence[RankEnd]) -> tuple[RankEnd | None, Decided]:
-    """The rank that failed first, and how that was decided."""
-    numbered = [e for e in failed if e.seq is not None]
-    if numbered:
-        return min(numbered, key=lambda e: (e.seq, _time(e), e.rank)), Decided.BY_SEQUENCE
-    if failed:
-        return min(failed, key=lambda e: (_time(e), e.rank)), Decided.BY_WALL_TIME
-    return None, Decided.NO_FAILURE
+CONNECTION = re.compile(
+    r"connection (?:reset|closed|refused|lost)|closed by peer|broken pipe|read error|write error|ECONNRESET|EPIPE"
+    r"|socket (?:timeout|closed)|timed out waiting|the store is gone|is unreachable",
+    re.IGNORECASE,
+)
+"""What a peer's error says when its connection to a rank that failed broke, or a receive from it timed out: a
+consequence, never a cause."""
 
 
-def _named_by_notice(first: RankEnd, ends: Mapping[int, RankEnd]) -> RankEnd | None:
-    """The rank that the first journaled notice names as first when that rank journaled no failure (None otherwise).
+def consequence_error(error: str) -> bool:
+    """Whether ``error`` is a broken connection (reset, closed by peer, ...): the mark of a peer's failure."""
+    return CONNECTION.search(error) is not None
 
-    A rank judged and killed by its liveness monitor (stopped, spinning, hung) or dead
-    writes no ``Failure`` record; its monitor publishes its notice, which the survivors'
-    notes name. It is reported as failed when its journal last says anything, with the
-    survivor's note as its error.
+
+_LIVENESS = re.compile(
+    r"rank (?P<rank>\d+) (?P<kind>died|is stopped|is spinning|is waiting|is unresponsive)"
+    r"(?: at (?:step (?P<step>\d+), )?phase (?P<phase>\w+))?"
+)
+_LAST_AT = re.compile(r"last at (?:step (?P<step>\d+), )?phase (?P<phase>\w+)")
+_NO_PROGRESS = re.compile(r"no progress for (?P<age>[\d.]+) s")
+_SILENT = re.compile(r"has not beaten for (?P<age>[\d.]+) s")
+_PROC_STATE = re.compile(r"\(state (?P<state>\w)\)")
+_FIRST_NOTE = re.compile(r"^lifecycle: rank (?P<rank>\d+) failed first \([^)]*\): (?P<error>.*)$")
+
+PHASE_WORDS = {
+    "batch": "in the batch provider",
+    "step": "in the training step",
+    "eval": "in an evaluation",
+    "checkpoint": "in a checkpoint save",
+    "callback": "in a step callback",
+    "finalize": "in finalize",
+    "setup": "in setup",
+    "dist": "in init_distributed",
+    "globals": "in init_globals",
+}
+"""How the cause's line says a phase (``Session.progress``'s and the failure notice's names)."""
+
+KINDS = ("raised", "died", "stopped", "hung", "spinning", "unresponsive", "failed")
+"""The kinds of cause the first line names: an exception, a death, a stop, a hang, a spin, a silent host, other."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """The cause of an attempt: the rank whose failure came first, what kind, where, and how it was found.
+
+    ``kind`` is one of ``KINDS``; ``phase`` a phase name (``step``, ``batch``) or ``state
+    <name>``; ``step`` the step it failed at (None: unknown, ``after`` the last it
+    recorded); ``detail`` the error or the liveness monitor's evidence.
     """
-    if first.seq == 1 or first.first_rank is None:
+
+    rank: int
+    kind: str
+    phase: str
+    step: int | None
+    after: int | None
+    detail: str
+    decided: Decided
+
+    def where(self) -> str:
+        """``in the training step at step 50``, ``in state training after step 49``."""
+        if self.phase.startswith("state "):
+            place = f"in {self.phase}"
+        else:
+            place = PHASE_WORDS.get(self.phase, f"in phase {self.phase}") if self.phase else ""
+        if self.step is not None:
+            at = f"at step {self.step}"
+        elif self.after is not None:
+            at = f"after step {self.after}"
+        else:
+            at = ""
+        return " ".join(part for part in (place, at) if part)
+
+    def words(self) -> str:
+        """The cause in plain words: ``rank 1 died in the training step at step 80 (killed: no end record, ...)``."""
+        verb = {"spinning": "was spinning", "unresponsive": "went silent"}.get(self.kind, self.kind)
+        where = self.where()
+        head = f"rank {self.rank} {verb}" + (f" {where}" if where else "")
+        if self.kind in ("raised", "failed"):
+            return f"{head}: {self.detail}"
+        return f"{head} ({self.detail})"
+
+    def line(self) -> str:
+        """The verdict's first line: the cause's words, then how it was found."""
+        return f"{self.words()} — the cause, {self.decided.value}"
+
+
+def _liveness_cause(end: RankEnd, text: str, decided: Decided) -> Cause | None:
+    """The cause a liveness monitor's words in ``text`` (a peer's note or error) give for ``end``'s rank, if any."""
+    found = _LIVENESS.search(text)
+    if found is None or int(found["rank"]) != end.rank:
         return None
-    named = ends.get(first.first_rank)
-    if named is None or named.failed or named.state is not None:
-        return None
-    error = re.sub(r"^lifecycle: (rank \d+ failed first \([^)]*\): )?", "", first.note)
-    return replace(named, failed_at=named.last_time if named.last_time is not None else first.failed_at, error=error)
+    kind = {"died": "died", "is stopped": "stopped", "is spinning": "spinning", "is waiting": "hung"}.get(
+        found["kind"], "unresponsive"
+    )
+    step, phase = found["step"], found["phase"]
+    last = _LAST_AT.search(text)
+    if kind == "unresponsive" and last is not None:
+        step, phase = last["step"], last["phase"]
+    age = _NO_PROGRESS.search(text)
+    silent = age["age"] if age is not None else ""
+    killed = "killed by its liveness monitor" if "stacks are in" in text else "named by its liveness monitor"
+    if kind == "died":
+        detail = "killed: no end record, its process gone, its heartbeat stopped"
+    elif kind == "stopped":
+        state = _PROC_STATE.search(text)
+        detail = (
+            f"its process stopped in state {state['state'] if state else 'T'}, no progress for {silent} s; {killed}"
+        )
+    elif kind == "hung":
+        detail = f"alive, no progress for {silent} s while its peers went on; {killed}"
+    elif kind == "spinning":
+        detail = f"running, no progress for {silent} s; {killed}"
+    else:
+        beat = _SILENT.search(text)
+        detail = f"its monitor stopped beating for {beat['age'] if beat else '?'} s: its host or monitor is gone"
+    return Cause(end.rank, kind, phase or "", int(step) if step is not None else None, end.last_step, detail, decided)
+
+
+def _cause_of(end: RankEnd, decided: Decided, named_by: RankEnd | None = None) -> Cause:
+    """``end``'s failure as the cause: from its own record, or (``named_by``) from the peer's note that names it."""
+    if named_by is not None:
+        for text in (named_by.note, named_by.error):
+            cause = _liveness_cause(end, text, decided)
+            if cause is not None:
+                return cause
+        said = _FIRST_NOTE.match(named_by.note)
+        if said is not None and not end.failed:
+            error = said["error"]
+            return Cause(end.rank, "failed", "", None, end.last_step, error, decided)
+    if end.error.startswith("LivenessVerdict: "):
+        cause = _liveness_cause(end, end.error, decided)
+        if cause is not None:
+            return cause
+    if not end.failed:  # killed without a word: no failure record, no end record
+        state = f"state {end.last_state}"
+        detail = "killed: no end record, no failure notice; its peers' connections to it broke"
+        return Cause(end.rank, "died", state, None, end.last_step, detail, decided)
+    phase = end.phase.removeprefix("phase ")
+    kind = "raised" if end.phase.startswith("phase ") and end.step is not None else "failed"
+    return Cause(end.rank, kind, phase, end.step, end.last_step, end.error, decided)
+
+
+def _naming(ends: Iterable[RankEnd]) -> list[RankEnd]:
+    """The failed ranks whose notice names another rank as first, in the store's order (their sequence numbers)."""
+    named = [e for e in ends if e.failed and e.first_rank is not None and e.first_rank != e.rank]
+    return sorted(named, key=lambda e: (e.seq if e.seq is not None else 1 << 62, _time(e), e.rank))
+
+
+def find_cause(ends: Mapping[int, RankEnd]) -> tuple[RankEnd | None, Cause | None]:
+    """The rank whose failure caused the attempt's end, by one rule; (None, None) when no rank failed.
+
+    The store's order decides: the failure notices (each rank's ``Failure`` record and its
+    sequence number) and the liveness verdicts (which a survivor's notice names as
+    first, for a rank that could not say it itself: killed, stopped, hung, spinning).
+    A notice that names another rank as first defers to it. A connection error (reset,
+    closed by peer) is a consequence of a peer's failure and never the cause while a
+    rank failed otherwise or was killed without a word (no failure, no end record: it is
+    placed before the connection errors it caused). Only when no rank journaled a notice
+    does wall time decide, labelled as a fallback (hosts' clocks differ).
+    """
+    failed = [e for e in ends.values() if e.failed]
+    if not failed:
+        return None, None
+    naming = _naming(failed)
+    numbered = sorted((e for e in failed if e.seq is not None), key=lambda e: (e.seq, _time(e), e.rank))
+    if numbered and numbered[0].first_rank is None:
+        first = numbered[0]
+        if not consequence_error(first.error):
+            return first, _cause_of(first, Decided.BY_SEQUENCE)
+    if naming:
+        by = naming[0]
+        named = ends.get(by.first_rank) if by.first_rank is not None else None
+        if named is not None and named.rank != by.rank:
+            decided = Decided.BY_SEQUENCE if named.seq is not None else Decided.BY_NOTICE
+            return _placed(named, by), _cause_of(named, decided, by)
+    own = [e for e in numbered if not consequence_error(e.error)]
+    if own:
+        return own[0], _cause_of(own[0], Decided.BY_SEQUENCE)
+    killed = sorted((e for e in ends.values() if e.outcome is Outcome.CUT), key=lambda e: (e.last_time or 0.0, e.rank))
+    if killed and all(consequence_error(e.error) for e in failed):
+        first = killed[0]
+        placed = replace(first, failed_at=min(_time(e) for e in failed))
+        return placed, _cause_of(first, Decided.BY_CONSEQUENCE)
+    if numbered:
+        return numbered[0], _cause_of(numbered[0], Decided.BY_SEQUENCE)
+    mine = [e for e in failed if not consequence_error(e.error)] or failed
+    first = min(mine, key=lambda e: (_time(e), e.rank))
+    return first, _cause_of(first, Decided.BY_WALL_TIME)
+
+
+def _placed(named: RankEnd, by: RankEnd) -> RankEnd:
+    """The named rank, placed where the notice that names it puts it: no later than that notice's own failure."""
+    if named.failed:
+        return named
+    error = _FIRST_NOTE.sub(r"\g<error>", by.note).removeprefix("lifecycle: ")
+    return replace(named, failed_at=_time(by), error=_short(error))
+
+
+def order(ends: Mapping[int, RankEnd]) -> list[RankEnd]:
+    """The failed ranks in the order they failed, by ``find_cause``'s rule: the cause first, then by the store's
+    sequence number, then by wall time (a rank killed without a word and not the cause comes last)."""
+    first, _ = find_cause(ends)
+    rest = [e for e in ends.values() if e.failed and (first is None or e.rank != first.rank)]
+    rest.sort(key=lambda e: (e.seq is None, e.seq or 0, _time(e), e.rank))
+    return ([first] if first is not None else []) + rest
+
+
+def claim(rank: int, error: str, *, time: float | None, note: str = "", killed: bool = False) -> RankEnd:
+    """One rank's failure as a report outside a journal knows it (``lifecycle.testing``'s world report):
+    ``error``, when (``time``), the notes on its exception (``note``: a ``lifecycle: rank R failed first ...``
+    or liveness note names the first rank), or ``killed`` (it died without a word)."""
+    first_rank = None
+    for line in note.splitlines():
+        found = _FIRST_NOTE.match(line) or _LIVENESS.search(line)
+        if found is not None and int(found["rank"]) != rank:
+            first_rank = int(found["rank"])
+            break
+    base = _missing(rank)
+    return replace(
+        base,
+        journaled=True,
+        state=None if killed else "failed",
+        failed_at=None if killed else time,
+        first_rank=first_rank,
+        last_time=time,
+        error=_short(error) or "(no error recorded)",
+        note=note,
+    )
 
 
 def _independent(first: RankEnd, other: RankEnd) -> bool:
-    """Whether ``other`` failed on its own: within ``INDEPENDENT_S`` of ``first``, or, having published its own
-    notice, it names no peer as first and has no note (a note without a first rank says why the first was unknown,
-    as when notice 1 could not be read: that is no evidence of independence)."""
+    """Whether ``other`` failed on its own: not a consequence (a connection error, or its notice names ``first``),
+    and within ``INDEPENDENT_S`` of ``first``, or, having published its own notice, it names no peer as first and
+    has no note (a note without a first rank says why the first was unknown, as when notice 1 could not be read:
+    that is no evidence of independence)."""
+    if _consequence(first, other):
+        return False
     if abs(_time(other) - _time(first)) <= INDEPENDENT_S:
         return True
     return other.published and other.first_rank is None and not other.note and first.first_rank != other.rank
+
+
+def _consequence(first: RankEnd | None, other: RankEnd) -> bool:
+    """Whether ``other``'s failure is a consequence of ``first``'s: its connection broke (or timed out) after it.
+
+    A notice naming ``first`` is no such evidence: every notice after the first names it.
+    """
+    if first is None or not other.failed:
+        return False
+    return consequence_error(other.error)
 
 
 _Alike = tuple[Outcome, tuple[str, ...]]
@@ -374,15 +600,17 @@ def _describe(end: RankEnd, first: RankEnd | None) -> tuple[_Alike, str]:
     if outcome is Outcome.MISSING:
         return (outcome, ()), "no journal"
     if outcome is Outcome.FAILED:
-        cut = "" if end.state is not None else ", then no end record — killed?"
+        cut = "" if end.state is not None else ", then no end record (ended from outside)"
         named = ""
         if end.first_rank is not None and (first is None or end.first_rank != first.rank):
             named = f" (its note names rank {end.first_rank} as first)"
-        alike = (end.phase, _kind_of(end.error), named, cut)
-        return (outcome, alike), f"{end.where()}: {end.error}{named}{cut}"
+        consequence = "a consequence, " if _consequence(first, end) else ""
+        alike = (end.phase, _kind_of(end.error), named, cut, consequence)
+        return (outcome, alike), f"{consequence}{end.where()}: {end.error}{named}{cut}"
     if outcome is Outcome.CUT:
         after = f", last step {end.last_step}" if end.last_step is not None else ""
-        return (outcome, (end.last_state,)), f"no end record — killed? (in state {end.last_state}{after}"
+        how = "ended from outside (killed, or torchrun's SIGTERM)" if first is not None else "killed?"
+        return (outcome, (end.last_state,)), f"no end record — {how} (in state {end.last_state}{after}"
     state = end.state or ""
     return (outcome, (state,)), state
 
@@ -390,8 +618,8 @@ def _describe(end: RankEnd, first: RankEnd | None) -> tuple[_Alike, str]:
 def analyse(ranks: Mapping[int, Sequence[Record]]) -> Verdict:
     """The verdict on one attempt, from each rank's records of it (``ranks``: rank → its records in file order).
 
-    Ranks below the largest ``RunStart.world_size`` that have no records are reported as
-    having no journal.
+    The cause is ``find_cause``'s. Ranks below the largest ``RunStart.world_size`` that
+    have no records are reported as having no journal.
     """
     world = max((r.world_size for rs in ranks.values() for r in rs if isinstance(r, RunStart)), default=0)
     ends = {rank: rank_end(rank, records) for rank, records in ranks.items()}
@@ -399,17 +627,18 @@ def analyse(ranks: Mapping[int, Sequence[Record]]) -> Verdict:
         ends.setdefault(rank, _missing(rank))
     ends = dict(sorted(ends.items()))
     failed = [e for e in ends.values() if e.failed]
-    first, decided = _first(failed)
-    if first is not None and decided is Decided.BY_SEQUENCE:
-        named = _named_by_notice(first, ends)
-        if named is not None:
-            first, decided = named, Decided.BY_NOTICE
+    first, cause = find_cause(ends)
+    decided = cause.decided if cause is not None else Decided.NO_FAILURE
     independent = tuple(
-        sorted((e for e in failed if first is not None and e is not first and _independent(first, e)), key=_time)
+        sorted((e for e in failed if first is not None and e.rank != first.rank and _independent(first, e)), key=_time)
     )
     notes: list[str] = []
     if first is not None and decided is Decided.BY_SEQUENCE:
-        earlier = [e for e in failed if e.seq is None and _time(e) < _time(first) - INDEPENDENT_S]
+        earlier = [
+            e
+            for e in failed
+            if e.seq is None and _time(e) < _time(first) - INDEPENDENT_S and not _consequence(first, e)
+        ]
         if earlier:
             e = min(earlier, key=_time)
             notes.append(
@@ -426,27 +655,33 @@ def analyse(ranks: Mapping[int, Sequence[Record]]) -> Verdict:
         key, text = _describe(end, first)
         buckets.setdefault(key, []).append(end)
         texts.setdefault(key, text)
-    groups = [_group(outcome, members, texts[(outcome, alike)], first, world)
+    placed = decided in (Decided.BY_NOTICE, Decided.BY_CONSEQUENCE)
+    groups = [_group(outcome, members, texts[(outcome, alike)], first, world, placed)
               for (outcome, alike), members in buckets.items()]  # fmt: skip
-    order = list(Outcome)  # failed first, then cut short, ended, no journal
-    groups.sort(key=lambda g: (order.index(g.outcome), -len(g.ranks), g.ranks[0]))
-    return Verdict(first, decided, independent, tuple(groups), ends, tuple(notes))
+    order_ = list(Outcome)  # failed first, then cut short, ended, no journal
+    groups.sort(key=lambda g: (order_.index(g.outcome), -len(g.ranks), g.ranks[0]))
+    return Verdict(first, decided, independent, tuple(groups), ends, tuple(notes), cause)
 
 
-def _group(outcome: Outcome, members: list[RankEnd], text: str, first: RankEnd | None, world: int) -> Group:
-    """A group of ranks that ended alike, its text timed against ``first``'s failure where there is one."""
+def _group(
+    outcome: Outcome, members: list[RankEnd], text: str, first: RankEnd | None, world: int, placed: bool = False
+) -> Group:
+    """A group of ranks that ended alike, its text timed against ``first``'s failure where there is one (``placed``:
+    the cause journaled no failure, and is timed by the first notice that names it)."""
     ranks = tuple(e.rank for e in members)
     if outcome is Outcome.FAILED:
         drawn = min(members, key=_time).rank
         if first is not None:
-            text = f"failed {_span([_time(e) - _time(first) for e in members], f'rank {first.rank}')}, {text}"
+            who = f"the first notice naming rank {first.rank}" if placed else f"rank {first.rank}"
+            text = f"failed {_span([_time(e) - _time(first) for e in members], who)}, {text}"
         else:
             text = f"failed, {text}"
         return Group(ranks, text, drawn, outcome)
     if outcome is Outcome.CUT:
         lasts = [e.last_time for e in members if e.last_time is not None]
         if first is not None and lasts:
-            text += f"; last record {_span([t - _time(first) for t in lasts], f'rank {first.rank} failed')}"
+            who = f"the first notice naming rank {first.rank}" if placed else f"rank {first.rank} failed"
+            text += f"; last record {_span([t - _time(first) for t in lasts], who)}"
         return Group(ranks, text + ")", ranks[0], outcome)
     if outcome is Outcome.MISSING:
         return Group(ranks, f"{text} (world size {world})", ranks[0], outcome)

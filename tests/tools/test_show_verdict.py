@@ -60,26 +60,31 @@ def test_the_first_failure_is_ordered_by_the_stores_sequence_number() -> None:
     )
     lines = verdict.analyse(ranks).lines()
     assert lines[0] == (
-        "rank 2 failed first (by the store's sequence number), at step 6 (phase step): InjectedFault: boom"
+        "rank 2 raised in the training step at step 6: InjectedFault: boom"
+        " — the cause, first in the store's order of failure notices"
     )
-    assert f"ranks 0, 3: failed 9.0 ms before to 60 ms after rank 2, at step 6 (phase step): {PEER}" in lines
+    assert (
+        f"ranks 0, 3: failed 9.0 ms before to 60 ms after rank 2, a consequence, at step 6 (phase step): {PEER}"
+        in lines
+    )
     assert "rank 1: closed" in lines
 
 
 def test_a_rank_its_liveness_monitor_killed_is_named_first_from_the_survivors_notice() -> None:
     """Rank 0 was stopped and killed by its monitor (no Failure record, no end); rank 1's notice is number 2 and names
-    rank 0: the verdict names rank 0 with the monitor's words, never the survivor (before: rank 1 "failed first")."""
+    rank 0: the verdict names rank 0, its kind and step in plain words, never the survivor (before: rank 1 "failed
+    first"), and the survivor's connection error is called a consequence."""
     note = (
         "lifecycle: rank 0 failed first (step 6, phase step): LivenessVerdict: rank 0 is stopped at step 6, "
         "phase step: no progress for 2.0 s (deadline 2 s)"
     )
     ranks = attempt(2, {0: {"end": "killed"}, 1: failed(FAIL + 2.0, PEER, seq=2, first_rank=0, note=note)})
     lines = verdict.analyse(ranks).lines()
-    assert lines[0].startswith("rank 0 failed first (named by a peer's notice"), lines
-    assert lines[0].endswith(
-        ": LivenessVerdict: rank 0 is stopped at step 6, phase step: no progress for 2.0 s (deadline 2 s)"
-    )
-    assert any(line.startswith("rank 1: failed") for line in lines), lines
+    assert lines[0] == (
+        "rank 0 stopped in the training step at step 6 (its process stopped in state T, no progress for 2.0 s;"
+        " named by its liveness monitor) — the cause, named by its peers' failure notices"
+    ), lines
+    assert lines[1].startswith("rank 1: failed 0.0 ms after the first notice naming rank 0, a consequence,"), lines
 
 
 def test_without_failure_records_the_first_failure_is_by_wall_time() -> None:
@@ -95,21 +100,65 @@ def test_without_failure_records_the_first_failure_is_by_wall_time() -> None:
     )
     lines = verdict.analyse(ranks).lines()
     assert lines[0] == (
-        "rank 1 failed first (by wall time: no failure notice was journaled), in state training, after step 5:"
-        " InjectedFault: boom"
+        "rank 1 failed in state training after step 5: InjectedFault: boom"
+        " — the cause, by wall time, a fallback: no failure notice was journaled (hosts' clocks may differ)"
     )
-    assert lines[1] == f"ranks 0, 2: failed 60-80 ms after rank 1, in state training, after step 5: {PEER}"
+    assert lines[1] == (
+        f"ranks 0, 2: failed 60-80 ms after rank 1, a consequence, in state training, after step 5: {PEER}"
+    )
 
 
-def test_a_sigkilled_rank_is_named_as_cut_short() -> None:
-    """A rank whose journal just stops (SIGKILL) is reported as having no end record, with its state, its last
-    step and when its last record was written, against the first failure."""
+def test_a_sigkilled_rank_is_the_cause_of_its_peers_connection_errors() -> None:
+    """A rank whose journal just stops (SIGKILL, no liveness monitor) while its peers fail on broken connections is
+    the cause, though their notices reached the store and it wrote none: it died, and they are consequences
+    (before issue 27: rank 0 "failed first", rank 3 "no end record — killed?")."""
     ranks = attempt(4, {3: {"end": "killed"}, 0: failed(FAIL, PEER, seq=1), 1: failed(FAIL + 0.002, PEER, seq=2)})
     lines = verdict.analyse(ranks).lines()
-    killed = [line for line in lines if line.startswith("rank 3:")]
-    assert killed == [
-        "rank 3: no end record — killed? (in state training, last step 5; last record 435 ms before rank 0 failed)"
-    ]
+    assert lines[0] == (
+        "rank 3 died in state training after step 5 (killed: no end record, no failure notice; its peers'"
+        " connections to it broke) — the cause, no failure notice of its own: its peers' connection errors are"
+        " consequences of its death"
+    ), lines
+    assert lines[1].startswith("ranks 0-1: failed 0.0-2.0 ms after the first notice naming rank 3, a consequence")
+
+
+def test_a_peer_whose_connection_broke_never_outranks_the_cause() -> None:
+    """Rank 0's notice reached the store first (seq 1) but says its connection broke; rank 2 raised (seq 2): rank 2
+    is the cause, rank 0 a consequence."""
+    ranks = attempt(3, {0: failed(FAIL, PEER, seq=1), 2: failed(FAIL - 0.01, "InjectedFault: boom", seq=2)})
+    lines = verdict.analyse(ranks).lines()
+    assert lines[0].startswith("rank 2 raised in the training step at step 6: InjectedFault: boom — the cause"), lines
+    assert lines[1].startswith("rank 0: failed 10.0 ms after rank 2, a consequence"), lines
+
+
+def test_a_notice_naming_the_cause_outranks_its_own_sequence_number() -> None:
+    """A survivor's notice is number 1 but (after its wait for the liveness verdict) names rank 1 as dead: rank 1 is
+    the cause, in the monitor's kind and step (the 2-rank crash of the demo)."""
+    note = "lifecycle: rank 1 died at step 50, phase step (its process is gone; it reported no failure of its own)"
+    ranks = attempt(2, {1: {"end": "killed"}, 0: failed(FAIL, PEER, seq=1, first_rank=1, note=note)})
+    assert verdict.analyse(ranks).lines()[0] == (
+        "rank 1 died in the training step at step 50 (killed: no end record, its process gone, its heartbeat"
+        " stopped) — the cause, named by its peers' failure notices"
+    )
+
+
+def test_the_liveness_kinds_are_said_in_plain_words() -> None:
+    """Each liveness verdict in a survivor's note gives the cause's kind word: hung (waiting), spinning, stopped,
+    died, went silent (unresponsive)."""
+    notes = {
+        "hung in the batch provider at step 41 (alive, no progress for 4.1 s": "rank 1 is waiting at step 41, phase"
+        " batch: no progress for 4.1 s (deadline 2.0 s); it sleeps in step 41, phase batch; rank(s) 0 went on past it",
+        "was spinning in the training step at step 9 (running, no progress for 2.5 s": "rank 1 is spinning at step 9,"
+        " phase step: no progress for 2.5 s (deadline 2.0 s); its process runs without progress",
+        "went silent in the training step at step 7 (its monitor stopped beating for 3.0 s": "rank 1 is unresponsive:"
+        " its monitor has not beaten for 3.0 s (last at step 7, phase step; its host or monitor is gone, no"
+        " connection reset)",
+    }
+    for words, note in notes.items():
+        ranks = attempt(
+            2, {1: {"end": "killed"}, 0: failed(FAIL, PEER, seq=2, first_rank=1, note=f"lifecycle: {note}")}
+        )
+        assert verdict.analyse(ranks).lines()[0].startswith(f"rank 1 {words}"), words
 
 
 def test_ranks_with_no_journal_are_named_from_the_world_size() -> None:
@@ -134,12 +183,12 @@ def test_two_ranks_failing_within_a_few_ms_are_reported_as_independent() -> None
         },
     )
     lines = verdict.analyse(ranks).lines()
-    assert lines[0].startswith("rank 1 failed first (by the store's sequence number)")
+    assert lines[0].startswith("rank 1 raised in the training step at step 6: InjectedFault: one — the cause")
     assert lines[1] == (
         "rank 2 failed independently, 2.0 ms apart (neither caused the other), at step 6 (phase step):"
         " InjectedFault: two"
     )
-    assert lines[2] == f"ranks 0, 3: failed 60-70 ms after rank 1, at step 6 (phase step): {PEER}"
+    assert lines[2] == f"ranks 0, 3: failed 60-70 ms after rank 1, a consequence, at step 6 (phase step): {PEER}"
 
 
 def test_a_published_failure_naming_no_peer_is_independent_however_late() -> None:
@@ -159,7 +208,7 @@ def test_a_rank_that_could_not_learn_the_first_is_no_independent_failure() -> No
         3, {0: failed(FAIL, "OSError: disk full", seq=1), 2: failed(FAIL + 0.03, PEER, seq=2, note=unknown)}
     )
     lines = verdict.analyse(ranks).lines()
-    assert lines[1] == f"rank 2: failed 30 ms after rank 0, at step 6 (phase step): {PEER}"
+    assert lines[1] == f"rank 2: failed 30 ms after rank 0, a consequence, at step 6 (phase step): {PEER}"
 
 
 def test_the_store_host_failing_first_leaves_the_others_unpublished() -> None:
@@ -170,8 +219,8 @@ def test_the_store_host_failing_first_leaves_the_others_unpublished() -> None:
         {0: failed(FAIL, "InjectedFault: host", seq=1), **{r: failed(FAIL + 0.05 + r / 1000, PEER) for r in (1, 2, 3)}},
     )
     lines = verdict.analyse(ranks).lines()
-    assert lines[0].startswith("rank 0 failed first (by the store's sequence number)")
-    assert lines[1] == f"ranks 1-3: failed 51-53 ms after rank 0, at step 6 (phase step): {PEER}"
+    assert lines[0].startswith("rank 0 raised in the training step at step 6: InjectedFault: host — the cause, first")
+    assert lines[1] == f"ranks 1-3: failed 51-53 ms after rank 0, a consequence, at step 6 (phase step): {PEER}"
 
 
 def test_a_rank_that_failed_earlier_without_a_notice_is_noted() -> None:
@@ -208,14 +257,14 @@ def test_1024_ranks_with_many_distinct_errors_stay_within_24_lines() -> None:
     ends[7] = {"end": "killed"}
     ranks = attempt(1024, ends, missing=(1000, 1001))
     lines = verdict.analyse(ranks).lines()
-    assert len(lines) == 24 and lines[0].startswith("rank 1 failed first")
-    assert lines[-3].startswith("rank 7: no end record — killed?")  # kept: the failed ranks' groups give way
+    assert len(lines) == 24 and lines[0].startswith("rank 1 raised")
+    assert lines[-3].startswith("rank 7: no end record — ended from outside")  # kept: the failed ranks' groups give way
     assert lines[-2] == "ranks 1000-1001: no journal (world size 1024)"
     assert re.fullmatch(r"… and \d+ more groups \(\d+ ranks\)", lines[-1]), lines[-1]
     ports = attempt(
         1024, {1: ends[1], **{r: failed(FAIL + 0.06, f"{PEER} [10.0.0.1]:{20000 + r}") for r in range(2, 1024)}}
     )
-    assert verdict.analyse(ports).lines()[1].startswith("ranks 2-1023: failed 60 ms after rank 1")
+    assert verdict.analyse(ports).lines()[1].startswith("ranks 2-1023: failed 60 ms after rank 1, a consequence")
 
 
 def test_show_prints_each_attempts_verdict_before_its_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,7 +274,7 @@ def test_show_prints_each_attempts_verdict_before_its_ranks(tmp_path: Path, caps
     out = capsys.readouterr().out.splitlines()
     for label in ("attempt 0", "attempt 1"):
         at = out.index(label)
-        assert out[at + 1].startswith("  verdict: rank 1 failed first (by the store's sequence number)")
+        assert out[at + 1].startswith("  verdict: rank 1 raised in the training step at step 21: InjectedFault")
         assert out[at + 2].strip().startswith("ranks 0, 2: failed")
         assert out[at + 3].startswith("  rank 0: ended failed")
     assert "verdict" not in "\n".join(timeline_lines(synthetic.failing_run("r", 3, 1)[0]))
@@ -250,12 +299,12 @@ def test_the_gantt_has_a_row_per_rank_up_to_16_then_one_per_group(tmp_path: Path
     chart = chart_of(small)
     assert sections(chart) == [f"rank {r}" for r in range(16)]
     marks = [line for line in chart.splitlines() if "milestone" in line]
-    assert len(marks) == 1 and marks[0].strip().startswith("rank 1 failed first - InjectedFault")
+    assert len(marks) == 1 and marks[0].strip().startswith("the cause - rank 1 raised in the training step"), marks
     big = synthetic.failing_run("r", 1024, 1)
     big[5] = big[5][:-9]  # rank 5 killed before it failed: a group of its own
     chart = chart_of(big)
     names = sections(chart)
-    assert names[0] == "rank 1 (failed first)" and len(names) == 3, names
+    assert names[0] == "rank 1 (the cause)" and len(names) == 3, names
     assert names[1].startswith("ranks 0, 2-4, 6-1023 (rank ") and names[2] == "rank 5 (rank 5 drawn)"
     assert "training (steps 1-18) - no end record :done" in chart  # the killed rank's bar runs to its last record
     assert len(chart) < 10_000
@@ -285,7 +334,7 @@ def test_html_page_is_self_contained(tmp_path: Path, monkeypatch: pytest.MonkeyP
     page = tmp_path / "out" / "run.html"
     assert show_main([str(tmp_path), "--out", str(tmp_path / "d"), "--html", str(page)]) == 0
     text = page.read_text()
-    assert "rank 1 failed first (by the store&#x27;s sequence number)" in text
+    assert "rank 1 raised in the training step at step 21" in text
     assert text.count("<pre>gantt\n") == 2 and text.count("<pre>stateDiagram-v2") == 2
     assert "<script" not in text and not re.search(r"(src|href)\s*=", text)
     bundle = tmp_path / "mermaid.min.js"
