@@ -390,16 +390,37 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
+def _in_failure_order(bad: list[RankOutcome]) -> list[RankOutcome]:
+    """The failed ranks in the order they failed, by ``show``'s rule (``verdict.order``): the cause first (a rank
+    whose exception's note names another as first, or that failed on a broken connection, is a consequence; a
+    crashed rank is placed before its peers' connection errors), then by the time each raised; timed out last."""
+    from lifecycle._tools import verdict  # only a failing world test needs it
+
+    ends = {
+        o.rank: verdict.claim(o.rank, o.summary, time=o.failed_at, note=o.notes, killed=o.outcome == "crashed")
+        for o in bad
+        if o.outcome != "timed_out"
+    }
+    ordered = [e.rank for e in verdict.order(ends)]
+    ordered += [rank for rank in ends if rank not in ordered]  # crashed and not the cause
+    by_rank = {o.rank: o for o in bad}
+    return [by_rank[rank] for rank in ordered] + [o for o in bad if o.outcome == "timed_out"]
+
+
 def _judge(item: pytest.Function, size: int, timeout_s: float, outcomes: list[RankOutcome], mode: str) -> None:
     """Pass, skip or fail the test from its ranks' outcomes; report what ranks left alive as the guard does."""
-    bad = [o for o in outcomes if o.outcome in ("failed", "crashed", "timed_out")]
+    bad = _in_failure_order([o for o in outcomes if o.outcome in ("failed", "crashed", "timed_out")])
     if bad:
-        head = ", ".join(f"rank {o.rank} {o.outcome.replace('_', ' ')}" for o in bad)
+        head = ", ".join(
+            f"rank {o.rank} {o.outcome.replace('_', ' ')}" + (" first" if i == 0 and len(bad) > 1 else "")
+            for i, o in enumerate(bad)
+        )
         parts = [f"world of {size}: {head}"]
         if any(o.outcome == "timed_out" for o in bad):
             parts.append(f"(timeout {timeout_s:g} s; every rank still running was killed, its Python stack below)")
         for o in bad:
-            parts.append(f"\n--- rank {o.rank}: {o.summary} ---")
+            first = " (failed first)" if o is bad[0] and len(bad) > 1 else ""
+            parts.append(f"\n--- rank {o.rank}{first}: {o.summary} ---")
             if o.detail:
                 parts.append(o.detail.rstrip())
             if o.outcome == "crashed" and o.output.strip():

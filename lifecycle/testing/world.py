@@ -115,7 +115,9 @@ class RankOutcome:
 
     ``summary``: one line (the exception); ``detail``: its traceback, or the rank's
     Python stack when it timed out; ``output``: what it printed during the test;
-    ``leaks``: what it left alive (then its worker exited); ``pid``: the worker's.
+    ``leaks``: what it left alive (then its worker exited); ``pid``: the worker's;
+    ``failed_at``: the wall time its test raised (None if it did not); ``notes``: the
+    ``lifecycle:`` notes on its exception (a survivor's names the rank that failed first).
     """
 
     rank: int
@@ -125,6 +127,8 @@ class RankOutcome:
     output: str = ""
     leaks: tuple[str, ...] = ()
     pid: int = 0
+    failed_at: float | None = None
+    notes: str = ""
 
     @property
     def reusable(self) -> bool:
@@ -390,6 +394,21 @@ def _test_frames(exc: BaseException) -> TracebackType | None:
     return tb.tb_next if tb is not None and tb.tb_next is not None else tb
 
 
+def _lifecycle_notes(exc: BaseException) -> str:
+    """The ``lifecycle:`` notes on ``exc`` and the exceptions it chains, one a line."""
+    notes: list[str] = []
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        notes += [n for n in getattr(current, "__notes__", ()) if isinstance(n, str) and n.startswith("lifecycle:")]
+        todo += [current.__cause__, current.__context__]
+    return "\n".join(notes)
+
+
 def _one_line(exc: BaseException) -> str:
     """``Type: the first line of its message``."""
     text = str(exc).strip().splitlines()
@@ -420,6 +439,8 @@ def _run(call: Call, rank: int, size: int, port: int, timeout_s: float, base_env
     before = snapshot()
     sessions = SessionFactory()
     outcome, summary, detail = "passed", "", ""
+    failed_at: float | None = None
+    notes = ""
     try:
         function = _function(_import(call.module, call.path), call.qualname)
         params = pickle.loads(call.params)
@@ -428,6 +449,7 @@ def _run(call: Call, rank: int, size: int, port: int, timeout_s: float, base_env
     except pytest.skip.Exception as exc:
         outcome, summary = "skipped", str(exc)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, with the rank
+        failed_at, notes = time.time(), _lifecycle_notes(exc)
         outcome, summary = "failed", _one_line(exc)
         detail = "".join(traceback.format_exception(type(exc), exc, _test_frames(exc)))
         traceback.clear_frames(exc.__traceback__)
@@ -448,7 +470,7 @@ def _run(call: Call, rank: int, size: int, port: int, timeout_s: float, base_env
     sys.stdout.flush()
     sys.stderr.flush()
     return {"rank": rank, "outcome": outcome, "summary": summary, "detail": detail, "leaks": tuple(leaks),
-            "pid": os.getpid()}  # fmt: skip
+            "pid": os.getpid(), "failed_at": failed_at, "notes": notes}  # fmt: skip
 
 
 def main(fd: int) -> None:

@@ -50,6 +50,38 @@ def test_a_failure_on_rank_1_is_reported_as_rank_1(pytester: pytest.Pytester) ->
 
 
 @pytest.mark.timeout(120)
+def test_a_failing_world_reports_the_ranks_in_the_order_they_failed(pytester: pytest.Pytester) -> None:
+    """Rank 1 raises in a live session and rank 0 then fails on the broken connection: the report lists rank 1
+    first, "failed first", then rank 0, by show's rule (issue 27; before, ranks came in rank order: rank 0's
+    connection error first, the root cause second)."""
+    pytester.makepyfile(
+        test_cause="""
+        import time
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.world(2, timeout=60)
+        def test_cause(world, session):
+            with session() as run:
+                run.init_distributed()
+                run.init_globals()
+                run.start_training()
+                if world.rank == 1:
+                    raise RuntimeError("the root cause")
+                time.sleep(0.5)
+                dist.all_reduce(torch.ones(1))
+        """
+    )
+    result = _run(pytester)
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "world of 2: rank 1 failed first, rank 0 failed" in text, text
+    assert "--- rank 1 (failed first): RuntimeError: the root cause ---" in text
+    assert text.index("--- rank 1 (failed first)") < text.index("--- rank 0: ")
+
+
+@pytest.mark.timeout(120)
 def test_a_hanging_rank_is_killed_at_the_timeout_with_its_stack_and_leaves_no_process(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:

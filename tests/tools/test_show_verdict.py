@@ -343,3 +343,19 @@ def test_html_page_is_self_contained(tmp_path: Path, monkeypatch: pytest.MonkeyP
     text = write_page(synthetic.failing_run("r", 4, 1)[0], page).read_text()
     assert 'window.mermaid = {initialize() {}}; var s = "<\\/script>";' in text
     assert text.count('<pre class="mermaid">') == 2 and not re.search(r"(src|href)\s*=", text)
+
+
+def test_the_world_report_orders_ranks_by_the_same_rule() -> None:
+    """``verdict.order`` on what a world test's ranks report (no journal): a crashed rank comes before its peers'
+    connection errors; a survivor whose note names rank 2 comes after rank 2, whatever the clocks say."""
+    crashed = {
+        0: verdict.claim(0, PEER, time=T0),
+        1: verdict.claim(1, "", time=None, killed=True),
+    }
+    assert [e.rank for e in verdict.order(crashed)] == [1, 0]
+    note = "lifecycle: rank 2 failed first (step 3, phase step): ValueError: bad batch"
+    named = {
+        0: verdict.claim(0, "RuntimeError: gloo timeout", time=T0, note=note),
+        2: verdict.claim(2, "ValueError: bad batch", time=T0 + 0.5),
+    }
+    assert [e.rank for e in verdict.order(named)] == [2, 0]
