@@ -473,7 +473,7 @@ def _cause_of(end: RankEnd, decided: Decided, named_by: RankEnd | None = None) -
             return cause
     if not end.failed:  # killed without a word: no failure record, no end record
         state = f"state {end.last_state}"
-        detail = "killed: no end record, no failure notice; its peers' connections to it broke"
+        detail = "killed: no end record, no failure notice; its peers' connections to it broke or timed out"
         return Cause(end.rank, "died", state, None, end.last_step, detail, decided)
     phase = end.phase.removeprefix("phase ")
     kind = "raised" if end.phase.startswith("phase ") and end.step is not None else "failed"
@@ -507,10 +507,9 @@ def find_cause(ends: Mapping[int, RankEnd]) -> tuple[RankEnd | None, Cause | Non
         first = numbered[0]
         if not consequence_error(first.error):
             return first, _cause_of(first, Decided.BY_SEQUENCE)
-    if naming:
-        by = naming[0]
+    for by in naming:  # a notice that names a rank whose own failure is a broken connection names a victim
         named = ends.get(by.first_rank) if by.first_rank is not None else None
-        if named is not None and named.rank != by.rank:
+        if named is not None and named.rank != by.rank and not (named.failed and consequence_error(named.error)):
             decided = Decided.BY_SEQUENCE if named.seq is not None else Decided.BY_NOTICE
             return _placed(named, by), _cause_of(named, decided, by)
     own = [e for e in numbered if not consequence_error(e.error)]

@@ -116,8 +116,8 @@ def test_a_sigkilled_rank_is_the_cause_of_its_peers_connection_errors() -> None:
     lines = verdict.analyse(ranks).lines()
     assert lines[0] == (
         "rank 3 died in state training after step 5 (killed: no end record, no failure notice; its peers'"
-        " connections to it broke) — the cause, no failure notice of its own: its peers' connection errors are"
-        " consequences of its death"
+        " connections to it broke or timed out) — the cause, no failure notice of its own: its peers' connection"
+        " errors are consequences of its death"
     ), lines
     assert lines[1].startswith("ranks 0-1: failed 0.0-2.0 ms after the first notice naming rank 3, a consequence")
 
@@ -359,3 +359,21 @@ def test_the_world_report_orders_ranks_by_the_same_rule() -> None:
         2: verdict.claim(2, "ValueError: bad batch", time=T0 + 0.5),
     }
     assert [e.rank for e in verdict.order(named)] == [2, 0]
+
+
+def test_notices_that_name_a_victim_do_not_make_it_the_cause() -> None:
+    """Rank 2 hung unnoticed and was ended from outside; rank 0's receive timed out first (notice 1) and the later
+    notices name rank 0: a timed-out receive is a consequence, so rank 2 is the cause (the 4-rank hang in the
+    training step, which the liveness monitor cannot name: every rank waits level in one collective)."""
+    timeout = "RuntimeError: [unbound_buffer.cc:78] Timed out waiting 30000ms for recv operation to complete"
+    note = f"lifecycle: rank 0 failed first (step 6, phase step): {timeout}"
+    ranks = attempt(
+        4,
+        {
+            2: {"end": "killed"},
+            0: failed(FAIL, timeout, seq=1),
+            1: failed(FAIL + 0.01, timeout, seq=2, first_rank=0, note=note),
+            3: failed(FAIL + 0.02, timeout, seq=3, first_rank=0, note=note),
+        },
+    )
+    assert verdict.analyse(ranks).lines()[0].startswith("rank 2 died in state training after step 5 (killed:")
