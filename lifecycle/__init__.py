@@ -63,6 +63,7 @@ from lifecycle._training.config import (
     PretrainConfig,
     TrainingConfig,
 )
+from lifecycle._training.exits import ExitCode, StoppedByLauncher, exit_code
 
 if TYPE_CHECKING:
     from lifecycle._torch.actions import TorchActions
@@ -102,6 +103,7 @@ __all__ = [
     "DistributedActions",
     "DistributedConfig",
     "Edge",
+    "ExitCode",
     "ExitConfig",
     "ExitReason",
     "FailureEvent",
@@ -145,6 +147,7 @@ __all__ = [
     "StepKind",
     "StepRecord",
     "StepTimedOut",
+    "StoppedByLauncher",
     "Teardown",
     "TeardownError",
     "TeardownEvent",
@@ -160,6 +163,7 @@ __all__ = [
     "declare_resource",
     "declared_resources",
     "edges_from",
+    "exit_code",
     "live_resources",
     "plan_teardown",
     "pretrain",

@@ -42,8 +42,10 @@ from lifecycle._training.config import (
     Phase,
     PretrainConfig,
 )
+from lifecycle._training.exits import STOPPED_BY_LAUNCHER
 from lifecycle._training.journaling import RunJournal
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
+from lifecycle._training.stops import LauncherStops
 from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
 from lifecycle.checkpoint.layout import ShardLayout
 from lifecycle.journal import Eval, Origin, RunEnd, TrainStep
@@ -133,7 +135,12 @@ def pretrain(
 
     Returns a ``PretrainResult`` once the session is ``closed``. A requested exit
     (SIGTERM, ``exit.max_duration_s``, ``session.request_exit``) is not a failure: every
-    rank stops after the same step, saves a final checkpoint and closes. Any exception
+    rank stops after the same step, saves a final checkpoint and closes. A SIGTERM that
+    follows a peer's failure (torchrun's agent stops every worker once one died) is not
+    a requested exit: the rank takes the failure edge at once (``StoppedByLauncher``, or
+    the failure already under way marked ``stopped_by_launcher``), with no final save,
+    and its journal's end record says ``stopped_by_launcher`` (``lifecycle._training.stops``
+    says how the rank knows; ``lifecycle.exit_code`` maps the outcome to an exit code). Any exception
     raised in setup, a step, an evaluation, a checkpoint save or its finalization, or a
     callback takes the failure edge: the session releases what it owns (no collective)
     and the same exception object is re-raised.
@@ -157,6 +164,7 @@ def pretrain(
     )
     exit_reason: str | None = None
     error: str | None = None
+    failure: BaseException | None = None
     try:
         if config.training.log_interval:
             run.hooks.append(ProgressLog(config.training.log_interval))
@@ -164,11 +172,15 @@ def pretrain(
         if config.fault is not None and config.fault.phase is Phase.CALLBACK:
             run.hooks.append(_FaultCallback(run))
         with session:
-            result = run.execute()
+            try:
+                result = run.execute()
+            except BaseException as exc:
+                run.stops.failed(exc)  # before the failure edge: was a SIGTERM the launcher's?
+                raise
         exit_reason = result.exit_reason.value
         return result
     except BaseException as exc:
-        error = describe(exc)
+        failure = exc
         raise
     finally:
         # Megatron's layers keep their tensor-parallel group: dropped here, the aborted
@@ -176,6 +188,11 @@ def pretrain(
         # group's connections only then; a peer blocked on it would wait for the timeout).
         if run.monitor is not None:
             run.monitor.stop()
+        run.stops.close(failure)
+        if failure is not None:
+            error = describe(failure)
+            if run.stops.stopped is not None:
+                exit_reason = STOPPED_BY_LAUNCHER
         run.drop_model()
         end = RunEnd(
             origin=run.journal.origin,
@@ -221,6 +238,7 @@ class _Run:
         self.batch_provider = batch_provider
         self.attempt = attempt
         self.monitor: RankMonitor | None = None
+        self.stops = LauncherStops(session, 0)
         # Until the group exists, the configured (or torchrun's) rank names the journal.
         try:
             world, rank = config.distributed.resolve_world()
@@ -231,6 +249,7 @@ class _Run:
         self.rank, self.world_size = rank or 0, world or 1
         if rank is not None:
             session.label = f"rank {rank}"
+        self.stops.rank = self.rank
         origin = Origin(
             run_id=_journal.run_id(),
             rank=self.rank,
@@ -276,7 +295,9 @@ class _Run:
         session.init_distributed()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         session.label = f"rank {self.rank}"  # failures are logged with the rank, before teardown
+        self.stops.rank = self.rank
         self.monitor = _start_liveness(self.config, session, self.rank, self.world_size, self.attempt)
+        self.stops.monitor = self.monitor
         self.inject(Phase.DIST)
         session.init_globals()
         self.inject(Phase.GLOBALS)
@@ -316,7 +337,8 @@ class _Run:
         config, session = self.config, self.session
         session.progress(Phase.SETUP)  # where a failure is reported to happen (the notice, the journal)
         if config.exit.handle_sigterm:
-            session.install_signal_handlers()
+            # A SIGTERM after a peer's failure is the launcher's stop, not a request (``stops``).
+            session.install_signal_handlers(on_signal=self.stops.on_signal)
         # Same seed on every rank: identical replicas (and each tensor-parallel rank its
         # slice of the same full weights), and a resumed run rebuilds the same model.
         torch.manual_seed(config.training.seed)
@@ -416,7 +438,7 @@ class _Run:
             # One collective a step: the mean loss, and whether any rank wants to stop,
             # so all ranks stop after the same step (a SIGTERM reaches them at different times).
             flags = torch.tensor(
-                [local_loss, float(self.session.exit_requested is not None), float(timed_out)],
+                [local_loss, float(self.stops.requested() is not None), float(timed_out)],
                 dtype=torch.float64,
                 device=self.device,
             )
@@ -441,6 +463,8 @@ class _Run:
             if checkpointer is not None and interval and step % interval == 0:
                 self.save(checkpointer, step)
             if flags[1]:
+                if self.stops.signalled is not None:  # agreed: the SIGTERM was a request after all
+                    self.session.request_exit(self.stops.signalled)
                 return ExitReason.REQUESTED
             if flags[2]:
                 return ExitReason.MAX_DURATION
