@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from lifecycle._core.errors import describe
 from lifecycle._core.resources import Handler, Resource
 
 
@@ -78,3 +79,19 @@ class AnnouncesFailures(Protocol):
         Bounded in time (a fraction of a second, also when the peers' store is gone) and
         never raises ``Exception``: what could not be done is said in the result.
         """
+
+
+def announce(
+    actions: DistributedActions, error: BaseException, *, phase: str, step: int | None, time: float
+) -> Announcement:
+    """What came of telling the other ranks of ``error`` through ``actions``; never raises ``Exception``.
+
+    Actions that cannot announce (not ``AnnouncesFailures``), or whose announcement
+    raised, give an ``Announcement`` that says so, with no sequence number.
+    """
+    if not isinstance(actions, AnnouncesFailures):
+        return Announcement(None, "the session's actions cannot announce a failure")
+    try:
+        return actions.announce_failure(error, phase=phase, step=step, time=time)
+    except Exception as exc:  # noqa: BLE001 - announcing must never replace the failure being handled
+        return Announcement(None, f"announcing the failure raised {describe(exc)}")

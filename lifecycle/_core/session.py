@@ -10,13 +10,8 @@ import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
 
-from lifecycle._core.errors import (
-    AlreadyHeld,
-    LifecycleError,
-    SessionFinished,
-    UnfinishedSession,
-    describe,
-)
+from lifecycle._core.acquiring import Acquirer
+from lifecycle._core.errors import SessionFinished, UnfinishedSession, describe
 from lifecycle._core.events import (
     FailureEvent,
     JournalEntry,
@@ -28,20 +23,12 @@ from lifecycle._core.events import (
 from lifecycle._core.executor import StepFailure, StepRecord, TeardownReport, raise_failures
 from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.holdings import Holdings
-from lifecycle._core.leftovers import reclaim
 from lifecycle._core.machine import Driver
-from lifecycle._core.ownership import Ledger, LedgerEntry, caller_site
-from lifecycle._core.plans import Outcome, RestartMode, recorded_owner
-from lifecycle._core.resources import Handler, Releases, Resource, StepKind, declared_resources
-from lifecycle._core.seams import (
-    Announcement,
-    AnnouncesFailures,
-    BoundsReleases,
-    CheckpointWriter,
-    DistributedActions,
-)
+from lifecycle._core.ownership import Ledger, caller_site
+from lifecycle._core.plans import Outcome, RestartMode
+from lifecycle._core.resources import Resource, StepKind
+from lifecycle._core.seams import BoundsReleases, CheckpointWriter, DistributedActions, announce
 from lifecycle._core.shield import Shield, TeardownInterrupted
-from lifecycle._core.signals import InstalledHandlers
 from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.teardown import STEP_CODES, TeardownRunner
 from lifecycle._core.worker import POOL
@@ -99,8 +86,10 @@ class Session:
         self._journal: list[JournalEntry] = []
         self._exit_request: str | None = None
         self._shield = Shield(_PROTECTED, STEP_CODES, self)
-        self._landed: list[BaseException] = []
         self._teardowns = TeardownRunner(self, self._holdings)
+        self._acquirer = Acquirer(
+            self._holdings, actions, lambda: self.restart_mode, lambda: self.label, self._reclaimed_one
+        )
         self._observers: list[Callable[[SessionEvent], object]] = []
         self._phase: tuple[str, State] | None = None  # (phase, the state it was given in)
         self._step: int | None = None
@@ -109,7 +98,7 @@ class Session:
         if release_timeout_s is not None and not release_timeout_s > 0:
             raise ValueError(f"release_timeout_s must be above 0 (or None), not {release_timeout_s!r}")
         self.release_timeout_s = release_timeout_s
-        POOL.prepare(3)  # a teardown's, a step's and the notice's threads, started now: never on the failure path
+        POOL.prepare()  # the threads a teardown needs, started now: never on the failure path
 
     # -- what can be read -------------------------------------------------------------
 
@@ -163,7 +152,7 @@ class Session:
         """``uninitialized`` → ``dist_ready``: acquire the kinds declared for it (the default process group)."""
         detail = f"restart_mode={self.restart_mode.value} iteration={self.iteration}"
         site = caller_site()  # taken here: inside the machine, the caller's frames are transitions'
-        self._fire(Trigger.INIT_DISTRIBUTED, lambda: self._acquire_declared(Trigger.INIT_DISTRIBUTED, site), detail)
+        self._fire(Trigger.INIT_DISTRIBUTED, lambda: self._acquirer.declared(Trigger.INIT_DISTRIBUTED, site), detail)
 
     def init_globals(self) -> None:
         """``dist_ready`` → ``globals_ready``: acquire the kinds declared for it (the Megatron-core globals).
@@ -172,7 +161,7 @@ class Session:
         releases them) and the state does not move.
         """
         site = caller_site()
-        self._fire(Trigger.INIT_GLOBALS, lambda: self._acquire_declared(Trigger.INIT_GLOBALS, site))
+        self._fire(Trigger.INIT_GLOBALS, lambda: self._acquirer.declared(Trigger.INIT_GLOBALS, site))
 
     def start_training(self) -> None:
         """``globals_ready`` → ``training``."""
@@ -202,21 +191,7 @@ class Session:
         asynchronous one: a restart wrapper's request) cannot cut it short; the first one
         is raised once the session is final (from the teardown's error, if any).
         """
-        self._shield.install()
-        try:
-            report = self._teardowns.wait(self._close, Outcome.SUCCESS, self._landed)
-        except BaseException as exc:
-            escalation = self._end_shield()
-            if escalation is not None and escalation is not exc:
-                raise escalation from exc
-            if not isinstance(exc, TeardownInterrupted):
-                self._raise_landed(exc)
-            raise
-        escalation = self._end_shield()
-        if escalation is not None:  # it landed in bookkeeping, after the last step: raised all the same
-            raise escalation
-        self._raise_landed(None)
-        return report
+        return self._shielded(self._close, Outcome.SUCCESS, None)
 
     def _close(self) -> TeardownReport:
         start = time.monotonic()
@@ -273,26 +248,38 @@ class Session:
         short. The first one is raised from ``error`` once the session is final, so a
         restart wrapper still gets its request; later ones are noted on ``error``.
         """
+        return self._shielded(lambda: self._fail(error), Outcome.FAILURE, error)
+
+    def _shielded(
+        self, work: Callable[[], TeardownReport], outcome: Outcome, cause: BaseException | None
+    ) -> TeardownReport:
+        """``close``'s and ``fail``'s body: ``work`` under the shield, on a worker; once final, what landed is raised.
+
+        ``cause``: the failure being torn down (None on the success edge), what an
+        escalation or a landing is raised from.
+        """
         self._shield.install()
         try:
-            report = self._teardowns.wait(lambda: self._fail(error), Outcome.FAILURE, self._landed)
+            report = self._teardowns.wait(work, outcome)
         except BaseException as exc:
-            escalation = self._end_shield(error)
+            escalation = self._end_shield(cause)
             if escalation is not None and escalation is not exc:
-                raise escalation from error
+                raise escalation from (exc if cause is None else cause)
             if not isinstance(exc, TeardownInterrupted):
-                self._raise_landed(error)
+                self._teardowns.raise_landed(exc if cause is None else cause)
             raise
-        escalation = self._end_shield(error)
-        if escalation is not None:
-            raise escalation from error
-        self._raise_landed(error)
+        escalation = self._end_shield(cause)
+        if escalation is not None:  # it landed in bookkeeping, after the last step: raised all the same
+            if cause is None:
+                raise escalation
+            raise escalation from cause
+        self._teardowns.raise_landed(cause)
         return report
 
     def _end_shield(self, cause: BaseException | None = None) -> TeardownInterrupted | None:
         """Once final: remove the shield (a deferred Ctrl-C is raised from ``cause``); return an escalation.
 
-        An exception landing inside the removal is recorded (``_raise_landed``) and the
+        An exception landing inside the removal is recorded (``TeardownRunner.raise_landed``) and the
         removal runs again: a final session never leaves its handlers installed.
         """
         if not self.state.is_final:
@@ -303,20 +290,7 @@ class Session:
             except BaseException as exc:  # a landing, unless the removal ran to its end
                 if not self._shield.installed:
                     raise  # removed: what a deferred signal's previous handler raised
-                self._landed.append(exc)
-
-    def _raise_landed(self, cause: BaseException | None) -> None:
-        """Raise the first exception that landed on the waiting thread (from ``cause``), noting the others."""
-        landed, self._landed = self._landed, []
-        if not landed:
-            return
-        first = landed[0]
-        for later in landed[1:]:
-            if cause is not None and later is not first:
-                cause.add_note(f"lifecycle: {describe(later)} also landed during the teardown")
-        if cause is None:
-            raise first
-        raise first from cause
+                self._teardowns.landed.append(exc)
 
     def _fail(self, error: BaseException) -> TeardownReport:
         start, text, state = time.monotonic(), describe(error), self.state.value
@@ -347,9 +321,9 @@ class Session:
     def track_checkpoints(self, writer: CheckpointWriter) -> None:
         """Record ``writer``'s in-flight saves: finalized on success, aborted on failure; ``AlreadyHeld`` if tracked."""
         self._check_live("track_checkpoints")
-        self._refuse_held(Resource.ASYNC_CHECKPOINT)
+        self._acquirer.refuse_held(Resource.ASYNC_CHECKPOINT)
         releases = {StepKind.FINALIZE_CHECKPOINTS: writer.finalize, StepKind.ABORT_CHECKPOINTS: writer.abort}
-        self._record(Resource.ASYNC_CHECKPOINT, Owner.SESSION, releases)
+        self._acquirer.record(Resource.ASYNC_CHECKPOINT, Owner.SESSION, releases, "", caller_site())
 
     def register(self, name: str, release: Callable[[], object]) -> None:
         """Record a user resource ``name``; ``release()`` runs at teardown, in reverse registration order.
@@ -357,8 +331,9 @@ class Session:
         ``AlreadyHeld`` if this session already registered ``name``.
         """
         self._check_live("register")
-        self._refuse_held(Resource.USER, name)
-        self._record(Resource.USER, Owner.SESSION, {StepKind.RELEASE_USER_RESOURCE: release}, name)
+        self._acquirer.refuse_held(Resource.USER, name)
+        releases = {StepKind.RELEASE_USER_RESOURCE: release}
+        self._acquirer.record(Resource.USER, Owner.SESSION, releases, name, caller_site())
 
     def install_signal_handlers(
         self, signums: tuple[int, ...] = (signal.SIGTERM,), on_signal: Callable[[int], None] | None = None
@@ -372,7 +347,7 @@ class Session:
         teardown a signal's previous handler is put back only if ours is still the one installed.
         """
         self._check_live("install_signal_handlers")
-        self._refuse_held(Resource.SIGNAL_HANDLERS)
+        self._acquirer.refuse_held(Resource.SIGNAL_HANDLERS)
 
         def request(signum: int, frame: FrameType | None) -> None:
             if on_signal is not None:
@@ -380,15 +355,7 @@ class Session:
             else:
                 self.request_exit(signal.Signals(signum).name)
 
-        handlers = InstalledHandlers((), request)  # none yet: recorded (pending) before any is installed
-
-        def install() -> Owner:
-            handlers.install(signums)
-            return Owner.SESSION
-
-        releases = _checked(Resource.SIGNAL_HANDLERS, {StepKind.RESTORE_SIGNAL_HANDLERS: handlers.restore})
-        entry = LedgerEntry(Resource.SIGNAL_HANDLERS, Owner.SESSION, "", caller_site())
-        self._holdings.acquire(entry, releases, install)
+        self._acquirer.signal_handlers(signums, request, caller_site())
 
     def request_exit(self, reason: str) -> None:
         """Ask the training loop to stop gracefully; the first reason given is kept."""
@@ -484,8 +451,7 @@ class Session:
             try:
                 if self.state.is_final:
                     escalation = self._end_shield(error)
-                    landed.extend(self._landed)
-                    self._landed = []
+                    landed.extend(self._teardowns.take_landed())
                     if escalation is not None:
                         landed.insert(0, escalation)
                     return
@@ -539,12 +505,6 @@ class Session:
         if self.state.is_final:
             raise SessionFinished(self.state, what)
 
-    def _refuse_held(self, resource: Resource, name: str = "") -> None:
-        entry = self.ledger.entry(resource, name)
-        if entry is not None:
-            label = f"{resource.value}:{name}" if name else resource.value
-            raise AlreadyHeld(label, f"this session already holds it ({entry.described()})")
-
     def _journal_move(self, source: State, trigger: Trigger, start: float, detail: str = "") -> None:
         if self._teardowns.abandoned_here():
             return
@@ -564,37 +524,6 @@ class Session:
             except Exception:  # an observer must never change the session's outcome
                 logger.warning("session observer %r failed on %s; ignored", observer, event, exc_info=True)
 
-    def _handler(self, resource: Resource) -> Handler:
-        """``resource``'s handler: its own declaration's, else the one the session's actions give for it."""
-        if resource.handler is not None:
-            return resource.handler(self._actions)
-        return self._actions.handler(resource)
-
-    def _acquire_declared(self, trigger: Trigger, site: str) -> None:
-        kinds = [resource for resource in declared_resources() if resource.acquired_by is trigger]
-        handlers = [(resource, self._handler(resource)) for resource in kinds]
-        releases = [_checked(resource, handler.releases) for resource, handler in handlers]  # before anything exists
-        for _, handler in handlers:  # every refusal before anything is acquired
-            if handler.check is not None:
-                handler.check()
-        # What earlier sessions left of these kinds goes first, all of it, in release
-        # order (a group before its store): an init must not see a leftover of a kind
-        # acquired before it as the caller's (the store's init takes a live group for one).
-        for resource in reversed(kinds):
-            self._reclaim_left(resource)
-        for (resource, handler), bound in zip(handlers, releases, strict=True):
-            self._acquire_one(resource, handler, bound, "", site)
-
-    def _acquire_one(self, resource: Resource, handler: Handler, releases: Releases, name: str, site: str) -> None:
-        """Acquire one instance through ``handler``, atomically recorded (see ``lifecycle._core.holdings``)."""
-        assert handler.acquire is not None
-        acquire = handler.acquire
-
-        def owned() -> Owner:
-            return recorded_owner(resource, acquire(), self.restart_mode)
-
-        self._holdings.acquire(LedgerEntry(resource, Owner.SESSION, name, site), releases, owned)
-
     def acquire(self, resource: Resource, name: str = "") -> None:
         """Acquire one instance of a declared kind that has a handler of its own, while live (e.g. mid-training).
 
@@ -606,36 +535,12 @@ class Session:
         ``LifecycleError`` for a kind a trigger acquires or one without a handler.
         """
         self._check_live("acquire")
-        if resource.acquired_by is not None or resource.handler is None:
-            raise LifecycleError(
-                f"{resource.value}: Session.acquire takes a kind with a handler of its own and no acquired_by "
-                "(a trigger acquires the others)"
-            )
-        self._refuse_held(resource, name)
-        handler = resource.handler(self._actions)
-        releases = _checked(resource, handler.releases)
-        if handler.check is not None:
-            handler.check()
-        site = caller_site()
-        self._reclaim_left(resource)
-        self._acquire_one(resource, handler, releases, name, site)
+        self._acquirer.own_handler(resource, name, caller_site())
 
-    def _record(self, resource: Resource, owner: Owner, releases: Releases, name: str = "") -> None:
-        """Record an acquisition the caller made (``register`` and the like) and bind its releases."""
-        self._holdings.record(LedgerEntry(resource, owner, name, caller_site()), _checked(resource, releases))
-
-    def _reclaim_left(self, resource: Resource) -> None:
-        """Release what a final or collected session left of ``resource`` (``lifecycle._core.leftovers.reclaim``)."""
-
-        def observed(record: StepRecord, left_by: str) -> None:
-            self._reclaimed.append(record)
-            self._notify(ReclaimEvent(left_by, record))
-
-        reclaimed = reclaim(resource, self.restart_mode, observed, LATE_RELEASE_WAIT_S)
-        if reclaimed is not None:
-            logger.warning(
-                "%s: released %s, left live by %s", self.label, reclaimed.entry.described(), reclaimed.session
-            )
+    def _reclaimed_one(self, record: StepRecord, left_by: str) -> None:
+        """A step ran on what ``left_by`` (an earlier session) left: kept for ``reclaimed``, observers told."""
+        self._reclaimed.append(record)
+        self._notify(ReclaimEvent(left_by, record))
 
     def _announce(self, error: BaseException, state: State) -> None:
         """Tell the other ranks that this one failed in ``state`` (if the actions can), note what they say, notify.
@@ -644,13 +549,7 @@ class Session:
         """
         phase = self._phase[0] if self._phase is not None and self._phase[1] is state else state.value
         now = time.time()
-        if isinstance(self._actions, AnnouncesFailures):
-            try:
-                announcement = self._actions.announce_failure(error, phase=phase, step=self._step, time=now)
-            except Exception as exc:  # noqa: BLE001 - announcing must never replace the failure being handled
-                announcement = Announcement(None, f"announcing the failure raised {describe(exc)}")
-        else:
-            announcement = Announcement(None, "the session's actions cannot announce a failure")
+        announcement = announce(self._actions, error, phase=phase, step=self._step, time=now)
         if announcement.note:
             error.add_note(announcement.note)
             logger.error("%s: %s", self.label, announcement.note)
@@ -703,18 +602,6 @@ class Session:
 
 _PROTECTED = frozenset({Session.fail.__code__, Session.close.__code__})
 """Where the shield defers signals: a teardown and its bookkeeping (see ``lifecycle._core.shield``)."""
-
-
-LATE_RELEASE_WAIT_S = 5.0
-"""How long acquiring a kind waits for a release of it an abandoned teardown left running (then: refused)."""
-
-
-def _checked(resource: Resource, releases: Releases) -> Releases:
-    """``releases`` as a dict, or ``LifecycleError`` if it lacks a callable for one of ``resource``'s steps."""
-    missing = [kind.value for kind in resource.steps if kind not in releases]
-    if missing:
-        raise LifecycleError(f"{resource.value}: no release callable for step(s) {', '.join(missing)}")
-    return dict(releases)
 
 
 def _describe(failures: tuple[StepFailure, ...]) -> str:

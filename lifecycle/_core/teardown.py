@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import NoReturn, Protocol
 
-from lifecycle._core.errors import StepTimedOut
+from lifecycle._core.errors import StepTimedOut, describe
 from lifecycle._core.executor import StepRecord, TeardownReport, execute
 from lifecycle._core.holdings import Holdings
 from lifecycle._core.ownership import Ledger
@@ -82,12 +82,32 @@ class TeardownRunner:
         self._records: list[StepRecord] = []  # the records of the plan running now
         self._timed_out: list[Step] = []  # steps left running past the host's release_timeout_s
         self._escalated: TeardownInterrupted | None = None
+        self.landed: list[BaseException] = []
+        """What landed on the waiting thread (asynchronous exceptions), raised once the session is final."""
 
     def abandoned_here(self) -> bool:
         """True on a worker the session stopped waiting for: its late bookkeeping is to be dropped."""
         return self._left_thread is not None and threading.current_thread() is self._left_thread
 
-    def wait(self, work: Callable[[], TeardownReport], outcome: Outcome, landed: list[BaseException]) -> TeardownReport:
+    def take_landed(self) -> list[BaseException]:
+        """What landed so far (see ``landed``), which is emptied."""
+        landed, self.landed = self.landed, []
+        return landed
+
+    def raise_landed(self, cause: BaseException | None) -> None:
+        """Raise the first exception that landed on the waiting thread (from ``cause``), noting the others on it."""
+        landed = self.take_landed()
+        if not landed:
+            return
+        first = landed[0]
+        for later in landed[1:]:
+            if cause is not None and later is not first:
+                cause.add_note(f"lifecycle: {describe(later)} also landed during the teardown")
+        if cause is None:
+            raise first
+        raise first from cause
+
+    def wait(self, work: Callable[[], TeardownReport], outcome: Outcome) -> TeardownReport:
         """Run ``work`` on a worker while this thread waits, appending to ``landed`` what lands here; its result.
 
         Raises what ``work`` raised. A second interrupt (``TeardownInterrupted``, raised
@@ -99,7 +119,7 @@ class TeardownRunner:
         job: Job[TeardownReport] = Job(work)
         self._job = job
         try:
-            run_waiting(job, landed, _serve, stop=(TeardownInterrupted,))
+            run_waiting(job, self.landed, _serve, stop=(TeardownInterrupted,))
         except TeardownInterrupted as escalation:
             self._escalated = escalation  # the worker stops between steps, also once the shield is gone
             start = time.monotonic()
@@ -111,7 +131,7 @@ class TeardownRunner:
                 try:
                     job.serve()
                 except BaseException as exc:  # noqa: BLE001 - a landing: recorded
-                    landed.append(exc)
+                    self.landed.append(exc)
                 running = job.in_step
         finally:
             self._job = None

@@ -33,6 +33,10 @@ T = TypeVar("T")
 SLICE_S = 0.05
 """How long one wait slice lasts: the longest a posted call or a finished job waits to be noticed."""
 
+SESSION_WORKERS = 3
+"""The workers a session makes ready when it is made: a teardown's, one for a step with a deadline, one for the
+failure notice (work a teardown waits for with a deadline)."""
+
 EXIT_WAIT_S = 5.0
 """At interpreter exit, how long to wait for workers still inside a job (a release left running).
 
@@ -163,11 +167,11 @@ class Pool:
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
-    def prepare(self, count: int = 2) -> None:
+    def prepare(self, count: int = SESSION_WORKERS) -> None:
         """Make sure ``count`` idle workers are ready (starts what is missing): call it off the failure path.
 
-        Two by default: a teardown's, and one for the work a teardown waits for with a
-        deadline (the failure notice), so that no thread is started on the failure path.
+        ``SESSION_WORKERS`` by default, what a session starts with, so that no thread is
+        started on the failure path.
         """
         with self._lock:
             if self._pid != os.getpid():  # a forked child has none of its parent's threads

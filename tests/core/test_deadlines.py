@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from support.internals import session as session_module
+from support.internals import acquiring as acquiring_module
 
 from lifecycle import Handler, Resource, Session, StaleResource, State, StepKind, StepTimedOut, TeardownError
 from lifecycle.testing import RecordingActions
@@ -139,7 +139,7 @@ def test_the_next_session_is_refused_while_a_late_release_still_runs(
     hanging: list[HangingActions], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A release left running past the next session's wait: StaleResource names it; that kind is not acquired."""
-    monkeypatch.setattr(session_module, "LATE_RELEASE_WAIT_S", 0.2)
+    monkeypatch.setattr(acquiring_module, "LATE_RELEASE_WAIT_S", 0.2)
     actions = HangingActions(StepKind.DESTROY_MICROBATCH_CALCULATOR)
     hanging.append(actions)
     first = Session(actions, release_timeout_s=DEADLINE_S, label="first")

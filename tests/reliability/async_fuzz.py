@@ -75,7 +75,7 @@ class Tracer:
         self.fired = False
 
     def start(self) -> None:
-        """Trace the idle workers (one is started first, as a session would) and this thread."""
+        """Trace the idle workers (those a session starts are started first) and this thread."""
         WORKERS.prepare()
         WORKERS.on_idle_workers(lambda: sys.settrace(self._call))
         sys.settrace(self._call)

@@ -152,7 +152,7 @@ def known_bug(cell: Cell) -> tuple[str, bool] | None:
     The matrix runs such a cell as an expected failure (strict where it fails every time,
     so the fix has to remove the entry). None are left: the races between a rank's
     success plan and the Wrapper's abort in its monitor thread were fixed by claiming
-    each entry before a release (``Session._perform``).
+    each entry before a release (``TeardownRunner._perform``).
     """
     del cell
     return None

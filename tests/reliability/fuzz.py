@@ -203,6 +203,7 @@ class Tracer:
     def start(self, record: bool = False) -> None:
         """Trace this thread and the teardown's idle workers from now on; ``record``: keep every event."""
         self.record = record
+        WORKERS.prepare()  # the workers a session would start: all traced, even in the first run of a process
         WORKERS.on_idle_workers(lambda: sys.settrace(self._call))
         sys.settrace(self._call)
 

@@ -106,7 +106,7 @@ SHIELD_REMOVAL = frozenset(
 def test_an_exception_landing_while_the_shield_is_removed_leaves_the_handlers_as_before(pool: None) -> None:
     """Each line of the shield's removal at the end of ``fail``: the handlers are the ones from before, once final."""
     events = lines(Scenario.FAIL)
-    waited = max(i for i, event in enumerate(events) if event.startswith("Session._waiting:"))
+    waited = max(i for i, event in enumerate(events) if event.startswith("TeardownRunner.wait:"))
     tail = [i for i, event in enumerate(events) if i > waited and event.split(":")[0] in SHIELD_REMOVAL]
     assert len(tail) >= 10, events[waited:]
     runs = [run_case(Case(Scenario.FAIL, i)) for i in tail]

@@ -55,8 +55,8 @@ from reliability.fuzz import (
 )
 from support.internals import LEFTOVERS, REGISTRY, Shield, executor
 from support.internals import session as session_module
-from support.internals import teardown as teardown_module
 from support.internals import shield as shield_module
+from support.internals import teardown as runner_module
 
 from lifecycle import Ledger
 
@@ -124,7 +124,9 @@ class Repro:
         return Case(self.scenario, self.variant, at, lines.find(self.second.region, self.second.line, at) - at)
 
 
-_TEARDOWN_LINE = Anchor("Session._teardown", "planned = teardown(self.ledger, self.restart_mode, outcome)")
+_TEARDOWN_LINE = Anchor(
+    "TeardownRunner.run_plan", "planned = teardown(self._host.ledger, self._host.restart_mode, outcome)"
+)
 
 
 # -- the torch-free sweep ----------------------------------------------------------------
@@ -236,7 +238,7 @@ def test_barrier_after_a_failed_success_step_is_caught(pool: None, monkeypatch: 
     problems = _fine_then_broken(
         check_no_barrier_after_failure,
         lambda: _anchored(Scenario.CLOSE_FAULTY, Variant.SIGTERM, _MID_TEARDOWN),
-        lambda: monkeypatch.setattr(teardown_module, "execute", execute_all),
+        lambda: monkeypatch.setattr(runner_module, "execute", execute_all),
     )
     assert any("barrier" in p for p in problems), problems
 

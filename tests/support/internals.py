@@ -14,6 +14,7 @@ in one place. The torch-dependent ones are in ``support.torch_internals``.
 from __future__ import annotations
 
 from lifecycle._core import (
+    acquiring,
     errors,
     executor,
     holdings,
@@ -39,6 +40,7 @@ __all__ = [
     "Leftover",
     "RunJournal",
     "Shield",
+    "acquiring",
     "describe",
     "diagrams",
     "executor",

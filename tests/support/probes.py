@@ -178,8 +178,9 @@ def monitor_pid(call_wrapper: Any) -> int:
 GROUP_ENDS = ("barrier", "destroy_process_group", "_abort_process_group")
 """The torch.distributed calls that end a process group (the barrier before a destroy included)."""
 
-SESSION_MODULE = Session.__module__
-"""Where ``Session``'s teardown runs (and the release callables it bound, which the Wrapper's steps run too)."""
+SESSION_MODULES = (Session.__module__, "lifecycle._core.teardown")
+"""Where ``Session``'s teardown runs (a step with a deadline runs on a worker of its own, reached from the teardown
+runner alone), and the release callables it bound, which the Wrapper's steps run too."""
 
 ATTEMPT_MODULE = "lifecycle._core.wrapped"
 """Where the Wrapper's abort and finalize run their steps (``Attempt.release``), reached from ``lifecycle.restart``."""
@@ -188,7 +189,9 @@ ATTEMPT_MODULE = "lifecycle._core.wrapped"
 def by_session(calls: TorchCalls, tag: Any) -> list[Call]:
     """The calls a session's own teardown made while ``calls.tag`` was ``tag``."""
     return [
-        c for c in calls.calls if c.tag == tag and c.via_module(SESSION_MODULE) and not c.via_module(ATTEMPT_MODULE)
+        c
+        for c in calls.calls
+        if c.tag == tag and any(map(c.via_module, SESSION_MODULES)) and not c.via_module(ATTEMPT_MODULE)
     ]
 
 
