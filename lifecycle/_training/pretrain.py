@@ -29,6 +29,7 @@ from lifecycle import journal as _journal
 from lifecycle._core.errors import ConfigError, InvalidTransition, SessionFinished, describe
 from lifecycle._core.events import FailureEvent, JournalEntry
 from lifecycle._core.executor import TeardownReport
+from lifecycle._core.plans import RestartMode
 from lifecycle._core.session import Session
 from lifecycle._core.states import State, Trigger
 from lifecycle._liveness.rank import RankMonitor, start_monitor
@@ -554,12 +555,20 @@ def _start_liveness(
 
     The monitor reaches the store the group was created on (its server's address and
     port) under the attempt's prefix; on the failure edge the rank tells it it is done
-    (the failing rank's teardown is bounded by its own deadlines, not judged).
+    (the failing rank's teardown is bounded by its own deadlines, not judged). Under an
+    in-process restart (NVRx's Wrapper) a ``kill`` monitor only reports: the Wrapper's
+    own timeouts end a hung rank and restart every rank; the monitor names the culprit
+    (its verdict is the failure notice each rank's exception and journal carry) and never
+    dumps or kills a rank the Wrapper is about to restart.
     """
     live = config.liveness
     prefix = getattr(session.actions, "store_prefix", None)
     if live.mode is LivenessMode.OFF or not isinstance(prefix, str):
         return None
+    mode = live.mode
+    if mode is LivenessMode.KILL and session.restart_mode is RestartMode.INPROCESS:
+        logger.info("rank %d: liveness monitor reports only: the in-process restart's timeouts end a hung rank", rank)
+        mode = LivenessMode.REPORT
     server = _store_server()
     if server is None:
         logger.warning("rank %d: no liveness monitor: the default group's store is not a TCPStore", rank)
@@ -575,7 +584,7 @@ def _start_liveness(
         floor_s=live.floor_s,
         default_s=live.default_deadline_s,
         explicit=dict(live.deadlines),
-        mode=live.mode.value,
+        mode=mode.value,
         stacks=folder / f"rank{rank}.stacks.txt",
         attempt=attempt,
     )

@@ -1,0 +1,78 @@
+"""Under an in-process restart (NVRx's Wrapper) the liveness monitor names a culprit and never kills it.
+
+The Wrapper's own timeouts end a hung rank and restart every rank in their processes; a
+monitor that also killed would end a process the Wrapper is about to restart. ``pretrain``
+is given the session the Wrapper's iteration would give it (``RestartMode.INPROCESS``),
+on a real gloo group of one rank, and the real monitor process's settings are read from
+its command line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from support.configs import config_of_one
+
+from lifecycle import (
+    Callback,
+    CheckpointConfig,
+    DistributedConfig,
+    LivenessConfig,
+    ParallelConfig,
+    RestartMode,
+    Session,
+    SessionHandle,
+    TorchActions,
+    pretrain,
+)
+from lifecycle.testing import free_port, release_everything
+
+
+@pytest.fixture
+def rank_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """This process as rank 0 of 1 on a fresh port (as the Wrapper's environment gives it); released afterwards."""
+    port = free_port()
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield port
+    finally:
+        release_everything()
+
+
+class MonitorModes(Callback):
+    """At each step end, the mode of every liveness monitor this process started (from its command line)."""
+
+    def __init__(self) -> None:
+        self.modes: list[str] = []
+
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+        for child in psutil.Process().children():
+            command = child.cmdline()
+            if len(command) > 1 and command[-2].endswith("monitor.py"):
+                self.modes.append(json.loads(command[-1])["mode"])
+
+
+def _modes(tmp_path: Path, restart_mode: RestartMode) -> list[str]:
+    actions = TorchActions(DistributedConfig(timeout_s=20), ParallelConfig(), store_prefix="iteration0")
+    session = Session(actions, restart_mode=restart_mode)
+    config = config_of_one(
+        tmp_path,
+        distributed=DistributedConfig(timeout_s=20),
+        liveness=LivenessConfig(mode="kill"),
+        checkpoint=CheckpointConfig(),
+    )
+    peek = MonitorModes()
+    pretrain(config, callbacks=[peek], session=session)
+    return peek.modes
+
+
+@pytest.mark.timeout(120)
+def test_under_an_in_process_restart_a_kill_monitor_only_reports(tmp_path: Path, rank_of_one: int) -> None:
+    """``mode="kill"`` under ``RestartMode.INPROCESS``: the monitor runs in ``report`` mode; ordinary runs kill."""
+    assert set(_modes(tmp_path / "inprocess", RestartMode.INPROCESS)) == {"report"}
+    assert set(_modes(tmp_path / "ordinary", RestartMode.ORDINARY)) == {"kill"}
