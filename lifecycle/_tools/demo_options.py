@@ -155,7 +155,22 @@ OPTIONS: tuple[Option, ...] = (
         type=float,
         metavar="S",
     ),
-    Option("--retry", "after a failure, run pretrain again in the same processes", type=None),
+    Option(
+        "--retry",
+        "recover from the failure: pretrain again in the same processes after an exception, and torchrun "
+        "restarts every rank from the last checkpoint after a lost process (--max-restarts)",
+        type=None,
+    ),
+    Option(
+        "--max-restarts",
+        "torchrun restarts every rank after a lost one, at most N times (default 3 with --retry, else 0)",
+    ),
+    Option(
+        "--fault-again",
+        "inject the fault in every attempt, retries and restarts included (default: the first only); "
+        "after 3 attempts in a row without a new checkpoint the ranks exit 93, do not restart",
+        type=None,
+    ),
     Option(
         "--checkpoint-dir",
         "checkpoints (default: <journal dir>/checkpoints)",
@@ -293,6 +308,17 @@ def demo_config(options: argparse.Namespace, *, for_ranks: bool = True) -> Pretr
     return PretrainConfig(**top)  # type: ignore[arg-type]
 
 
+RETRY_RESTARTS = 3
+"""torchrun's restarts with ``--retry`` and no ``--max-restarts``: ``exits.NO_PROGRESS_LIMIT``, the most that helps."""
+
+
+def max_restarts(options: argparse.Namespace) -> int:
+    """How often torchrun restarts the ranks: ``--max-restarts``, else ``RETRY_RESTARTS`` with ``--retry``, else 0."""
+    if options.max_restarts is not None:
+        return int(options.max_restarts)
+    return RETRY_RESTARTS if options.retry else 0
+
+
 def check_options(options: argparse.Namespace) -> PretrainConfig:
     """Refuse a bad option set before anything starts (no file, no network): ``UsageError`` naming the flag.
 
@@ -307,6 +333,10 @@ def check_options(options: argparse.Namespace) -> PretrainConfig:
             needed, why = option.needs
             if getattr(options, _dest(needed)) is None:
                 raise UsageError(option.flag, f"needs {needed} ({why})")
+    if options.fault_again and options.fail_at is None:
+        raise UsageError("--fault-again", f"needs {_FAULT[0]} ({_FAULT[1]})")
+    if options.max_restarts is not None and options.max_restarts < 0:
+        raise UsageError("--max-restarts", f"must be 0 or more, got {options.max_restarts}")
     # The folders are checked later, on the file system: any path will do here.
     placeholder = Path("journals") if options.journal_dir is None else options.journal_dir
     try:

@@ -2,7 +2,13 @@
 
 The rank parses them with the demo's parser and builds its config with ``demo_config``
 (torchrun's environment gives the world, the rank and the rendezvous), then runs
-``pretrain``, and with ``--retry`` once more in the same process after a failure.
+``pretrain``, and with ``--retry`` once more in the same process after a failure that
+left every process alive. It exits with ``lifecycle.exit_code`` of its last call (see
+docs/recovery.md): after a lost peer (the launcher's stop, or a peer's process gone)
+it exits at once and leaves the restart to torchrun (``--max-restarts``), whose new
+workers resume from the last committed checkpoint with no fault injected (unless
+``--fault-again``). A rank that decides "do not restart" leaves ``STOP_MARKER`` in the
+journal folder; a worker that finds it exits with that code before it starts anything.
 """
 
 from __future__ import annotations
@@ -14,10 +20,24 @@ import os
 import signal
 import sys
 import warnings
+from pathlib import Path
 
+from lifecycle import journal as _journal
 from lifecycle._tools.demo_options import demo_config, parser
 from lifecycle._tools.launcher import set_parent_death_signal
 from lifecycle._training.config import PretrainConfig
+from lifecycle._training.exits import ExitCode, StoppedByLauncher, exit_code
+
+STOP_MARKER = "do-not-restart.txt"
+"""In the journal folder: a rank decided its run is not worth restarting (the reason inside)."""
+
+LAUNCHER_WAIT_S = 0.5
+"""Before retrying in its own process, how long a rank waits for the launcher's SIGTERM (a peer's process gone).
+
+torchrun's agent looks at its workers every 0.1 s and stops the survivors of a dead one;
+a retry started meanwhile would block in its rendezvous, where a SIGTERM cannot reach
+Python, until the agent's SIGKILL 30 s later.
+"""
 
 
 def _quiet_libraries() -> None:
@@ -28,7 +48,7 @@ def _quiet_libraries() -> None:
 
 
 def worker_main(argv: list[str]) -> int:
-    """Run this rank with the demo arguments ``argv`` (and a retry if asked); 0 when an attempt succeeded, else 1."""
+    """Run this rank with the demo arguments ``argv`` (and a retry if asked); its ``lifecycle.ExitCode``."""
     # A rank must not outlive torchrun (which runs it in a session of its own).
     set_parent_death_signal(signal.SIGKILL)
     _quiet_libraries()
@@ -42,14 +62,22 @@ def worker_main(argv: list[str]) -> int:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
     config = demo_config(options)
+    marker = Path(str(config.journal_dir)) / STOP_MARKER
+    if marker.exists():
+        print(f"[rank {rank}] not starting: {marker.read_text().strip()}", flush=True)
+        return ExitCode.DO_NOT_RESTART
+    if _journal.restart_count() > 0 and not options.fault_again:
+        config = dataclasses.replace(config, fault=None)  # torchrun restarted the ranks: the fault happened once
     # A peer may need a whole group timeout to notice a failure that no collective of
     # its own ran into (e.g. one in ``dist``): the retry waits twice that to rendezvous.
     timeout_s = 2 * config.distributed.timeout_s
     retry = dataclasses.replace(
-        config, fault=None, distributed=dataclasses.replace(config.distributed, timeout_s=timeout_s)
+        config,
+        fault=config.fault if options.fault_again else None,
+        distributed=dataclasses.replace(config.distributed, timeout_s=timeout_s),
     )
     attempts = [config, retry] if options.retry else [config]
-    code = _run_attempts(attempts, rank)
+    code = _run_attempts(attempts, rank, marker)
     # Skip the interpreter's final garbage collection over torch's and Megatron-core's
     # objects (slow: see docs/benchmarks.md, demo-final-gc): everything this rank owes is
     # already released and its journal written, and torchrun waits for every rank before
@@ -58,28 +86,41 @@ def worker_main(argv: list[str]) -> int:
     return code
 
 
-def _run_attempts(attempts: list[PretrainConfig], rank: int) -> int:
-    """Run ``pretrain`` per config until one succeeds; report each outcome. 0 on success, else 1.
+def _run_attempts(attempts: list[PretrainConfig], rank: int, marker: Path) -> int:
+    """Run ``pretrain`` per config until one succeeds or a retry here cannot help; report each; the exit code.
 
-    The launcher's verdict comes from the journals, not from this code: a failure
-    after an exit was requested (e.g. SIGTERM) ends the rank (no retry), and its
-    journal says ``failed``; a requested exit that the loop took ends ``closed``.
+    The launcher's verdict comes from the journals, not from this code. A failure after
+    an exit was requested (e.g. SIGTERM), or one not worth restarting, ends the rank; so
+    does one after which a peer's process is gone (the launcher's SIGTERM came, or comes
+    within ``LAUNCHER_WAIT_S``): torchrun restarts every rank, if it may.
     """
     # Imported here, after the warning filters: this loads torch and megatron-core.
     from lifecycle._training.pretrain import pretrain
 
+    code = ExitCode.RESTART
     for attempt, config in enumerate(attempts):
         try:
             result = pretrain(config, attempt=attempt)
-        except Exception as exc:  # noqa: BLE001 - the demo reports it, and retries if asked
+        except BaseException as exc:  # noqa: BLE001 - the demo reports it, and retries if it can help
             print(f"[rank {rank}] attempt {attempt} failed: {type(exc).__name__}: {exc}", flush=True)
             for note in getattr(exc, "__notes__", ()):
                 print(f"[rank {rank}]   {note}", flush=True)
-            requested = getattr(exc, "requested_exit", None)
-            if requested is not None:
-                print(f"[rank {rank}] an exit was requested ({requested}): not retrying", flush=True)
-                return 1
+            code = exit_code(exc, config.journal_dir, rank=rank)
+            if code is ExitCode.DO_NOT_RESTART:
+                why = f"rank {rank}: attempt {attempt} failed, and a restart would fail the same way ({code.value})"
+                marker.write_text(why + "\n")
+                print(f"[rank {rank}] not worth restarting: exiting {code.value}", flush=True)
+                return code
+            if code is ExitCode.STOPPED:
+                print(f"[rank {rank}] an exit was requested ({getattr(exc, 'requested_exit', None)}): not retrying")
+                return code
+            if isinstance(exc, StoppedByLauncher) or getattr(exc, "stopped_by_launcher", None) is not None:
+                print(f"[rank {rank}] stopped by the launcher: torchrun restarts every rank, if it may", flush=True)
+                return code
             if attempt + 1 < len(attempts):
+                if _launcher_stops_us(LAUNCHER_WAIT_S):
+                    print(f"[rank {rank}] the launcher stopped this rank: a peer's process is gone", flush=True)
+                    return code
                 print(f"[rank {rank}] retrying in the same process (attempt {attempt + 1})", flush=True)
             continue
         if rank == 0:
@@ -90,8 +131,20 @@ def _run_attempts(attempts: list[PretrainConfig], rank: int) -> int:
                 f"last checkpoint step {result.checkpoint_step}",
                 flush=True,
             )
-        return 0
-    return 1
+        return exit_code(result)
+    return code
+
+
+def _launcher_stops_us(wait_s: float) -> bool:
+    """Wait up to ``wait_s`` for a SIGTERM (held back meanwhile); True if one came. Off Linux: False at once."""
+    sigtimedwait = getattr(signal, "sigtimedwait", None)
+    if sigtimedwait is None:
+        return False
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return sigtimedwait({signal.SIGTERM}, wait_s) is not None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,19 @@ _POLL_S = 0.05
 
 
 def torchrun_command(
-    nproc: int, master_addr: str, master_port: int, script: list[str], *, rendezvous_timeout_s: float | None = None
+    nproc: int,
+    master_addr: str,
+    master_port: int,
+    script: list[str],
+    *,
+    rendezvous_timeout_s: float | None = None,
+    max_restarts: int = 0,
 ) -> list[str]:
     """The command that runs ``script`` (``-m module args`` or ``path args``) on ``nproc`` local ranks with torchrun.
 
-    Static rendezvous at ``master_addr:master_port``, and no restarts: a rank's failure
-    ends the job (torchrun then stops the other ranks). ``rendezvous_timeout_s``:
+    Static rendezvous at ``master_addr:master_port``. When a rank fails torchrun stops
+    the other ranks; it starts them all again at most ``max_restarts`` times (0: the
+    failure ends the job). ``rendezvous_timeout_s``:
     torchrun gives up the rendezvous after that long (rounded up to whole seconds;
     None: torchrun's default, 15 minutes).
     """
@@ -59,7 +66,7 @@ def torchrun_command(
         f"--nproc-per-node={nproc}",
         f"--master-addr={master_addr}",
         f"--master-port={master_port}",
-        "--max-restarts=0",
+        f"--max-restarts={max_restarts}",
         *timeout,
         *script,
     ]

@@ -18,6 +18,7 @@ import pytest
 from support.internals import final_states
 from support.launch import started_demo
 
+from lifecycle import ExitCode
 from lifecycle.journal import RunEnd, read
 
 TRAINING = "tokens/s"
@@ -34,14 +35,14 @@ def ends(journal: Path) -> dict[int, RunEnd]:
 
 @pytest.mark.timeout(120)
 def test_sigterm_stops_every_rank_after_the_same_step_saved_and_closed(tmp_path: Path) -> None:
-    """SIGTERM to the launcher: each rank takes the requested exit and closes; timeline printed; exit 0."""
+    """SIGTERM to the launcher: each rank takes the requested exit and closes; timeline printed; exit 75 (stopped)."""
     journal = tmp_path / "journal"
     with started_demo(*ENDLESS, f"--journal-dir={journal}", cwd=tmp_path) as demo:
         demo.wait_for(TRAINING, timeout=90)
         demo.signal(signal.SIGTERM)
         done = demo.finish(timeout=60)
         assert demo.left_running() == [], done.stdout[-3000:]
-    assert done.returncode == 0, done.stdout[-3000:]
+    assert done.returncode == ExitCode.STOPPED, done.stdout[-3000:]
     assert "=== timeline" in done.stdout and "finalizing → closed" in done.stdout
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("demo: stopped on SIGTERM") and "every rank saved and closed" in last, last
@@ -54,7 +55,7 @@ def test_sigterm_stops_every_rank_after_the_same_step_saved_and_closed(tmp_path:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_second_sigint_kills_everything_at_once_without_a_traceback(tmp_path: Path) -> None:
-    """Ctrl-C twice: all stops at once, no traceback, the timeline of what the journals hold; exit 0 iff closed."""
+    """Ctrl-C twice: all stops at once, no traceback, the timeline of what the journals hold; exit 75 iff closed."""
     journal = tmp_path / "journal"
     with started_demo(*ENDLESS, f"--journal-dir={journal}", cwd=tmp_path) as demo:
         demo.wait_for(TRAINING, timeout=90)
@@ -70,7 +71,7 @@ def test_a_second_sigint_kills_everything_at_once_without_a_traceback(tmp_path: 
     states = final_states(read([journal]))
     closed = set(states.values()) == {"closed"} and len(states) == 2
     # Almost always the kill comes before the ranks close; the verdict follows the journals either way.
-    assert done.returncode == (0 if closed else 1), (states, done.stdout[-3000:])
+    assert done.returncode == (ExitCode.STOPPED if closed else ExitCode.RESTART), (states, done.stdout[-3000:])
     last = done.stdout.strip().splitlines()[-1]
     assert closed or (last.startswith("demo: FAILED") and "SIGINT again" in last), last
 
