@@ -12,6 +12,7 @@ that is a failure.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,6 +170,33 @@ def test_partition_releases_both_nodes_at_the_group_timeout(nodes: tuple[netns.N
             node1_torchrun_exit_s=joiner_gone - cut if joiner_gone else "still running (killed by the test)",
             ended_by=f"{_ending(job, 0)} | {_ending(job, 1)}",
         )
+
+
+@pytest.mark.timeout(240)
+def test_partition_with_liveness_is_bounded_by_the_group_timeout_and_named(
+    nodes: tuple[netns.Node, netns.Node],
+) -> None:
+    """With monitors on and the link down, the host node's rank fails at the group timeout naming its peer unresponsive.
+
+    A partition resets no connection: only the group timeout releases the ranks (the
+    monitor cannot kill a rank it cannot reach). The store's side of the cut names the
+    other rank, by its monitor's silence, and never itself.
+    """
+    with TwoNodeJob(nodes, env={**LONG_RUN, "MN_LIVENESS": "kill"}) as job:
+        start_training(job, 2)
+        cut = time.monotonic()
+        netns.set_link(nodes[0], up=False)
+        released = _wait_line(job, r"\] attempt 0 failed: ", 0, cut, TIMEOUT_S + 15)
+        gone = [job.wait_gone(node, 2 * TIMEOUT_S + 30, workers_only=True) for node in (0, 1)]
+        out = job.output(0)
+        assert released is not None, f"node 0's rank never failed after the partition:\n{job.output()}"
+        assert 0.8 * TIMEOUT_S <= released.at - cut <= TIMEOUT_S + 15, f"released at {released.at - cut:.1f} s"
+        assert all(g is not None for g in gone), job.output()
+        own = {int(rank) for rank in re.findall(r"\[rank (\d+)\] training from step", out)}
+        named = {int(rank) for rank in re.findall(r"rank (\d+) is unresponsive", out)}
+        assert named and not named & own, (own, named, out)
+        assert "no connection reset" in out, out
+        report("e. partition with liveness", node0_released_s=released.at - cut, named=sorted(named))
 
 
 def _wait_line(job: TwoNodeJob, pattern: str, node: int, after: float, timeout_s: float) -> Line | None:

@@ -7,7 +7,8 @@ environment: ``MN_STEPS`` (steps), ``MN_TIMEOUT_S`` (``DistributedConfig.timeout
 ``MN_ATTEMPTS`` (the loop's bound), ``MN_FAIL_HERE=1`` / ``MN_FAIL_STEP`` (a
 ``FaultInjection`` at that step on this process's rank, set on one node only; the loop
 drops it for the retry, so it fires on the first attempt only), ``MN_STEP_SLEEP_S`` (a pause after each step,
-so a test can act mid-training) and ``MN_CHECKPOINT_DIR``.
+so a test can act mid-training), ``MN_CHECKPOINT_DIR`` and ``MN_LIVENESS`` (a ``LivenessConfig`` mode, at a
+0.5 s interval; off when unset).
 
 Prints one line per event: ``[rank R] training from step S`` (an attempt's loop
 started), ``[rank R] attempt A failed: ...`` (the retry loop's line), ``[rank R] closed:
@@ -29,6 +30,7 @@ from lifecycle import (
     CheckpointConfig,
     DistributedConfig,
     FaultInjection,
+    LivenessConfig,
     ParallelConfig,
     PretrainConfig,
     PretrainResult,
@@ -92,12 +94,15 @@ def main() -> int:
     fault = FaultInjection("step", rank=rank, step=fail_step) if env.get("MN_FAIL_HERE") == "1" else None
     checkpoint_dir = env.get("MN_CHECKPOINT_DIR")
     checkpoint = CheckpointConfig(dir=checkpoint_dir, interval=2, resume=True) if checkpoint_dir else CheckpointConfig()
+    mode = env.get("MN_LIVENESS")
+    liveness = LivenessConfig(mode=mode, interval_s=0.5) if mode else LivenessConfig()  # type: ignore[arg-type]
     config = PretrainConfig(
         distributed=DistributedConfig(backend="gloo", timeout_s=float(env.get("MN_TIMEOUT_S", "15"))),
         parallel=ParallelConfig(micro_batch_size=4),
         training=TrainingConfig(iterations=int(env.get("MN_STEPS", "8")), log_interval=0),
         checkpoint=checkpoint,
         fault=fault,
+        liveness=liveness,
     )
     paced = Paced(float(env.get("MN_STEP_SLEEP_S", "0")))
     try:
