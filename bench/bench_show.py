@@ -17,6 +17,8 @@ rank, 80 MB in all. Rounds rotate through three sides, each in every position in
     decoded and checked against the record schema into typed records.
 (c) json: each file's lines read and decoded with ``json.loads``, nothing else: the
     floor for anything that reads these files in Python.
+(d) html: (a) with ``--html PATH`` as well: the page of all ten attempts, its pictures
+    drawn as SVG by ``lifecycle._tools.svg``; its size in bytes is reported.
 
 Times are CPU seconds of the process (``time.process_time``): every side is one thread,
 and on a shared machine CPU time is what other processes' load disturbs least.
@@ -75,7 +77,7 @@ def _peak_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def _show_here(folder: str, out: str) -> None:
+def _show_here(folder: str, out: str, page: str = "") -> None:
     """In this (fresh) process: ``show_main`` on ``folder``, stdout to devnull, no ``dot``; print the measures as JSON.
 
     Printed: ``seconds`` (show_main alone), ``peak_mb`` (peak resident memory of the
@@ -87,17 +89,18 @@ def _show_here(folder: str, out: str) -> None:
     os.environ["PATH"] = ""  # no Graphviz rendering: the same work on machines with and without `dot`
     with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
         start = time.process_time()
-        code = show_main([folder, "--out", out])
+        code = show_main([folder, "--out", out, *(["--html", page] if page else [])])
         took = time.process_time() - start
     assert code == 0, f"show exited {code}"
     peak = _peak_kib()
     print(json.dumps({"seconds": took, "peak_mb": peak / 1024, "grew_mb": (peak - before) / 1024}))
 
 
-def _show(folder: Path, out: Path, memory: list[tuple[float, float]]) -> float:
-    """``_show_here`` in a fresh interpreter; seconds (its peak and growth in MB appended to ``memory``)."""
+def _show(folder: Path, out: Path, memory: list[tuple[float, float]], page: Path | None = None) -> float:
+    """``_show_here`` in a fresh interpreter; seconds (its peak and growth in MB appended to ``memory``); with
+    ``page``, ``--html page`` too."""
     done = subprocess.run(
-        [sys.executable, __file__, "--show-here", str(folder), str(out)],
+        [sys.executable, __file__, "--show-here", str(folder), str(out), *([str(page)] if page else [])],
         capture_output=True,
         text=True,
         check=True,
@@ -125,18 +128,21 @@ def main() -> str:
         synthetic.write(folder, synthetic.failing_run("bench", RANKS, ATTEMPTS))
         size = sum(p.stat().st_size for p in folder.iterdir()) / 1e6
         records = _json_alone(folder)
-        sides: dict[str, list[float]] = {"show": [], "load": [], "json": []}
+        sides: dict[str, list[float]] = {"show": [], "load": [], "json": [], "html": []}
         memory: list[tuple[float, float]] = []
+        page = Path(tmp) / "page.html"
         run = {
             "show": lambda: _show(folder, Path(tmp) / "diagrams", memory),
             "load": lambda: _timed(lambda: journal.load([folder])),
             "json": lambda: _timed(lambda: _json_alone(folder)),
+            "html": lambda: _show(folder, Path(tmp) / "diagrams", [], page),
         }
         order = list(run)
         for round_ in range(ROUNDS):
-            for name in order[round_ % 3 :] + order[: round_ % 3]:
+            for name in order[round_ % 4 :] + order[: round_ % 4]:
                 sides[name].append(run[name]())
-    show, load, raw = (median(sides[name]) for name in ("show", "load", "json"))
+        page_kb = page.stat().st_size / 1000
+    show, load, raw, html = (median(sides[name]) for name in ("show", "load", "json", "html"))
     peak, grew = (median([m[i] for m in memory]) for i in (0, 1))
     text = table(
         f"show over {RANKS} rank journals × {ATTEMPTS} attempts ({records} records, {size:.0f} MB;"
@@ -181,11 +187,14 @@ def main() -> str:
         "attempts. Peak memory is show's own process: its high-water mark, and that less what it held once imported. "
         "The first row is the code before issue 24, kept from one run of this script (read the ratios: CPU seconds "
         "drift less than wall time on a shared machine, but they drift).\n"
+        f"\n`show --html` on the same journals (d): {html:.2f} CPU s for the whole command, {html - show:+.2f} s over"
+        f" (a); the page of all {ATTEMPTS} attempts is {page_kb:.0f} kB (each attempt's timeline drawn as SVG with at"
+        " most 16 rows: the cause's rank and one row per group of ranks that ended alike; no script).\n"
     )
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--show-here"]:
-        _show_here(sys.argv[2], sys.argv[3])
+        _show_here(*sys.argv[2:5])
     else:
         print(main())

@@ -34,7 +34,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "restart/test_nvml.py": frozenset({"lifecycle.restart._nvml"}),
     "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo_options"}),
     "tools/test_diagrams.py": frozenset({"lifecycle._tools.diagrams"}),
-    "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.page", "lifecycle._tools.show"}),
+    "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.show"}),
     "tools/test_show.py": frozenset({"lifecycle._tools.show"}),
     "tools/test_show_model.py": frozenset({"lifecycle._tools.show_model", "lifecycle._tools.verdict"}),
     "tools/test_show_verdict.py": frozenset(
@@ -42,6 +42,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
             "lifecycle._tools.gantt",
             "lifecycle._tools.show",
             "lifecycle._tools.show_model",
+            "lifecycle._tools.svg",
             "lifecycle._tools.synthetic",
             "lifecycle._tools.verdict",
         }

@@ -27,15 +27,9 @@ of what the journals hold is printed and no process the demo started is left run
 torchrun gives up a rendezvous it cannot reach after ``--timeout`` seconds, and the
 launcher stops a torchrun whose ranks never start.
 
-With ``--retry`` a failure that leaves every process alive is retried in the same
-processes, and torchrun restarts every rank after a lost one (``--max-restarts``,
-default 3): each resumes from the last committed checkpoint (docs/recovery.md).
-
-Exit code, from ``lifecycle.ExitCode`` (docs/recovery.md), whatever torchrun's own:
-0 when every rank's last attempt ended ``closed`` after all its steps; 75 when they
-closed on a stop asked for by a signal (the ranks did what was asked); 93 when a rank
-decided a restart would fail the same way (its marker in the journal folder); 1
-otherwise; 2 for a refused option. The last line says which, and why.
+Exit code: 0 when every rank's last attempt ended ``closed`` (a stop asked for by a
+signal included: the ranks then did what was asked); 1 otherwise, whatever torchrun's
+own exit code; 2 for a refused option. The last line says which, and why.
 """
 
 from __future__ import annotations
@@ -57,11 +51,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from lifecycle._tools.demo_options import UsageError, check_options, demo_config, max_restarts, parser
+from lifecycle._tools.console import RANK_LOGS, TORCHRUN_LOG, RankOutput
+from lifecycle._tools.demo_options import UsageError, check_options, demo_config, parser
 from lifecycle._tools.demo_report import Ending, Run, rank_journals, report
-from lifecycle._tools.demo_worker import STOP_MARKER
 from lifecycle._tools.launcher import child_env, die_with, kill_group, kill_marked, torchrun_command
-from lifecycle._training.exits import ExitCode
 
 WALL_LIMIT_S = 1800.0
 """The demo stops torchrun after this long: a stuck demo must not hang a terminal or a CI job."""
@@ -85,7 +78,7 @@ WORKER = "lifecycle._tools.demo_worker"
 
 
 def demo_main(argv: list[str]) -> int:
-    """Run the demo (see the module doc); return its exit code (``lifecycle.ExitCode``: 0, 1, 2, 75 or 93).
+    """Run the demo (see the module doc); return the exit code: 0 success, 1 failed run, 2 bad arguments.
 
     Arguments argparse cannot parse end the process with exit code 2 (``SystemExit``).
     """
@@ -288,15 +281,12 @@ def _launch(plan: _Plan) -> int:
     # After "--", torchrun's own parser leaves the demo's flags alone (it would take
     # --nproc for an ambiguous prefix of its --nproc-per-node, and refuse it).
     script = ["-m", WORKER, "--", *plan.worker_args]
+    rank_logs = plan.journal_dir / RANK_LOGS
     command = torchrun_command(
-        args.nproc,
-        args.master_addr,
-        plan.port,
-        script,
-        rendezvous_timeout_s=args.timeout,
-        max_restarts=max_restarts(args),
+        args.nproc, args.master_addr, plan.port, script, rendezvous_timeout_s=args.timeout, rank_logs=rank_logs
     )
     env = child_env(args.master_addr)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # the ranks' lines reach their files, and the terminal, as printed
     # Every rank labels its journal with this run id (see ``lifecycle.journal.run_id``);
     # it also marks every process the demo starts, so that none is left behind.
     run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -305,25 +295,31 @@ def _launch(plan: _Plan) -> int:
     layout = f"TP{args.tp} PP1 DP{args.nproc // args.tp}"
     print(f"demo: {args.nproc} ranks ({layout}), {args.steps} steps, rendezvous {rendezvous}", flush=True)
     print(f"demo: journals in {plan.journal_dir}, checkpoints in {plan.checkpoint_dir}", flush=True)
+    torchrun_log = plan.journal_dir / TORCHRUN_LOG
+    print(f"demo: torchrun's own output goes to {torchrun_log}, each rank's to {rank_logs}/", flush=True)
     started = time.monotonic()
-    with _Signals().installed() as signals:
+    with _Signals().installed() as signals, torchrun_log.open("ab") as log:
         process = subprocess.Popen(
             command,
             env=env,
             stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own session: a terminal's Ctrl-C reaches the launcher only
-            preexec_fn=die_with(os.getpid(), signal.SIGTERM),  # safe: the launcher runs no other thread
+            preexec_fn=die_with(os.getpid(), signal.SIGTERM),  # safe: the launcher runs no other thread yet
         )
+        console = RankOutput(rank_logs).start()  # the ranks' lines, live; torchrun's stay in its file
         try:
             ending = _supervise(process, signals, plan, rendezvous, started)
         finally:
             if process.poll() is None:
                 kill_group(process)
             kill_marked(_RUN_ID, run_id)  # the death signals' backstop
+            console.stop()
         for note in ending.notes:
             print(f"demo: {note}", file=sys.stderr, flush=True)
         run = Run(plan.journal_dir, args.nproc, run_id, rendezvous, plan.local, args.timeout)
-        return _exit_code(report(run, ending, time.monotonic() - started), plan, ending)
+        return report(run, ending, time.monotonic() - started)
 
 
 def _supervise(
@@ -376,15 +372,3 @@ def _supervise(
         kill_group(process)
     ending.returncode = process.wait()
     return ending
-
-
-def _exit_code(verdict: int, plan: _Plan, ending: Ending) -> int:
-    """The demo's exit code from ``report``'s ``verdict`` (0 every rank closed, else 1), as ``lifecycle.ExitCode`` says.
-
-    A rank's "do not restart" marker wins; a run that closed on a stop signal exited as asked (``STOPPED``).
-    """
-    if (plan.journal_dir / STOP_MARKER).exists():
-        return ExitCode.DO_NOT_RESTART
-    if verdict == 0:
-        return ExitCode.STOPPED if ending.stop_signal is not None else ExitCode.SUCCESS
-    return ExitCode.RESTART

@@ -1,8 +1,10 @@
 """The demo's report, read from the journals only: every rank's timeline, the diagrams, then one verdict line.
 
 The verdict never trusts torchrun's exit code: the run succeeded when every rank's last
-attempt ended ``closed`` in its journal (a stop asked for by a signal included). A rank
-without a journal, or whose journal has no end record, did not.
+attempt ended ``closed`` in its journal (a stop asked for by a signal included, and a
+stop during start-up, before any rank started ``pretrain``). A rank without a journal,
+or whose journal has no end record, did not. A failed run's last line names its cause in
+``show``'s words (``verdict.find_cause``: the rank, the kind, the step).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 
 from lifecycle import journal as _journal
 from lifecycle._tools import show as _show
+from lifecycle._tools import show_model as _model
+from lifecycle._tools.console import TORCHRUN_LOG
 
 
 @dataclasses.dataclass(slots=True)
@@ -64,7 +68,7 @@ def report(run: Run, ending: Ending, elapsed: float) -> int:
     print("\n".join(_show.timeline_lines(records, verdicts=True)))
     if records:
         paths = _show.write_diagrams(records, journal_dir)
-        paths.append(_show.write_page(records, journal_dir / "show.html", journal_dir))
+        paths.append(_show.write_page(records, journal_dir / "show.html"))
         print("\n=== lifecycle diagrams (path taken highlighted) ===")
         print("\n".join(f"  {p}" for p in paths))
         print(f"\ndemo: see it again with: {sys.executable} -m lifecycle show {journal_dir}")
@@ -75,7 +79,13 @@ def report(run: Run, ending: Ending, elapsed: float) -> int:
     shown = {"?": "cut short (no end record)"}
     listed = ", ".join(f"rank {rank}: {shown.get(state, state)}" for rank, state in states.items())
     facts = f"({listed}; torchrun exit code {ending.returncode})"
-    if ok and ending.stop_signal is not None:
+    if not records and ending.stop_signal is not None and ending.killed is None and ending.returncode is not None:
+        # Stopped before any rank started pretrain: nothing to save or close, and nothing was left running.
+        ok = True
+        verdict = f"stopped on {ending.stop_signal} during start-up, as asked: no rank had started pretrain {facts}"
+    elif ok and ending.stop_signal is not None and not any(isinstance(r, _journal.TrainStep) for r in records):
+        verdict = f"stopped on {ending.stop_signal} during start-up, as asked: every started rank closed {facts}"
+    elif ok and ending.stop_signal is not None:
         verdict = f"stopped on {ending.stop_signal} in {elapsed:.1f} s, as asked: every rank saved and closed {facts}"
     elif ok:
         verdict = f"succeeded in {elapsed:.1f} s {facts}"
@@ -86,12 +96,27 @@ def report(run: Run, ending: Ending, elapsed: float) -> int:
     return 0 if ok else 1
 
 
+def _cause(records: list[_journal.Record]) -> str:
+    """The first line of the last failed attempt's verdict (its cause, in ``show``'s words); "" if none failed."""
+    if not records:
+        return ""
+    for run in reversed(_model.build(records).runs):
+        for attempt in reversed(run.drawn):
+            if attempt.verdict.cause is not None:
+                return attempt.verdict.cause.line()
+    return ""
+
+
 def _why_failed(states: dict[int, str], records: list[_journal.Record], run: Run) -> str:
     """The reason the verdict gives for a run where some rank's last attempt did not end ``closed``."""
+    cause = _cause(records)
+    if cause:
+        return cause
     if not records:
         where = "" if run.local else ", not an address of this machine"
         return (
-            f"no rank wrote a journal: torchrun ended before any rank started (see its output above; "
+            f"no rank wrote a journal: torchrun ended before any rank started (see its output in "
+            f"{run.journal_dir / TORCHRUN_LOG}; "
             f"the rendezvous was {run.rendezvous}{where}, --timeout {run.timeout_s:g})"
         )
     how = {"failed": "ended failed", "?": "cut short (killed?)", "no journal": "never started pretrain"}

@@ -36,9 +36,10 @@ def _label(text: str, limit: int = 70) -> str:
     return clean if len(clean) <= limit else clean[: limit - 1] + "…"
 
 
-def _tasks(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, float, float]]:
-    """One rank's bars as (label, tags, start, end), wall-clock times: its states, the work of each move, teardown."""
-    bars: list[tuple[str, str, float, float]] = []
+def bars(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, float, float]]:
+    """One rank's bars as (label, tags, start, end), wall-clock times: its states (tag ``done``), the work of each
+    move (``active``; ``crit`` into ``failed``) and, with ``detail``, its teardown steps (``crit`` if one failed)."""
+    drawn: list[tuple[str, str, float, float]] = []
     starts = [r.start for r in records if isinstance(r, RunStart)]
     since = min(starts) if starts else None
     state = "uninitialized"
@@ -48,8 +49,8 @@ def _tasks(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, f
             continue
         if since is not None and r.start - since >= 0.001:  # a state left within a millisecond is not drawn
             name = state + (f" (steps {steps[0]}-{steps[-1]})" if state == "training" and steps else "")
-            bars.append((name, "done", since, r.start))
-        bars.append(
+            drawn.append((name, "done", since, r.start))
+        drawn.append(
             (f"{r.trigger} ({r.source} to {r.dest})", "active" if r.dest != "failed" else "crit", r.start, r.end)
         )
         state, since = r.dest, r.end
@@ -57,12 +58,12 @@ def _tasks(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, f
     if state not in ("closed", "failed") and since is not None and last is not None and last - since >= 0.001:
         name = state + (f" (steps {steps[0]}-{steps[-1]})" if state == "training" and steps else "")
         ended = any(isinstance(r, RunEnd) for r in records)
-        bars.append((name + ("" if ended else " - no end record"), "done", since, last))
+        drawn.append((name + ("" if ended else " - no end record"), "done", since, last))
     if detail:
         for r in records:
             if isinstance(r, TeardownStep):
                 tags = "crit" if r.error else ""
-                bars.append(
+                drawn.append(
                     (
                         f"teardown {r.step}" + (f":{r.name}" if r.name else "") + (" FAILED" if r.error else ""),
                         tags,
@@ -70,7 +71,7 @@ def _tasks(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, f
                         r.end,
                     )
                 )
-    return bars
+    return drawn
 
 
 def gantt(attempt: Drawn) -> str:
@@ -88,37 +89,38 @@ def gantt(attempt: Drawn) -> str:
     return text[: BUDGET - 200].rsplit("\n", 1)[0] + "\n"
 
 
-def _rows(ranks: Mapping[int, Sequence[Record]], verdict: Verdict) -> tuple[list[tuple[str, int]], int]:
-    """The sections to draw, as (name, the rank drawn), and how many groups were left out."""
+def rows(ranks: Mapping[int, Sequence[Record]], verdict: Verdict) -> tuple[list[tuple[str, int]], int]:
+    """The rows to draw, as (name, the rank drawn), and how many groups were left out: a row per rank up to
+    ``MAX_ROWS``; beyond, the cause's rank, the independent failures, then one row per group (``verdict.Group``)."""
     journaled = [rank for rank in ranks if ranks[rank]]
     if len(journaled) <= MAX_ROWS:
         return [(f"rank {rank}", rank) for rank in journaled], 0
-    rows: list[tuple[str, int]] = []
+    drawn_rows: list[tuple[str, int]] = []
     if verdict.first is not None:
-        rows.append((f"rank {verdict.first.rank} (the cause)", verdict.first.rank))
-    rows += [(f"rank {e.rank} (failed independently)", e.rank) for e in verdict.independent[:3]]
+        drawn_rows.append((f"rank {verdict.first.rank} (the cause)", verdict.first.rank))
+    drawn_rows += [(f"rank {e.rank} (failed independently)", e.rank) for e in verdict.independent[:3]]
     drawn = [g for g in verdict.groups if ranks.get(g.rank)]
-    room = MAX_ROWS - len(rows)
+    room = MAX_ROWS - len(drawn_rows)
     for group in drawn[:room]:
         who = f"rank {group.ranks[0]}" if len(group.ranks) == 1 else f"ranks {compact(group.ranks)}"
-        rows.append((f"{_label(who, 40)} (rank {group.rank} drawn)", group.rank))  # the verdict says how they ended
-    return rows, max(len(drawn) - room, 0)
+        drawn_rows.append((f"{_label(who, 40)} (rank {group.rank} drawn)", group.rank))
+    return drawn_rows, max(len(drawn) - room, 0)
 
 
 def _chart(ranks: Mapping[int, Sequence[Record]], title: str, verdict: Verdict, *, detail: bool) -> str:
     times = [r.start for rs in ranks.values() for r in rs if isinstance(r, RunStart)]
     times += [r.start for rs in ranks.values() for r in rs if isinstance(r, Transition)]
     t0 = min(times, default=0.0)
-    rows, left_out = _rows(ranks, verdict)
-    bars = {rank: _tasks(ranks[rank], detail=detail) for _, rank in rows}
-    last = max((end for bs in bars.values() for _, _, _, end in bs), default=t0)
+    drawn_rows, left_out = rows(ranks, verdict)
+    drawn_bars = {rank: bars(ranks[rank], detail=detail) for _, rank in drawn_rows}
+    last = max((end for bs in drawn_bars.values() for _, _, _, end in bs), default=t0)
     span = last - t0
     axis = "%S.%L" if span < 60 else "%M:%S" if span < 3600 else "%H:%M:%S"
     if left_out:
         title += f" ({left_out} more groups not drawn)"
     # Compact (a section's bars share lines where they do not overlap) keeps many ranks' charts short; labels of
     # short bars then collide, so a chart of a few ranks gives each bar a line of its own.
-    compact = ["---", "displayMode: compact", "---"] if len(rows) > COMPACT_FROM else []
+    compact = ["---", "displayMode: compact", "---"] if len(drawn_rows) > COMPACT_FROM else []
     lines = [
         *compact,
         "gantt",
@@ -133,9 +135,9 @@ def _chart(ranks: Mapping[int, Sequence[Record]], title: str, verdict: Verdict, 
 
     marked = [verdict.first, *verdict.independent[:3]] if verdict.first is not None else []
     count = 0
-    for name, rank in rows:
+    for name, rank in drawn_rows:
         lines.append(f"    section {_label(name, 60)}")
-        for label, tags, start, end in bars[rank]:
+        for label, tags, start, end in drawn_bars[rank]:
             count += 1
             a, b = ms(start), max(ms(end), ms(start) + 1)
             lines.append(f"    {_label(label)} :{tags + ', ' if tags else ''}t{count}, {a}, {b}")

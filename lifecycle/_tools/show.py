@@ -28,6 +28,7 @@ separate runs with a warning, never merged; a closed stdout (``| head``) ends it
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
 import shutil
@@ -43,6 +44,7 @@ from lifecycle._tools import diagrams as _diagrams
 from lifecycle._tools import gantt as _gantt
 from lifecycle._tools import page as _page
 from lifecycle._tools import show_model as _model
+from lifecycle._tools import svg as _svg
 from lifecycle._tools import verdict as _verdict
 from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
@@ -260,40 +262,64 @@ def draw(model: _model.Model, out: Path) -> list[Path]:
     return written
 
 
-def write_page(records: list[Record], path: Path, diagrams: Path | None = None) -> Path:
+def write_page(records: list[Record], path: Path) -> Path:
     """Write the self-contained HTML page of ``records`` to ``path`` (``lifecycle._tools.page``); return ``path``.
 
-    Per attempt: its verdict, gantt chart, highlighted state diagram and timeline (timed
-    from the attempt's first event, where the printed timeline times from the run's). The
-    mermaid bundle is inlined where installed (``page.mermaid_bundle``); the Graphviz
-    SVG of an attempt is inlined where ``diagrams`` holds one (``write_diagrams``'s).
-    ``OSError`` if it cannot be written.
+    Per attempt: its verdict, its timeline and path through the states drawn as SVG
+    (``lifecycle._tools.svg``), the Mermaid sources folded, and the timeline (timed from
+    the attempt's first event, where the printed timeline times from the run's). The
+    page loads nothing and runs no script. ``OSError`` if it cannot be written.
     """
-    return page_of(_model.build(records), path, diagrams)
+    return page_of(_model.build(records), path)
 
 
-def page_of(model: _model.Model, path: Path, diagrams: Path | None = None) -> Path:
+def _page_timeline(drawn: _model.Drawn) -> list[str]:
+    """The page's textual timeline of one attempt: every rank's, up to ``gantt.MAX_ROWS`` ranks; beyond, only the
+    ranks the chart draws (the cause's, one of each group), and where to read every rank's."""
+    rows, _ = _gantt.rows(drawn.ranks, drawn.verdict)
+    if len(drawn.ranks) <= _gantt.MAX_ROWS:
+        return _rank_lines(drawn.ranks, drawn.t0)
+    kept = {rank: drawn.ranks[rank] for _, rank in rows}
+    head = f"({len(drawn.ranks)} ranks: the {len(kept)} the chart draws; every rank's: python -m lifecycle show)"
+    return [head, *_rank_lines(kept, drawn.t0)]
+
+
+def page_of(model: _model.Model, path: Path) -> Path:
     """``write_page`` of a model."""
     sections = []
     for drawn in (drawn for run in model.runs for drawn in run.drawn):
         taken = taken_edges(r for rank_records in drawn.ranks.values() for r in rank_records)
-        analysis = drawn.verdict
-        svg_path = diagrams / f"{drawn.stem}.svg" if diagrams is not None else None
-        svg = svg_path.read_text(encoding="utf-8") if svg_path is not None and svg_path.is_file() else None
         sections.append(
             _page.Section(
                 label=drawn.label,
-                verdict=analysis.lines(),
-                timeline=_rank_lines(drawn.ranks, drawn.t0),
+                verdict=drawn.verdict.lines(),
+                timeline=_page_timeline(drawn),
+                timeline_svg=_svg.timeline(drawn),
+                path_svg=_svg.path(drawn),
                 gantt=_gantt.gantt(drawn),
                 state=_diagrams.mermaid(taken),
-                svg=svg,
             )
         )
     run_ids = ", ".join(model.run_ids)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(_page.page(f"lifecycle run {run_ids}", sections, _page.mermaid_bundle()), encoding="utf-8")
+    path.write_text(_page.page(f"lifecycle run {run_ids}", sections), encoding="utf-8")
     return path
+
+
+def why_not_written(error: OSError, path: Path, *, folder: bool = False) -> str:
+    """Why ``path`` (a file, or a ``folder``, to write) could not be written, in words: a part of it that is a file,
+    not a folder (where the error says only "File exists" or "Not a directory"), a read-only file system, no
+    permission."""
+    for part in [path, *path.parents]:
+        if part.exists():
+            if (part != path or folder) and not part.is_dir():
+                return f"{part} is a file, not a folder"
+            break
+    if error.errno == errno.EROFS:
+        return f"{error.filename or path} is on a read-only file system"
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return f"no permission to write in {error.filename or path}"
+    return error.strerror or str(error)
 
 
 def drop_stdout() -> None:
@@ -328,9 +354,12 @@ def show_main(argv: list[str]) -> int:
     shown as separate runs, with a warning on stderr. Diagrams go to ``--out``
     (default: the folder of the first journal).
 
-    Exit code 0; 2 when a journal cannot be read (``file:line: ...``: not UTF-8, not
+    Exit code 0, whatever the verdicts say (a failed run is what ``show`` reports, not
+    its own failure); 2 when a journal cannot be read (``file:line: ...``: not UTF-8, not
     JSON, a record that breaks the schema, ``field 'x' ...``), holds no record, or the
-    diagrams cannot be written; 141 (128 + SIGPIPE, what a shell reports for a tool a
+    diagrams or the page cannot be written (the reason said: a part of the path that is
+    a file, a read-only folder, no permission; next to the journal, with a hint to give
+    ``--out DIR``); 141 (128 + SIGPIPE, what a shell reports for a tool a
     closed pipe stopped) when stdout was closed early (``show ... | head``): the
     rest of the output is dropped quietly and the diagrams are still written.
     """
@@ -375,13 +404,14 @@ def show_main(argv: list[str]) -> int:
     try:
         written = draw(model, out)
     except OSError as exc:
-        print(f"cannot write the diagrams to {out}: {exc}", file=sys.stderr)
+        hint = "" if args.out is not None else " (next to the journal); write them elsewhere with --out DIR"
+        print(f"cannot write the diagrams to {out}: {why_not_written(exc, out, folder=True)}{hint}", file=sys.stderr)
         return 2
     if args.html is not None:
         try:
-            written.append(page_of(model, args.html, out))
+            written.append(page_of(model, args.html))
         except OSError as exc:
-            print(f"cannot write the page to {args.html}: {exc}", file=sys.stderr)
+            print(f"cannot write the page to {args.html}: {why_not_written(exc, args.html)}", file=sys.stderr)
             return 2
     for path in written:
         closed = not print_or_drop(f"wrote {path}") or closed

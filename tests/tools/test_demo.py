@@ -65,8 +65,10 @@ def test_a_failure_on_one_rank_does_not_hang_and_a_retry_succeeds(tmp_path: Path
     assert by_attempt(tmp_path) == {0: {0: "failed", 1: "failed"}, 1: {0: "closed", 1: "closed"}}
     assert "resumed from step" in done.stdout
     assert "InjectedFault: injected failure at phase 'step' on rank 1, step 15" in done.stdout
-    # Issue 14: each attempt's verdict names the rank that failed first; the gantt chart and the page are written.
-    assert "  verdict: rank 1 failed first (by " in done.stdout and "verdict: no rank failed: all 2" in done.stdout
+    # Issue 14: each attempt's verdict names its cause (issue 27: in plain words); the gantt chart and the page are
+    # written.
+    assert "  verdict: rank 1 raised in the training step at step 15: InjectedFault" in done.stdout
+    assert "verdict: no rank failed: all 2" in done.stdout
     assert (tmp_path / "attempt0-gantt.mermaid").is_file() and (tmp_path / "show.html").is_file()
 
 

@@ -203,7 +203,60 @@ def test_diagrams_that_cannot_be_written_exit_2_after_the_timeline(tmp_path: Pat
     result = show(path, "--out", blocker)
     assert_no_traceback(result)
     assert result.returncode == 2 and "run r" in result.stdout
-    assert f"cannot write the diagrams to {blocker}" in result.stderr
+    assert f"cannot write the diagrams to {blocker}: {blocker} is a file, not a folder" in result.stderr
+    assert "--out DIR" not in result.stderr  # the user gave --out: no hint to give it
+
+
+def test_a_page_under_a_file_names_the_file(tmp_path: Path) -> None:
+    """``--html`` under a path whose parent is a file: the error names that file (issue 27; before: "File
+    exists")."""
+    path = write(tmp_path / "rank0.jsonl", call("r", 0, 10.0))
+    blocker = tmp_path / "plain"
+    blocker.write_text("")
+    result = show(path, "--out", tmp_path / "d", "--html", blocker / "sub" / "page.html")
+    assert_no_traceback(result)
+    assert result.returncode == 2
+    assert f"cannot write the page to {blocker / 'sub' / 'page.html'}: {blocker} is a file, not a folder" in (
+        result.stderr
+    ), result.stderr
+
+
+def _read_only_folder(folder: Path) -> bool:
+    """Make ``folder`` a read-only tmpfs mount (root) or a mode-0555 folder (others); False where neither holds."""
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return True
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(folder)], capture_output=True)
+    return mounted.returncode == 0
+
+
+def test_journals_in_a_read_only_folder_get_a_hint_to_give_out(tmp_path: Path) -> None:
+    """Journals in a read-only folder: the timeline is printed, then exit 2 naming the read-only folder and
+    suggesting ``--out DIR`` (issue 27; before: the bare OSError, no hint); with --out elsewhere, exit 0."""
+    folder = tmp_path / "ro"
+    if not _read_only_folder(folder):
+        pytest.skip("neither a read-only mount (root without mount rights) nor a 0555 folder (root) is possible here")
+    try:
+        if os.geteuid() == 0:
+            write(folder / "rank0.jsonl", call("r", 0, 10.0))
+            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+        else:
+            folder.chmod(0o755)
+            write(folder / "rank0.jsonl", call("r", 0, 10.0))
+            folder.chmod(0o555)
+        result = show(folder)
+        assert_no_traceback(result)
+        assert result.returncode == 2 and "run r" in result.stdout
+        assert f"cannot write the diagrams to {folder}" in result.stderr
+        assert "read-only" in result.stderr or "no permission" in result.stderr, result.stderr
+        assert "write them elsewhere with --out DIR" in result.stderr
+        assert show(folder, "--out", tmp_path / "d").returncode == 0
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(folder)], check=False)
+        else:
+            folder.chmod(0o755)
 
 
 def test_show_piped_into_head_ends_quietly(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle._tools import gantt, show_model, synthetic, verdict
+from lifecycle._tools import gantt, show_model, svg, synthetic, verdict
 from lifecycle._tools.show import show_main, timeline_lines, write_diagrams, write_page
 from lifecycle.journal import Origin, Record
 
@@ -325,24 +325,36 @@ def test_the_gantt_stays_under_budget_with_many_groups() -> None:
     assert len(chart) < gantt.BUDGET
 
 
-def test_html_page_is_self_contained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``show --html``: one page with each attempt's verdict and both diagrams; nothing loaded from elsewhere.
-    Without the mermaid bundle it shows the Mermaid source; with one, it inlines it (a ``</script`` in it
-    escaped) and marks the diagrams for drawing."""
+def test_html_page_is_self_contained(tmp_path: Path) -> None:
+    """``show --html``: one page with each attempt's verdict (the cause's line marked, lines wrapped) and its two
+    pictures drawn as SVG by lifecycle; no script, nothing loaded from elsewhere; the Mermaid sources folded (before
+    issue 27 the pictures were Mermaid text unless npm's bundle was installed)."""
     synthetic.write(tmp_path, synthetic.failing_run("r", 4, 2))
-    monkeypatch.setenv("LIFECYCLE_MERMAID_JS", str(tmp_path / "absent.js"))
     page = tmp_path / "out" / "run.html"
     assert show_main([str(tmp_path), "--out", str(tmp_path / "d"), "--html", str(page)]) == 0
     text = page.read_text()
-    assert "rank 1 raised in the training step at step 21" in text
+    assert '<pre class="verdict"><span class="cause">rank 1 raised in the training step at step 21' in text
+    assert text.count('<svg class="timeline"') == 2 and text.count('<svg class="path"') == 2
+    assert text.count('data-cause="true"') == 2 and text.count('<polygon class="cause"') == 2
     assert text.count("<pre>gantt\n") == 2 and text.count("<pre>stateDiagram-v2") == 2
     assert "<script" not in text and not re.search(r"(src|href)\s*=", text)
-    bundle = tmp_path / "mermaid.min.js"
-    bundle.write_text('window.mermaid = {initialize() {}}; var s = "</script>";')
-    monkeypatch.setenv("LIFECYCLE_MERMAID_JS", str(bundle))
-    text = write_page(synthetic.failing_run("r", 4, 1)[0], page).read_text()
-    assert 'window.mermaid = {initialize() {}}; var s = "<\\/script>";' in text
-    assert text.count('<pre class="mermaid">') == 2 and not re.search(r"(src|href)\s*=", text)
+    assert "white-space:pre-wrap" in text
+    one = synthetic.failing_run("r", 4, 1)
+    assert write_page([r for rs in one.values() for r in rs], page).read_text().count("<svg ") == 2
+
+
+def test_the_timeline_svg_keeps_the_culprits_row_among_1024_ranks() -> None:
+    """1,024 ranks: the timeline draws the cause's row first (marked), one row per group of the others, at most 16
+    rows, in a few kB; up to 16 ranks, one row per rank."""
+    big = synthetic.failing_run("r", 1024, 1)
+    (run,) = show_model.build([r for rs in big.values() for r in rs]).runs
+    picture = svg.timeline(run.drawn[0])
+    rows = re.findall(r'<g class="row( culprit)?" data-rank="(\d+)"', picture)
+    assert rows[0] == (" culprit", "1") and len(rows) <= 16, rows
+    assert picture.count('<polygon class="cause"') == 1 and len(picture) < 20_000
+    small = synthetic.failing_run("r", 3, 1)
+    (run,) = show_model.build([r for rs in small.values() for r in rs]).runs
+    assert re.findall(r'data-rank="(\d+)"', svg.timeline(run.drawn[0])) == ["0", "1", "2"]
 
 
 def test_the_world_report_orders_ranks_by_the_same_rule() -> None:
