@@ -27,9 +27,15 @@ of what the journals hold is printed and no process the demo started is left run
 torchrun gives up a rendezvous it cannot reach after ``--timeout`` seconds, and the
 launcher stops a torchrun whose ranks never start.
 
-Exit code: 0 when every rank's last attempt ended ``closed`` (a stop asked for by a
-signal included: the ranks then did what was asked); 1 otherwise, whatever torchrun's
-own exit code; 2 for a refused option. The last line says which, and why.
+With ``--retry`` a failure that leaves every process alive is retried in the same
+processes, and torchrun restarts every rank after a lost one (``--max-restarts``,
+default 3): each resumes from the last committed checkpoint (docs/recovery.md).
+
+Exit code, from ``lifecycle.ExitCode`` (docs/recovery.md), whatever torchrun's own:
+0 when every rank's last attempt ended ``closed`` after all its steps; 75 when they
+closed on a stop asked for by a signal (the ranks did what was asked); 93 when a rank
+decided a restart would fail the same way (its marker in the journal folder); 1
+otherwise; 2 for a refused option. The last line says which, and why.
 """
 
 from __future__ import annotations
@@ -52,9 +58,11 @@ from pathlib import Path
 from types import FrameType
 
 from lifecycle._tools.console import RANK_LOGS, TORCHRUN_LOG, RankOutput
-from lifecycle._tools.demo_options import UsageError, check_options, demo_config, parser
+from lifecycle._tools.demo_options import UsageError, check_options, demo_config, max_restarts, parser
 from lifecycle._tools.demo_report import Ending, Run, rank_journals, report
+from lifecycle._tools.demo_worker import STOP_MARKER
 from lifecycle._tools.launcher import child_env, die_with, kill_group, kill_marked, torchrun_command
+from lifecycle._training.exits import ExitCode
 
 WALL_LIMIT_S = 1800.0
 """The demo stops torchrun after this long: a stuck demo must not hang a terminal or a CI job."""
@@ -78,7 +86,7 @@ WORKER = "lifecycle._tools.demo_worker"
 
 
 def demo_main(argv: list[str]) -> int:
-    """Run the demo (see the module doc); return the exit code: 0 success, 1 failed run, 2 bad arguments.
+    """Run the demo (see the module doc); return its exit code (``lifecycle.ExitCode``: 0, 1, 2, 75 or 93).
 
     Arguments argparse cannot parse end the process with exit code 2 (``SystemExit``).
     """
@@ -283,7 +291,13 @@ def _launch(plan: _Plan) -> int:
     script = ["-m", WORKER, "--", *plan.worker_args]
     rank_logs = plan.journal_dir / RANK_LOGS
     command = torchrun_command(
-        args.nproc, args.master_addr, plan.port, script, rendezvous_timeout_s=args.timeout, rank_logs=rank_logs
+        args.nproc,
+        args.master_addr,
+        plan.port,
+        script,
+        rendezvous_timeout_s=args.timeout,
+        max_restarts=max_restarts(args),
+        rank_logs=rank_logs,
     )
     env = child_env(args.master_addr)
     env.setdefault("PYTHONUNBUFFERED", "1")  # the ranks' lines reach their files, and the terminal, as printed
@@ -319,7 +333,7 @@ def _launch(plan: _Plan) -> int:
         for note in ending.notes:
             print(f"demo: {note}", file=sys.stderr, flush=True)
         run = Run(plan.journal_dir, args.nproc, run_id, rendezvous, plan.local, args.timeout)
-        return report(run, ending, time.monotonic() - started)
+        return _exit_code(report(run, ending, time.monotonic() - started), plan, ending)
 
 
 def _supervise(
@@ -372,3 +386,15 @@ def _supervise(
         kill_group(process)
     ending.returncode = process.wait()
     return ending
+
+
+def _exit_code(verdict: int, plan: _Plan, ending: Ending) -> int:
+    """The demo's exit code from ``report``'s ``verdict`` (0 every rank closed, else 1), as ``lifecycle.ExitCode`` says.
+
+    A rank's "do not restart" marker wins; a run that closed on a stop signal exited as asked (``STOPPED``).
+    """
+    if (plan.journal_dir / STOP_MARKER).exists():
+        return ExitCode.DO_NOT_RESTART
+    if verdict == 0:
+        return ExitCode.STOPPED if ending.stop_signal is not None else ExitCode.SUCCESS
+    return ExitCode.RESTART

@@ -48,12 +48,14 @@ def torchrun_command(
     script: list[str],
     *,
     rendezvous_timeout_s: float | None = None,
+    max_restarts: int = 0,
     rank_logs: Path | None = None,
 ) -> list[str]:
     """The command that runs ``script`` (``-m module args`` or ``path args``) on ``nproc`` local ranks with torchrun.
 
-    Static rendezvous at ``master_addr:master_port``, and no restarts: a rank's failure
-    ends the job (torchrun then stops the other ranks). ``rendezvous_timeout_s``:
+    Static rendezvous at ``master_addr:master_port``. When a rank fails torchrun stops
+    the other ranks; it starts them all again at most ``max_restarts`` times (0: the
+    failure ends the job). ``rendezvous_timeout_s``:
     torchrun gives up the rendezvous after that long (rounded up to whole seconds;
     None: torchrun's default, 15 minutes). ``rank_logs``: torchrun redirects each
     rank's stdout and stderr into files under that folder
@@ -69,7 +71,7 @@ def torchrun_command(
         f"--nproc-per-node={nproc}",
         f"--master-addr={master_addr}",
         f"--master-port={master_port}",
-        "--max-restarts=0",
+        f"--max-restarts={max_restarts}",
         *timeout,
         *logs,
         *script,
