@@ -211,7 +211,7 @@ def path(drawn: Drawn) -> str:
                     blocks.append(f'<path class="edge" d="M{x1},{ay} L{x2 - 4},{ay}" marker-end="url(#{arrow})"/>')
                     blocks.append(
                         f'<text x="{(x1 + x2) / 2}" y="{ay - 5}" text-anchor="middle" font-size="9">'
-                        f"{_e(_cut(trigger, 15))}<title>{_e(trigger)}</title></text>"
+                        f"{_e(_cut(trigger, 13))}<title>{_e(trigger)}</title></text>"
                     )
                 else:  # down to the next line's first box
                     down_x, down_y = bx + _BOX_W / 2, by + _BOX_H

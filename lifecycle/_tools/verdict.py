@@ -340,11 +340,11 @@ def _missing(rank: int) -> RankEnd:
 
 CONNECTION = re.compile(
     r"connection (?:reset|closed|refused|lost)|closed by peer|broken pipe|read error|write error|ECONNRESET|EPIPE"
-    r"|socket (?:timeout|closed)|timed out waiting|the store is gone|is unreachable",
+    r"|socket (?:timeout|closed)|timed out waiting|the store is gone|is unreachable|^StoppedByLauncher:",
     re.IGNORECASE,
 )
-"""What a peer's error says when its connection to a rank that failed broke, or a receive from it timed out: a
-consequence, never a cause."""
+"""What a peer's error says when its connection to a rank that failed broke, a receive from it timed out, or the
+launcher stopped it after that rank's death (``StoppedByLauncher``): a consequence, never a cause."""
 
 
 def consequence_error(error: str) -> bool:

@@ -389,3 +389,13 @@ def test_notices_that_name_a_victim_do_not_make_it_the_cause() -> None:
         },
     )
     assert verdict.analyse(ranks).lines()[0].startswith("rank 2 died in state training after step 5 (killed:")
+
+
+def test_a_rank_the_launcher_stopped_after_a_death_is_a_consequence() -> None:
+    """A survivor that torchrun's SIGTERM stopped after a peer's death (``StoppedByLauncher``, issue 26) is a
+    consequence, like a broken connection, never the cause."""
+    stopped = "StoppedByLauncher: stopped by the launcher (SIGTERM) after rank 2 died at step 5"
+    ranks = attempt(3, {2: {"end": "killed"}, 0: failed(FAIL, stopped, seq=1), 1: failed(FAIL + 0.01, PEER, seq=2)})
+    lines = verdict.analyse(ranks).lines()
+    assert lines[0].startswith("rank 2 died in state training after step 5 (killed:"), lines
+    assert any(line.startswith("rank 0: failed") and "a consequence" in line for line in lines), lines
