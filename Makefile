@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST := TORCH_CPP_LOG_LEVEL=error $(PY) -m pytest -q
 TIMED = start=$$(date +%s); $(1); status=$$?; echo "make $@: $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: venv venv-compat demo test test-unit test-slow test-compat fuzz-all lint typecheck diagrams check bench clean mermaid gpu-wheelhouse gpu-check
+.PHONY: venv venv-compat demo test test-unit test-slow test-compat fuzz-all lint typecheck diagrams check bench clean mermaid chromium show-png gpu-wheelhouse gpu-check
 
 venv: $(STAMP)
 
@@ -77,7 +77,7 @@ fuzz-all: $(STAMP)
 	@$(call TIMED,LIFECYCLE_FUZZ_SAMPLE=0 LIFECYCLE_ASYNC_FUZZ_SAMPLE=0 LIFECYCLE_CKPT_FUZZ_SAMPLE=0 $(PYTEST) -m "not slow" \
 	tests/reliability/test_interrupt_fuzzer.py tests/reliability/test_async_fuzzer.py tests/checkpoint/test_abort_fuzz.py)
 
-test-slow: $(STAMP) mermaid
+test-slow: $(STAMP) mermaid chromium
 	@$(call TIMED,$(PYTEST) -m slow)
 
 # The pinned mermaid npm package (tools/mermaid/package-lock.json) that test-slow parses show's diagrams with.
@@ -89,6 +89,21 @@ mermaid: $(MERMAID)
 $(MERMAID): tools/mermaid/package.json tools/mermaid/package-lock.json
 	@if command -v node >/dev/null; then npm ci --prefix tools/mermaid --no-audit --no-fund && touch $@; \
 	else echo "node not found: tools/mermaid not installed, the Mermaid parse test will skip"; fi
+
+# Headless Chromium (Debian's package, no browser download) that test-slow opens show's page in. Installed with
+# apt-get as root (or through sudo without a password); elsewhere it must be there already: the browser test then
+# skips (fails under CI=true).
+chromium:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	elif command -v apt-get >/dev/null && command -v sudo >/dev/null && sudo -n true 2>/dev/null; then \
+	  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	else echo "chromium not found and not installable here (apt-get as root): the browser test will skip"; fi
+
+# docs/show.png, the README's picture of show --html on the demo's failing run (4 ranks, rank 2 killed), 1400 x 1100.
+show-png: $(STAMP) chromium
+	$(PY) tools/show_png.py docs/show.png
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lifecycle tests bench tools
