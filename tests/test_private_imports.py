@@ -30,6 +30,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "distributed/test_failure_notice.py": frozenset({"lifecycle._torch.notice"}),
     "distributed/test_megatron_clean.py": frozenset({"lifecycle._torch.megatron"}),
     "distributed/test_nccl_settings.py": frozenset({"lifecycle._torch.config", "lifecycle._torch.megatron"}),
+    "distributed/test_store_ops.py": frozenset({"lifecycle._torch.notice", "lifecycle._torch.store"}),
     "journal/test_schema.py": frozenset({"lifecycle.journal._records", "lifecycle.journal._schema"}),
     "restart/test_nvml.py": frozenset({"lifecycle.restart._nvml"}),
     "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo_options"}),

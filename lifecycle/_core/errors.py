@@ -12,6 +12,7 @@ the exception of a failed iteration).
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,6 +41,19 @@ def describe(error: BaseException) -> str:
         except Exception:  # noqa: BLE001 - an error being handled must never be replaced by its own text
             continue
     return f"{name} (its str() and repr() raise)"
+
+
+BROKEN_CONNECTION = re.compile(
+    r"connection (?:reset|closed|refused|lost)|closed by peer|broken pipe|read error|write error|ECONNRESET|EPIPE"
+    r"|socket (?:timeout|closed)|the store is gone|is unreachable",
+    re.IGNORECASE,
+)
+"""What an error says when a rank's connection to a peer that failed broke: a consequence, never a cause."""
+
+
+def broken_connection(error: str) -> bool:
+    """Whether ``error`` (``describe``'s text) is a broken connection: a consequence of a peer's failure."""
+    return BROKEN_CONNECTION.search(error) is not None
 
 
 class InvalidTransition(LifecycleError):
@@ -201,16 +215,21 @@ class AttemptDisagreement(LifecycleError):
     """The ranks could not agree on an attempt number through the rendezvous store within ``timeout_s``.
 
     ``proposals`` maps each rank of the world to the attempt it last proposed (None:
-    no proposal from it reached the store); ``joined`` is how many ranks had joined the
-    highest proposal. A rank that never came, or came to another store, is named there.
+    no proposal from it reached the store); ``joined`` is how many ranks were present
+    when this one gave up. A rank that never came, or came to another store, is named
+    there. Only one rank gathers every proposal (the last to give up); the others'
+    ``proposals`` hold their own, and ``elsewhere`` says where the whole list is.
     """
 
-    def __init__(self, where: str, timeout_s: float, proposals: dict[int, int | None], joined: int) -> None:
+    def __init__(
+        self, where: str, timeout_s: float, proposals: dict[int, int | None], joined: int, elsewhere: str = ""
+    ) -> None:
         self.where = where
         self.timeout_s = timeout_s
         self.proposals = dict(proposals)
         self.joined = joined
-        self._fields = (where, timeout_s, self.proposals, joined)
+        self.elsewhere = elsewhere
+        self._fields = (where, timeout_s, self.proposals, joined, elsewhere)
         by_value: dict[int | None, list[int]] = {}
         for rank, value in sorted(proposals.items()):
             by_value.setdefault(value, []).append(rank)
@@ -218,9 +237,13 @@ class AttemptDisagreement(LifecycleError):
             f"{'no proposal' if value is None else f'proposed {value}'}: {_ranges(ranks)}"
             for value, ranks in sorted(by_value.items(), key=lambda item: -1 if item[0] is None else item[0])
         )
+        if elsewhere:
+            (rank, value), *_ = proposals.items()
+            text = f"ranks present: {joined}; rank {rank} proposed {value}; {elsewhere}"
+        else:
+            text = f"{joined} of {len(proposals)} present; proposals: {shown}"
         super().__init__(
-            f"the ranks did not agree on an attempt through the store at {where} within {timeout_s:g} s "
-            f"({joined} of {len(proposals)} joined the highest); proposals: {shown}"
+            f"the ranks did not agree on an attempt through the store at {where} within {timeout_s:g} s ({text})"
         )
 
 

@@ -54,6 +54,8 @@ MARKS_FORMAT = "<QQqq48s"
 """count (odd while being written), done flag, attempt, step (-1: none), phase (UTF-8, NUL-padded)."""
 MARKS_SIZE = struct.calcsize(MARKS_FORMAT)
 NO_STEP = -1
+JOURNAL_VERSION = 3
+"""The ``lifecycle.journal`` schema version of the verdict records this monitor writes (a test keeps it equal)."""
 VERDICT_AT = 128
 """Where the page holds the first verdict the monitor saw (u32 length, then its JSON), for the rank to read."""
 VERDICT_BYTES = 2048
@@ -125,7 +127,9 @@ def process_state(pid: int) -> str | None:
 
 # -- the store's wire protocol -----------------------------------------------------------
 
-_VALIDATE, _SET, _GET, _ADD, _CHECK, _PING = 0, 1, 3, 4, 5, 13
+_VALIDATE, _SET, _COMPARE_SET, _ADD, _CHECK, _PING = 0, 1, 2, 4, 5, 13
+_UNSET = b"\x00"
+"""``compare_set``'s expected value for a read: no key holds it, so the server only returns what is there."""
 _MAGIC = 0x3C85F7CE
 _READY = 0
 
@@ -137,8 +141,7 @@ class StoreError(Exception):
 class StoreClient:
     """A client of a ``TCPStore`` server, every call bounded by ``timeout_s`` (then ``StoreError``, reconnect next).
 
-    Speaks torch's wire protocol (torch 2.x: validate, ping, set, add, check, get on
-    keys that exist). One client per thread.
+    Speaks torch's wire protocol (torch 2.x: validate, ping, set, add, check, compare_set). One client per thread.
     """
 
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
@@ -203,17 +206,16 @@ class StoreClient:
         return reply[0] == _READY
 
     def get(self, key: str) -> bytes | None:
-        """``key``'s value, or None if it is not set (checked first: a get never waits for a key)."""
-        if not self.check(key):
-            return None
+        """``key``'s value, or None if it is not set: one request (a compare_set that never matches), never waits."""
         sock = self._socket()
-        self._call(bytes([_GET]) + _key(key), None)
+        self._call(bytes([_COMPARE_SET]) + _key(key) + _string(_UNSET) + _string(_UNSET), None)
         try:
             (size,) = struct.unpack("<Q", _exactly(sock, 8))
-            return _exactly(sock, size)
+            found = _exactly(sock, size)
         except OSError as exc:
             self.close()
             raise StoreError(f"store get: {exc}") from None
+        return None if found == _UNSET else found
 
 
 def _string(data: bytes) -> bytes:
@@ -309,6 +311,10 @@ class Settings:
     dump_signal: int
     stacks: str
     store_timeout_s: float
+    journal: str = ""
+    """The rank's journal file, which a verdict is appended to ("" if it keeps none)."""
+    origin: dict[str, object] = field(default_factory=dict)
+    """The rank's journal ``Origin`` fields (``lifecycle.journal``), written in each verdict record."""
 
 
 class Monitor:
@@ -332,6 +338,7 @@ class Monitor:
         self.judged = False
         self.seen = False
         self.parent_died = False
+        self.seq: int | None = None  # the sequence number of the last notice published
 
     def run(self) -> int:
         """The loop; returns the exit code."""
@@ -480,6 +487,7 @@ class Monitor:
             f"(last at {where}; its host or monitor is gone, no connection reset)"
         )
         self.publish(self.neighbour, "unresponsive", phase, step, note, pid=0)
+        self.record(self.neighbour, "unresponsive", phase, step, note)
         self.neighbour_changed = now + 3600.0
 
     def judge(self, kind: str, position: Position, age: float, deadline: float | None, why: str) -> None:
@@ -497,6 +505,8 @@ class Monitor:
         verdict = (self.s.rank, kind, position.phase, position.step, note)
         first = self.publish(*verdict, pid=self.s.pid)
         _log(f"lifecycle liveness: {note}")
+        stacks = self.s.stacks if self.s.mode == "kill" and kind != "died" else ""
+        self.record(*verdict, stacks=stacks)
         if kind == "died" or self.s.mode != "kill":
             return
         self.dump(kind)
@@ -526,6 +536,41 @@ class Monitor:
                 return
             time.sleep(min(0.02, self.s.interval_s / 4))
 
+    def record(self, rank: int, kind: str, phase: str, step: int | None, note: str, *, stacks: str = "") -> None:
+        """Append the verdict to the rank's journal (a ``lifecycle.journal`` ``verdict`` record); never raises.
+
+        One ``write`` on a file opened for appending: the rank's own records, written the
+        same way, never interleave with it; after a line the rank's death tore, it starts
+        a line of its own.
+        """
+        if not self.s.journal:
+            return
+        line = {
+            "version": JOURNAL_VERSION,
+            "kind": "verdict",
+            **self.s.origin,
+            "culprit": rank,
+            "verdict": kind,
+            "phase": phase,
+            "step": step,
+            "note": note,
+            "time": time.time(),
+            "seq": self.seq,
+            "stacks": stacks,
+        }
+        data = (json.dumps(line) + "\n").encode()
+        try:
+            fd = os.open(self.s.journal, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    data = b"\n" + data
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            _log(f"lifecycle liveness: could not write the verdict to {self.s.journal}: {exc}")
+
     def publish(self, rank: int, kind: str, phase: str, step: int | None, note: str, *, pid: int) -> bool | None:
         """The failure notice of ``rank`` and the verdict, in the store (best effort, each call bounded).
 
@@ -533,6 +578,7 @@ class Monitor:
         page), False if another came first, None if the store failed.
         """
         now = time.time()
+        self.seq = None
         verdict = {"rank": rank, "kind": kind, "phase": phase, "step": step, "note": note, "time": now}
         try:
             seq = self.store.add(f"{self.s.prefix}/failures/count", 1)
@@ -547,6 +593,7 @@ class Monitor:
                 "seq": seq,
             }
             self.store.set(f"{self.s.prefix}/failures/{seq}", json.dumps(notice).encode())
+            self.seq = seq
             n = self.store.add(f"{self.s.prefix}/liveness/verdicts", 1)
             text = json.dumps(verdict).encode()
             self.store.set(f"{self.s.prefix}/liveness/verdict/{n}", text)

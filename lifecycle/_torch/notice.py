@@ -5,8 +5,17 @@ failing rank adds 1 to the counter ``P/failures/count``: the result is its seque
 number (1: the first rank of the attempt to fail, as the store saw it). It then writes
 its notice, ``P/failures/<seq>`` (JSON: ``rank``, ``host``, ``pid``, ``phase``, ``step``,
 ``error``, ``time``, ``seq``), and, unless it is first, reads notice 1 to name the rank
-that failed first. The first rank's notice may lag its count by a moment (it counts,
-then writes): a later rank waits for it at most ``PEER_WAIT_S``.
+that failed first: three store requests a rank, whatever the number of ranks failing.
+The first rank's notice may lag its count by a moment (it counts, then writes): a later
+rank waits for it at most ``PEER_WAIT_S``, on the key (no polling).
+
+The store numbers notices in the order they arrive, which is not always the order the
+ranks failed in. A publish that missed its deadline is not counted after the fact (its
+worker checks the deadline first); one whose count came back late is written with
+``"late": true``, and a later rank does not take its number as the first failure. Nor
+does it name a notice 1 whose error is a broken connection (``broken_connection``): that
+is a consequence of another rank's failure, whose own notice may simply have arrived
+later; ``lifecycle show`` decides from every rank's journal.
 
 A notice must never hold up a teardown, nor raise: ``publish`` returns within
 ``DEADLINE_S`` whatever the store does, and reports every error in its result. It uses
@@ -27,11 +36,13 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from datetime import timedelta
 
-from torch.distributed import PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
+from torch.distributed import DistStoreError, PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
 
-from lifecycle._core.errors import describe
+from lifecycle._core.errors import broken_connection, describe
 from lifecycle._core.seams import Announcement
 from lifecycle._core.worker import POOL as WORKERS
 from lifecycle._liveness import rank as liveness
@@ -129,14 +140,17 @@ def publish(
     """
     error_line = _line(describe(error), ERROR_CHARS)
     mine = FailureNotice(rank, socket.gethostname(), os.getpid(), phase, step, error_line, at, seq=0)
-    keys = PrefixStore(prefix, store)
     # On a worker started with the session (no thread starts on the failure path). It gets the
     # notice's text, never ``error``: a worker left behind must not keep the failure's frames
     # (and the process groups they reference) alive.
     monitor = liveness.current()
     verdict_wait = min(2 * monitor.interval_s, VERDICT_WAIT_MAX_S) if monitor is not None else 0.0
     bound = deadline_s + verdict_wait
-    finished, outcome = WORKERS.run_within(lambda: _publish(keys, name, mine, verdict_wait), bound)
+    deadline = time.monotonic() + deadline_s
+    read_page = monitor.marks.verdict if monitor is not None else None
+    finished, outcome = WORKERS.run_within(
+        lambda: _publish(store, prefix, name, mine, verdict_wait, deadline, read_page), bound
+    )
     if not finished or outcome is None:
         outcome = _unknown(f"{name} did not answer within {bound * 1000:g} ms")
     if monitor is not None and outcome.first_rank is None:
@@ -157,64 +171,105 @@ def _from_page(outcome: Announcement, verdict: dict[str, object] | None, rank: i
     return Announcement(outcome.seq, outcome.unpublished, int(str(verdict["rank"])), note)
 
 
-def _publish(store: Store, name: str, mine: FailureNotice, verdict_wait: float = 0.0) -> Announcement:
+def _publish(
+    raw: Store,
+    prefix: str,
+    name: str,
+    mine: FailureNotice,
+    verdict_wait: float = 0.0,
+    deadline: float | None = None,
+    read_page: Callable[[], dict[str, object] | None] | None = None,
+) -> Announcement:
     """``publish``'s work, on its thread: count, write, read the first notice; never raises.
 
-    While a liveness monitor runs here (``verdict_wait`` above 0), a rank whose notice is
-    number 1, or whose notice 1 is not a monitor's, waits up to ``verdict_wait`` for a
-    liveness verdict, which then names the first rank: a peer that died resets this
+    ``raw`` is the rank's client, ``prefix`` the attempt's. Past ``deadline`` (monotonic;
+    None: none) nothing is counted: the rank has gone on without a number, and a number
+    taken now could be 1. A count that comes back past it is written as late.
+
+    While a liveness monitor runs here (``verdict_wait`` above 0; ``read_page`` reads the
+    verdict its monitor copied to the rank's page), a rank whose notice is number 1, or
+    whose notice 1 is not a monitor's, waits up to ``verdict_wait`` for a liveness
+    verdict, which then names the first rank: a peer that died resets this
     rank's connections (and maybe another survivor's, first) before its heartbeat is
     stale, and its own monitor names it (``lifecycle._liveness``). An ordinary failure
     pays that wait.
     """
+    store = PrefixStore(prefix, raw)
+    if deadline is not None and time.monotonic() >= deadline:
+        return _unknown(f"the notice missed its deadline before {name} counted it (not counted, so never first)")
     try:
         seq = int(store.add(f"{NAMESPACE}/count", 1))
     except Exception as exc:  # noqa: BLE001 - the store is gone: say so, never raise
         return _unknown(f"{name} is unreachable: {_brief(exc)}")
     notice = replace(mine, seq=seq)
+    late = deadline is not None and time.monotonic() >= deadline
+    text = json.dumps({**asdict(notice), "late": True} if late else asdict(notice))
     try:
-        store.set(f"{NAMESPACE}/{seq}", json.dumps(asdict(notice)))
+        store.set(f"{NAMESPACE}/{seq}", text)
     except Exception as exc:  # noqa: BLE001 - counted, but peers will not read it
         return Announcement(seq, f"notice {seq} was counted, but writing it to {name} failed: {_brief(exc)}")
     if seq == 1:
-        return _verdict(store, seq, verdict_wait) if verdict_wait > 0 else Announcement(seq)
-    deadline = time.monotonic() + PEER_WAIT_S
+        return _verdict(read_page, seq, verdict_wait) if verdict_wait > 0 else Announcement(seq)
     try:
-        # Polled (``check`` never waits): ``Store.wait`` would log a warning on each timeout.
-        while not store.check([f"{NAMESPACE}/1"]):
-            if time.monotonic() >= deadline:
-                why = f"notice 1 was counted but not written within {PEER_WAIT_S * 1000:g} ms (its rank may have died)"
-                return _first_unknown(seq, why)
-            time.sleep(_POLL_S)
-        first = FailureNotice.parse(bytes(store.get(f"{NAMESPACE}/1")).decode())
+        found = _get_within(raw, store, f"{NAMESPACE}/1", PEER_WAIT_S)
+        if found is None:
+            why = f"notice 1 was counted but not written within {PEER_WAIT_S * 1000:g} ms (its rank may have died)"
+            return _first_unknown(seq, why)
+        first = FailureNotice.parse(found)
+        first_late = json.loads(found).get("late") is True
     except Exception as exc:  # noqa: BLE001 - an unreadable first notice: unknown, and why
         return _first_unknown(seq, f"notice 1 could not be read: {_brief(exc)}")
-    note = f"lifecycle: rank {first.rank} failed first ({first.where()}): {first.error}"
-    found = Announcement(seq, "", first.rank, note)
+    if first_late:
+        found_first = _first_unknown(seq, f"rank {first.rank}'s notice 1 was numbered after its deadline (ignored)")
+    elif broken_connection(first.error) and not first.error.startswith(VERDICT_ERROR):
+        why = (
+            f"notice 1 is rank {first.rank}'s broken connection ({first.where()}: {first.error}), "
+            "a consequence of another rank's failure"
+        )
+        found_first = _first_unknown(seq, why)
+    else:
+        note = f"lifecycle: rank {first.rank} failed first ({first.where()}): {first.error}"
+        found_first = Announcement(seq, "", first.rank, note)
     if verdict_wait > 0 and not first.error.startswith(VERDICT_ERROR):
         # Notice 1 may be a peer that a dead rank reset before the dead rank's monitor spoke.
-        return _verdict(store, seq, verdict_wait, found)
-    return found
+        return _verdict(read_page, seq, verdict_wait, found_first)
+    return found_first
 
 
-def _verdict(store: Store, seq: int, wait_s: float, otherwise: Announcement | None = None) -> Announcement:
+def _get_within(raw: Store, store: Store, key: str, wait_s: float) -> str | None:
+    """``key`` of ``store`` (on the client ``raw``) once set, waiting at most ``wait_s`` on it; None if not by then."""
+    before = raw.timeout  # type: ignore[attr-defined]  # torch's stub lacks it
+    raw.set_timeout(timedelta(seconds=wait_s))
+    try:
+        return bytes(store.get(key)).decode()
+    except DistStoreError:  # the wait timed out (a server gone raises DistNetworkError)
+        return None
+    finally:
+        raw.set_timeout(before)
+
+
+def _verdict(
+    read_page: Callable[[], dict[str, object] | None] | None,
+    seq: int,
+    wait_s: float,
+    otherwise: Announcement | None = None,
+) -> Announcement:
     """Notice ``seq`` published: wait up to ``wait_s`` for the first liveness verdict, and name its rank.
 
-    No verdict by then: ``otherwise`` (None: this rank's notice, number 1, stands alone).
+    The verdict is read from the rank's page (``read_page``), where its monitor copies
+    the first one published within an interval: no store request. No verdict by then:
+    ``otherwise`` (None: this rank's notice, number 1, stands alone).
     """
-    key = f"{VERDICTS}/1"
     deadline = time.monotonic() + wait_s
     fallback = otherwise if otherwise is not None else Announcement(seq)
-    try:
-        while not store.check([key]):
-            if time.monotonic() >= deadline:
-                return fallback
-            time.sleep(_POLL_S * 5)
-        verdict = json.loads(bytes(store.get(key)).decode())
-        rank, note = int(verdict["rank"]), str(verdict["note"])
-    except Exception:  # noqa: BLE001 - no readable verdict: what the notices say stands
-        return fallback
-    return Announcement(seq, "", rank, f"lifecycle: {note}")
+    while read_page is not None:
+        verdict = read_page()
+        if verdict is not None and isinstance(verdict.get("rank"), int):
+            return Announcement(seq, "", int(str(verdict["rank"])), f"lifecycle: {verdict.get('note')}")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(_POLL_S * 5)
+    return fallback
 
 
 def _first_unknown(seq: int, why: str) -> Announcement:

@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Mapping
 from datetime import timedelta
 
-from torch.distributed import DistNetworkError, Store, TCPStore  # type: ignore[attr-defined]  # re-exported at runtime
+from torch.distributed import DistNetworkError, DistStoreError, Store, TCPStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from lifecycle._core.errors import AttemptDisagreement
 from lifecycle._torch.config import Rendezvous
@@ -50,8 +50,6 @@ _spent: dict[tuple[str, int], str] = {}
 """Per host address and port, the token of the last server this process rendezvoused through."""
 _opened = 0  # servers hosted so far: part of each one's token
 
-_POLL_FIRST_S = 0.002
-_POLL_MAX_S = 0.1
 _BIND_RETRY_S = 0.05
 
 
@@ -186,17 +184,21 @@ def agree_attempt(
 ) -> int:
     """Agree with every rank on the attempt number to use next, through ``store``; return it.
 
-    Each rank proposes ``proposal`` (default: ``local_proposal()``), raised to above any
-    attempt already agreed on this store in this ``generation``; all ranks join the
-    highest proposal, and the attempt is decided once all ``world_size`` ranks are
-    joined to it at one time (a rank never leaves a decided attempt). A rank that is
-    behind joins the one ahead; this process's later proposals are above the result.
-    Costs a few store operations per rank, polled with backoff.
+    Each rank proposes ``proposal`` (default: ``local_proposal()``), raised to the
+    generation's floor (above any attempt already agreed on this store in this
+    ``generation``); the attempt is the highest proposal, decided once all
+    ``world_size`` ranks have joined the agreement at one time (a rank never leaves a
+    decided one); this process's later proposals are above the result.
 
-    Raises ``AttemptDisagreement`` naming each rank's proposal if the ranks do not meet
-    within ``timeout_s`` (``where`` names the store), and the store's own error if it
-    goes away meanwhile (its host failed): a peer is never carried over into the host's
-    next attempt behind its caller's back.
+    Bounded store work per rank, whatever the world size, and no polling: a rank reads
+    the floor, counts itself in (a rank proposing above the floor first writes its
+    proposal) and waits on one key the last rank to arrive sets (3 requests; the
+    deciding rank 4 or 5). A rank that times out writes its proposal and counts itself
+    out (2 more); the last to give up reads every proposal once and lists them all in
+    its ``AttemptDisagreement`` (each rank of the world: its proposal, or None); the
+    others' errors say so. ``where`` names the store in the error. The store's own
+    error propagates if it goes away meanwhile (its host failed): a peer is never
+    carried over into the host's next attempt behind its caller's back.
     """
     agreement = _Agreement(store, f"lifecycle/g{generation}", rank, world_size)
     del store  # held by ``agreement`` only, which drops it if this raises
@@ -207,8 +209,23 @@ def agree_attempt(
         agreement.store = None
 
 
+_UNSET = "\x00"
+"""``compare_set``'s expected value for a read: no key holds it, so the call only returns what is there."""
+_AHEAD = 1 << 32
+"""What a rank proposing above the floor adds to the count besides 1: the decider reads proposals only then."""
+_DECIDING_S = 5.0
+"""How long a rank that timed out as the last rank arrived waits for the decision it was part of."""
+
+
 class _Agreement:
-    """One rank's side of ``agree_attempt``; it alone holds the store, so dropping it here drops it everywhere."""
+    """One rank's side of ``agree_attempt``; it alone holds the store, so dropping it here drops it everywhere.
+
+    Keys, under ``lifecycle/g<generation>``: ``floor``, the lowest attempt not yet
+    agreed; per round (the floor it started from) ``round/<f>/count`` (ranks present,
+    plus ``_AHEAD`` per rank above the floor), ``round/<f>/ahead`` (``rank:proposal;``
+    of those), ``round/<f>/decided`` (the attempt, set once) and ``round/<f>/left``
+    (``rank:proposal;`` of the ranks that gave up).
+    """
 
     def __init__(self, store: Store, ns: str, rank: int, world_size: int) -> None:
         self.store: Store | None = store
@@ -221,72 +238,81 @@ class _Agreement:
         return self.store
 
     def read(self, key: str) -> str | None:
-        """The value of ``key`` in the namespace, or None if it is not set (never waits for it)."""
-        key = f"{self.ns}/{key}"
-        if not self._store().check([key]):
+        """The value of ``key`` in the namespace, or None if it is not set: one request, never waits."""
+        value = bytes(self._store().compare_set(f"{self.ns}/{key}", _UNSET, _UNSET)).decode()
+        return None if value == _UNSET else value
+
+    def wait_for(self, key: str, until: float) -> str | None:
+        """The value of ``key`` once it is set (one request), or None if it is not by ``until`` (monotonic)."""
+        store = self._store()
+        before = store.timeout  # type: ignore[attr-defined]  # torch's stub lacks it
+        store.set_timeout(timedelta(seconds=max(until - time.monotonic(), 0.001)))
+        try:
+            return bytes(store.get(f"{self.ns}/{key}")).decode()
+        except DistStoreError:  # the wait timed out (a server gone raises DistNetworkError)
             return None
-        return bytes(self._store().get(key)).decode()
-
-    def add(self, key: str, amount: int) -> int:
-        """Atomically add ``amount`` to the counter ``key``; return its new value."""
-        return int(self._store().add(f"{self.ns}/{key}", amount))
-
-    def propose(self, value: int) -> None:
-        """Record this rank's proposal (read only to name the ranks if they do not meet)."""
-        self._store().set(f"{self.ns}/proposal/{self.rank}", str(value))
-
-    def raise_to(self, key: str, value: int) -> int:
-        """Atomically raise the integer under ``key`` to at least ``value``; return what it is then."""
-        current = self.read(key) or ""
-        while not current or int(current) < value:
-            result = bytes(self._store().compare_set(f"{self.ns}/{key}", current, str(value))).decode()
-            if result == str(value):
-                return value
-            current = result
-        return int(current)
+        finally:
+            store.set_timeout(before)
 
     def run(self, mine: int, timeout_s: float, where: str) -> int:
-        """Propose ``mine`` and poll until the ranks meet; see ``agree_attempt``."""
+        """Join the round at the floor and wait for its decision; see ``agree_attempt``."""
         deadline = time.monotonic() + timeout_s
-        pause = _POLL_FIRST_S
-        mine = max(mine, int(self.read("floor") or 0))
-        self.propose(mine)
-        joined = self.raise_to("max", mine)
-        count = self.add(f"joined/{joined}", 1)
-        while True:
-            if count < self.world_size and int(self.read("max") or 0) > joined:
-                joined, count = self.move_up(joined)
-            if count >= self.world_size:
-                self.raise_to("floor", joined + 1)
-                _note_attempt(joined)
-                return joined
-            if time.monotonic() >= deadline:
-                raise self.disagreement(joined, timeout_s, where)
-            time.sleep(pause)
-            pause = min(pause * 1.5, _POLL_MAX_S)
-            count = self.add(f"joined/{joined}", 0)
+        floor = int(self.read("floor") or 0)
+        mine = max(mine, floor)
+        weight = 1 + (_AHEAD if mine > floor else 0)
+        round_ = f"round/{floor}"
+        if mine > floor:
+            self._store().append(f"{self.ns}/{round_}/ahead", f"{self.rank}:{mine};")  # type: ignore[attr-defined]
+        count = int(self._store().add(f"{self.ns}/{round_}/count", weight))
+        if count % _AHEAD == self.world_size:
+            decided = self.decide(round_, floor, count // _AHEAD > 0)
+        else:
+            # An overfull count (a process that died in this round and was replaced) waits as well.
+            found = self.wait_for(f"{round_}/decided", deadline)
+            if found is None:
+                found = self.leave(round_, mine, weight, timeout_s, where)
+            decided = int(found)
+        _note_attempt(decided)
+        return decided
 
-    def move_up(self, joined: int) -> tuple[int, int]:
-        """Leave ``joined`` for the highest proposal, unless every rank was joined to it: then it stands.
+    def decide(self, round_: str, floor: int, ahead: bool) -> int:
+        """As the last rank to arrive: the highest proposal; the floor moves above it before anyone learns it."""
+        decided = floor
+        if ahead:
+            for _, value in _entries(self.read(f"{round_}/ahead")).items():
+                decided = max(decided, value)
+        self._store().set(f"{self.ns}/floor", str(decided + 1))
+        self._store().set(f"{self.ns}/{round_}/decided", str(decided))
+        return decided
 
-        Returns the attempt joined now and its count of joined ranks.
+    def leave(self, round_: str, mine: int, weight: int, timeout_s: float, where: str) -> str:
+        """Timed out: leave the round (the last to leave gathers every proposal) and raise; or the decision.
+
+        A rank that was counted when the round filled up takes the decision (it may be
+        in use already), waiting up to ``_DECIDING_S`` for the last rank to set it.
         """
-        if self.add(f"joined/{joined}", -1) + 1 >= self.world_size:
-            # Every rank was joined here just now, so some rank may have decided on it already.
-            return joined, self.add(f"joined/{joined}", 1)
-        highest = int(self.read("max") or 0)
-        self.propose(highest)
-        return highest, self.add(f"joined/{highest}", 1)
-
-    def disagreement(self, joined: int, timeout_s: float, where: str) -> AttemptDisagreement:
-        """The error for ranks that did not meet; leaves the attempt this rank had joined (best effort)."""
+        self._store().append(f"{self.ns}/{round_}/left", f"{self.rank}:{mine};")  # type: ignore[attr-defined]
+        count = int(self._store().add(f"{self.ns}/{round_}/count", -weight))
+        present = (count + weight) % _AHEAD
+        if present >= self.world_size:
+            found = self.wait_for(f"{round_}/decided", time.monotonic() + _DECIDING_S)
+            if found is not None:
+                return found
         proposals: dict[int, int | None] = dict.fromkeys(range(self.world_size))
-        count = 0
-        try:
-            count = self.add(f"joined/{joined}", -1) + 1
-            for peer in range(self.world_size):
-                value = self.read(f"proposal/{peer}")
-                proposals[peer] = None if value is None else int(value)
-        except Exception:  # noqa: BLE001 - the store may be gone; report what is known
-            pass
-        return AttemptDisagreement(where, timeout_s, proposals, count)
+        elsewhere = ""
+        if count % _AHEAD == 0:
+            proposals.update(_entries(self.read(f"{round_}/left"), self.world_size))
+        else:
+            proposals = {self.rank: mine}
+            elsewhere = f"the last rank to give up lists every rank's proposal ({self.ns}/{round_}/left in the store)"
+        raise AttemptDisagreement(where, timeout_s, proposals, present, elsewhere=elsewhere)
+
+
+def _entries(text: str | None, world_size: int | None = None) -> dict[int, int]:
+    """``"rank:proposal;"`` entries as a map, the last entry of a rank winning (ranks outside the world dropped)."""
+    found: dict[int, int] = {}
+    for entry in (text or "").split(";"):
+        rank, _, value = entry.partition(":")
+        if rank.isdigit() and value.lstrip("-").isdigit() and (world_size is None or int(rank) < world_size):
+            found[int(rank)] = int(value)
+    return found
