@@ -133,6 +133,7 @@ EXPORTS: dict[str, list[str]] = {
         "TeardownStep",
         "TrainStep",
         "Transition",
+        "Verdict",
         "journal_files",
         "journal_path",
         "load",

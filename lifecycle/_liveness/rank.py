@@ -155,12 +155,16 @@ def start_monitor(
     stacks: Path,
     attempt: int = 0,
     store_timeout_s: float | None = None,
+    journal: Path | None = None,
+    origin: dict[str, object] | None = None,
 ) -> RankMonitor:
     """Start this rank's monitor (see the module docstring), after stopping one still running here.
 
     ``host``/``port``: the rendezvous store's server; ``prefix``: the attempt's store
     prefix (failure notices and beats go under it). ``mode``: ``kill`` or ``report``.
     ``stacks``: the side file the Python stacks are dumped into (appended to).
+    ``journal``: the rank's journal file, which the monitor appends a verdict to, with
+    ``origin`` (the journal ``Origin``'s fields) as its writer (None: no record).
     """
     global _CURRENT
     if _CURRENT is not None:
@@ -186,6 +190,8 @@ def start_monitor(
         dump_signal=int(DUMP_SIGNAL),
         stacks=str(stacks),
         store_timeout_s=store_timeout_s if store_timeout_s is not None else interval_s / 2,
+        journal="" if journal is None else str(journal),
+        origin=dict(origin or {}),
     )
     command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, json.dumps(settings.__dict__)]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)

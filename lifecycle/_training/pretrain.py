@@ -8,6 +8,7 @@ call in the same process starts from a clean slate.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -297,7 +298,7 @@ class _Run:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         session.label = f"rank {self.rank}"  # failures are logged with the rank, before teardown
         self.stops.rank = self.rank
-        self.monitor = _start_liveness(self.config, session, self.rank, self.world_size, self.attempt)
+        self.monitor = _start_liveness(self.config, session, self.rank, self.world_size, self.journal)
         self.stops.monitor = self.monitor
         self.inject(Phase.DIST)
         session.init_globals()
@@ -549,7 +550,7 @@ _SPIN_PATTERN = re.compile(r"(a+)+$")
 
 
 def _start_liveness(
-    config: PretrainConfig, session: Session, rank: int, world_size: int, attempt: int
+    config: PretrainConfig, session: Session, rank: int, world_size: int, journal: RunJournal
 ) -> RankMonitor | None:
     """Start this rank's liveness monitor if ``config.liveness`` asks for one and lifecycle created the group.
 
@@ -586,7 +587,9 @@ def _start_liveness(
         explicit=dict(live.deadlines),
         mode=mode.value,
         stacks=folder / f"rank{rank}.stacks.txt",
-        attempt=attempt,
+        attempt=journal.origin.attempt,
+        journal=None if config.journal_dir is None else _journal.journal_path(config.journal_dir, journal.origin.rank),
+        origin=dataclasses.asdict(journal.origin),
     )
     session.add_observer(lambda event: monitor.marks.done() if isinstance(event, FailureEvent) else None)
     return monitor

@@ -12,6 +12,7 @@ and 2 files included; ``JournalWriter`` appends them. The record types:
 - ``TrainStep`` (``step``) and ``Eval`` (``eval``): a training step, an evaluation.
 - ``Failure`` (``failure``): this rank failed (written before its failure teardown).
 - ``RunEnd`` (``end``): the call ended.
+- ``Verdict`` (``verdict``): a liveness monitor named a stopped, spinning, hung, dead or unresponsive rank.
 
 Each carries its ``Origin`` (run id, rank, attempt...). ``docs/journal.md`` is the
 schema, field by field, and how versions 1 and 2 read. This package imports nothing
@@ -43,6 +44,7 @@ from lifecycle.journal._records import (
     TeardownStep,
     TrainStep,
     Transition,
+    Verdict,
 )
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "TeardownStep",
     "TrainStep",
     "Transition",
+    "Verdict",
     "journal_files",
     "journal_path",
     "load",

@@ -205,11 +205,37 @@ class Failure(_Record):
     note: str = ""
 
 
-Record: TypeAlias = RunStart | Transition | TeardownStep | Left | TrainStep | Eval | RunEnd | Failure
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict(_Record):
+    """A liveness monitor's verdict: rank ``culprit`` is ``verdict`` in ``phase`` at training step ``step``.
+
+    Written by the monitor that judged (``lifecycle._liveness.monitor``) into its own
+    rank's journal, at ``time`` (wall clock), also when the store is gone or the rank
+    was killed: a rank's own monitor judges it (``culprit`` is the writer's rank:
+    ``stopped``, ``spinning``, ``waiting``, ``died``), a neighbour's monitor a rank it
+    stopped hearing from (``unresponsive``). ``note`` is the verdict's words (what every
+    rank's exception carries when the notice could be read), ``seq`` the failure notice's
+    sequence number (None: not published), ``stacks`` the file the culprit's Python
+    stacks were dumped into ("" if none).
+    """
+
+    kind: ClassVar[str] = "verdict"
+    origin: Origin
+    culprit: int
+    verdict: str
+    phase: str
+    step: int | None
+    note: str
+    time: float
+    seq: int | None = None
+    stacks: str = ""
+
+
+Record: TypeAlias = RunStart | Transition | TeardownStep | Left | TrainStep | Eval | RunEnd | Failure | Verdict
 """Any journal record."""
 
 KINDS: dict[str, type[Record]] = {
-    c.kind: c for c in (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure)
+    c.kind: c for c in (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict)
 }
 """Each record class by its JSON ``kind``."""
 

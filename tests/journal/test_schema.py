@@ -17,7 +17,7 @@ import pytest
 from support.internals import synthetic
 from support.journals import v1_failed_call
 
-from lifecycle.journal import KINDS, VERSION, Left, Origin, TeardownStep, TrainStep, parse, read
+from lifecycle.journal import KINDS, VERSION, Left, Origin, TeardownStep, TrainStep, Verdict, parse, read
 from lifecycle.journal._records import build, usual
 from lifecycle.journal._schema import compile_fields
 
@@ -139,7 +139,7 @@ def test_a_record_module_with_a_field_json_cannot_hold_fails_at_import(tmp_path:
 
 def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
     """Each record kind's fields compile (the import did it); the kinds are the documented ones."""
-    assert set(KINDS) == {"run", "transition", "teardown", "left", "step", "eval", "end", "failure"}
+    assert set(KINDS) == {"run", "transition", "teardown", "left", "step", "eval", "end", "failure", "verdict"}
     for cls in KINDS.values():
         names = [f.name for f in compile_fields(cls, skip=frozenset({"origin"})).fields]
         assert names == [f.name for f in dataclasses.fields(cls) if f.name != "origin"]
@@ -195,7 +195,10 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
     """Every kind's usual line (exact field types) is read fast, equal to the checked read; anything else is not."""
     synthetic_run = synthetic.failing_run("r", 3, 1)[1] + synthetic.rank_call(ORIGIN, 1, 5.0, steps=1)
     left = Left(origin=ORIGIN, resource="user", name="cache", owner="caller", reason="owned by the caller")
-    records = [*synthetic_run, left]
+    verdict = Verdict(
+        origin=ORIGIN, culprit=1, verdict="stopped", phase="step", step=3, note="rank 1 is stopped", time=5.0, seq=1
+    )
+    records = [*synthetic_run, left, verdict]
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
     shared: dict[object, object] = {}
     fast = []

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from support.launch import run_workers
 
+from lifecycle import journal
+
 DEADLINE_S = 2.0
 """The loop's deadline in these runs: the floor (the steps are far shorter than 0.4 s)."""
 
@@ -31,6 +33,9 @@ CELLS = [
     ),
 ]  # fmt: skip
 """{stop, spin, hang in the batch provider, crash} x {rank 0, the last rank} x {2, 4 ranks}: two in make test."""
+
+VERDICTS = {"stop": "stopped", "spin": "spinning", "hang": "waiting", "crash": "died"}
+"""The verdict record's word for each fault kind."""
 
 KIND_WORDS = {"stop": "is stopped", "spin": "is spinning", "hang": "is waiting", "crash": "died"}
 
@@ -74,6 +79,9 @@ def test_a_silent_fault_is_named_and_releases_every_rank(
     if kind != "crash":
         stacks = (tmp_path / f"rank{faulty}.stacks.txt").read_text()
         assert "in _fire" in stacks, stacks[-2000:]
+    # Always in the journals, also when the store died with its host: the faulty rank's monitor wrote the verdict.
+    verdicts = [r for r in journal.read([tmp_path]) if isinstance(r, journal.Verdict)]
+    assert [(v.origin.rank, v.culprit, v.verdict) for v in verdicts] == [(faulty, faulty, VERDICTS[kind])], verdicts
 
 
 @pytest.mark.slow

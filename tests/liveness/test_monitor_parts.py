@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from lifecycle import journal
 from lifecycle._liveness import monitor
 from lifecycle._liveness.rank import Marks
 
@@ -186,3 +187,9 @@ def test_a_neighbour_that_stops_beating_is_published_unresponsive_once_and_a_don
         assert server.add("p/failures/count", 0) == 1
     finally:
         marks.close()
+
+
+def test_the_monitor_writes_verdicts_in_the_journal_version_lifecycle_reads() -> None:
+    """The standard-library monitor's verdict records carry ``lifecycle.journal.VERSION`` (it cannot import it)."""
+    assert monitor.JOURNAL_VERSION == journal.VERSION
+    assert "verdict" in journal.KINDS
