@@ -49,11 +49,13 @@ def test_a_failure_on_rank_1_is_reported_as_rank_1(pytester: pytest.Pytester) ->
     assert 'test_ranks.py", line 6, in test_ranks' in text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_failing_world_reports_the_ranks_in_the_order_they_failed(pytester: pytest.Pytester) -> None:
     """Rank 1 raises in a live session and rank 0 then fails on the broken connection: the report lists rank 1
     first, "failed first", then rank 0, by show's rule (issue 27; before, ranks came in rank order: rank 0's
-    connection error first, the root cause second)."""
+    connection error first, the root cause second). Slow: the rule itself is pinned in make test by
+    test_show_verdict's test_the_world_report_orders_ranks_by_the_same_rule."""
     pytester.makepyfile(
         test_cause="""
         import time
