@@ -8,44 +8,35 @@ call in the same process starts from a clean slate.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
-import re
-import signal
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.num_microbatches_calculator import get_num_microbatches
-from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from lifecycle import journal as _journal
 from lifecycle._core.errors import ConfigError, InvalidTransition, SessionFinished, describe
-from lifecycle._core.events import FailureEvent, JournalEntry
+from lifecycle._core.events import JournalEntry
 from lifecycle._core.executor import TeardownReport
-from lifecycle._core.plans import RestartMode
 from lifecycle._core.session import Session
 from lifecycle._core.states import State, Trigger
-from lifecycle._liveness.rank import RankMonitor, start_monitor
+from lifecycle._liveness.rank import RankMonitor
 from lifecycle._torch.actions import TorchActions
 from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, SessionHandle, TrainContext, call_hooks
 from lifecycle._training.config import (
     STEPPED_PHASES,
-    FaultKind,
-    InjectedFault,
-    LivenessMode,
     Phase,
     PretrainConfig,
 )
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER
+from lifecycle._training.faults import fire
 from lifecycle._training.journaling import RunJournal
+from lifecycle._training.liveness import start_liveness
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
 from lifecycle._training.stops import LauncherStops
 from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
@@ -289,7 +280,7 @@ class _Run:
             return
         if phase in STEPPED_PHASES and (step is None or step < fault.step):
             return
-        _fire(fault.kind, phase, self.rank, step)
+        fire(fault.kind, phase, self.rank, step)
 
     def execute(self) -> PretrainResult:
         """Drive the session from ``uninitialized`` to ``closed``; exceptions propagate to the session block."""
@@ -298,7 +289,7 @@ class _Run:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         session.label = f"rank {self.rank}"  # failures are logged with the rank, before teardown
         self.stops.rank = self.rank
-        self.monitor = _start_liveness(self.config, session, self.rank, self.world_size, self.journal)
+        self.monitor = start_liveness(self.config, session, self.rank, self.world_size, self.journal)
         self.stops.monitor = self.monitor
         self.inject(Phase.DIST)
         session.init_globals()
@@ -543,90 +534,6 @@ class _Run:
         committed = checkpointer.finalize()
         if committed is not None:
             self.committed = committed
-
-
-_SPIN_PATTERN = re.compile(r"(a+)+$")
-"""Backtracks exponentially on ``"a" * n + "b"``: the match runs in C, holding the GIL."""
-
-
-def _start_liveness(
-    config: PretrainConfig, session: Session, rank: int, world_size: int, journal: RunJournal
-) -> RankMonitor | None:
-    """Start this rank's liveness monitor if ``config.liveness`` asks for one and lifecycle created the group.
-
-    The monitor reaches the store the group was created on (its server's address and
-    port) under the attempt's prefix; on the failure edge the rank tells it it is done
-    (the failing rank's teardown is bounded by its own deadlines, not judged). Under an
-    in-process restart (NVRx's Wrapper) a ``kill`` monitor only reports: the Wrapper's
-    own timeouts end a hung rank and restart every rank; the monitor names the culprit
-    (its verdict is the failure notice each rank's exception and journal carry) and never
-    dumps or kills a rank the Wrapper is about to restart.
-    """
-    live = config.liveness
-    prefix = getattr(session.actions, "store_prefix", None)
-    if live.mode is LivenessMode.OFF or not isinstance(prefix, str):
-        return None
-    mode = live.mode
-    if mode is LivenessMode.KILL and session.restart_mode is RestartMode.INPROCESS:
-        logger.info("rank %d: liveness monitor reports only: the in-process restart's timeouts end a hung rank", rank)
-        mode = LivenessMode.REPORT
-    server = _store_server()
-    if server is None:
-        logger.warning("rank %d: no liveness monitor: the default group's store is not a TCPStore", rank)
-        return None
-    folder = Path(config.journal_dir) if config.journal_dir is not None else Path(tempfile.gettempdir())
-    monitor = start_monitor(
-        rank=rank,
-        world_size=world_size,
-        host=server[0],
-        port=server[1],
-        prefix=prefix,
-        interval_s=live.interval_s,
-        floor_s=live.floor_s,
-        default_s=live.default_deadline_s,
-        explicit=dict(live.deadlines),
-        mode=mode.value,
-        stacks=folder / f"rank{rank}.stacks.txt",
-        attempt=journal.origin.attempt,
-        journal=None if config.journal_dir is None else _journal.journal_path(config.journal_dir, journal.origin.rank),
-        origin=dataclasses.asdict(journal.origin),
-    )
-    session.add_observer(lambda event: monitor.marks.done() if isinstance(event, FailureEvent) else None)
-    return monitor
-
-
-def _store_server() -> tuple[str, int] | None:
-    """The address and port of the ``TCPStore`` under the default group's store (None: another kind of store)."""
-    store: object = dist.distributed_c10d._get_default_store()
-    while isinstance(store, PrefixStore):
-        store = store.underlying_store
-    host, port = getattr(store, "host", None), getattr(store, "port", None)
-    if isinstance(host, str) and isinstance(port, int):
-        return host, port
-    return None
-
-
-def _fire(kind: FaultKind, phase: Phase, rank: int, step: int | None) -> None:
-    """Do what a fault of ``kind`` does; raise ``InjectedFault`` if the process is still running afterwards.
-
-    ``crash`` SIGKILLs this process; ``stop`` SIGSTOPs it (a SIGCONT resumes it still
-    wedged: it sleeps for good, as a debugged process would); ``hang`` sleeps for good; ``spin`` matches a regular
-    expression that backtracks for about 2**60 steps, in C code that holds the GIL (a
-    Python loop would let other threads run; signals still reach Python's handlers).
-    """
-    logger.warning("rank %d: injecting a %s fault at phase %s, step %s", rank, kind.value, phase.value, step)
-    if kind is FaultKind.CRASH:
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif kind is FaultKind.STOP:
-        os.kill(os.getpid(), signal.SIGSTOP)
-        while True:  # a SIGCONT resumes it wedged: it never returns to training by itself
-            time.sleep(3600)
-    elif kind is FaultKind.HANG:
-        while True:
-            time.sleep(3600)
-    elif kind is FaultKind.SPIN:
-        _SPIN_PATTERN.match("a" * 60 + "b")
-    raise InjectedFault(phase, rank, step)
 
 
 def _model_device() -> torch.device:

@@ -14,7 +14,7 @@ from lifecycle._liveness.monitor import process_state
 _CHILD = """
 import sys, threading, time
 from lifecycle._training.config import FaultKind, Phase
-from lifecycle._training.pretrain import _fire
+from lifecycle._training.faults import fire
 def beat():
     while True:
         sys.stdout.write("."); sys.stdout.flush()
@@ -22,7 +22,7 @@ def beat():
 threading.Thread(target=beat, daemon=True).start()
 time.sleep(0.2)
 sys.stdout.write("ready\\n"); sys.stdout.flush()
-_fire(FaultKind(sys.argv[1]), Phase.STEP, 0, 1)
+fire(FaultKind(sys.argv[1]), Phase.STEP, 0, 1)
 """
 
 

@@ -1,0 +1,39 @@
+"""Injected faults: what ``FaultInjection`` does to the rank when it fires (demos and tests)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import time
+
+from lifecycle._training.config import FaultKind, InjectedFault, Phase
+
+logger = logging.getLogger("lifecycle.pretrain")
+
+_SPIN_PATTERN = re.compile(r"(a+)+$")
+"""Backtracks exponentially on ``"a" * n + "b"``: the match runs in C, holding the GIL."""
+
+
+def fire(kind: FaultKind, phase: Phase, rank: int, step: int | None) -> None:
+    """Do what a fault of ``kind`` does; raise ``InjectedFault`` if the process is still running afterwards.
+
+    ``crash`` SIGKILLs this process; ``stop`` SIGSTOPs it (a SIGCONT resumes it still
+    wedged: it sleeps for good, as a debugged process would); ``hang`` sleeps for good; ``spin`` matches a regular
+    expression that backtracks for about 2**60 steps, in C code that holds the GIL (a
+    Python loop would let other threads run; signals still reach Python's handlers).
+    """
+    logger.warning("rank %d: injecting a %s fault at phase %s, step %s", rank, kind.value, phase.value, step)
+    if kind is FaultKind.CRASH:
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind is FaultKind.STOP:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        while True:  # a SIGCONT resumes it wedged: it never returns to training by itself
+            time.sleep(3600)
+    elif kind is FaultKind.HANG:
+        while True:
+            time.sleep(3600)
+    elif kind is FaultKind.SPIN:
+        _SPIN_PATTERN.match("a" * 60 + "b")
+    raise InjectedFault(phase, rank, step)
