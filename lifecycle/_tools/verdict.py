@@ -156,9 +156,12 @@ class Verdict:
         head: list[str] = []
         world = len(self.ends)
         if self.first is None:
+            cut = any(g.outcome is Outcome.CUT for g in self.groups)
+            # Ranks cut short without a failure (a Ctrl-C, a SIGKILL): none reported one, which is not "none failed".
+            said = "no rank reported a failure" if cut else "no rank failed"
             if len(self.groups) == 1:
-                return [f"no rank failed: {_all(self.groups[0], world)}"]
-            head.append("no rank failed")
+                return [f"{said}{', and none closed' if cut else ''}: {_all(self.groups[0], world)}"]
+            head.append(said)
         elif self.cause is not None:
             head.append(self.cause.line())
             for other in self.independent[:_INDEPENDENT_SHOWN]:
@@ -608,7 +611,7 @@ def _describe(end: RankEnd, first: RankEnd | None) -> tuple[_Alike, str]:
         return (outcome, alike), f"{consequence}{end.where()}: {end.error}{named}{cut}"
     if outcome is Outcome.CUT:
         after = f", last step {end.last_step}" if end.last_step is not None else ""
-        how = "ended from outside (killed, or torchrun's SIGTERM)" if first is not None else "killed?"
+        how = "ended from outside (killed or signalled)"
         return (outcome, (end.last_state,)), f"no end record — {how} (in state {end.last_state}{after}"
     state = end.state or ""
     return (outcome, (state,)), state

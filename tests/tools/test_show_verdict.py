@@ -235,13 +235,21 @@ def test_scattered_ranks_are_cut_with_their_count() -> None:
     """Every other rank of 1,024 killed: the ranges of each group are cut to a readable length, with the count."""
     ranks = attempt(1024, {r: {"end": "killed"} for r in range(0, 1024, 2)})
     lines = verdict.analyse(ranks).lines()
-    assert lines[1].startswith("ranks 0, 2, 4, ") and ", … (512 ranks): no end record — killed?" in lines[1]
+    assert lines[0] == "no rank reported a failure"
+    assert lines[1].startswith("ranks 0, 2, 4, ") and ", … (512 ranks): no end record — ended from outside" in lines[1]
     assert len(lines[1]) < 200
 
 
 def test_no_rank_failed_is_one_line() -> None:
-    """Every rank closed: one line."""
+    """Every rank closed: one line. Every rank cut short with no failure (a Ctrl-C during start-up): one line that
+    says none reported a failure and none closed (before issue 27: "no rank failed: all 2 ranks no end record —
+    killed?")."""
     assert verdict.analyse(attempt(4, {})).lines() == ["no rank failed: all 4 ranks closed"]
+    cut = verdict.analyse(attempt(2, {0: {"end": "killed"}, 1: {"end": "killed"}})).lines()
+    assert cut == [
+        "no rank reported a failure, and none closed: all 2 ranks no end record — ended from outside (killed or"
+        " signalled) (in state training, last step 5)"
+    ]
 
 
 def test_1024_ranks_with_many_distinct_errors_stay_within_24_lines() -> None:
