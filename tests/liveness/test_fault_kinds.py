@@ -13,7 +13,7 @@ from lifecycle._liveness.monitor import process_state
 
 _CHILD = """
 import sys, threading, time
-from lifecycle._training.config import FaultKind, Phase
+from lifecycle import FaultKind, Phase
 from lifecycle._training.faults import fire
 def beat():
     while True:

@@ -24,20 +24,20 @@ from typing import Any
 warnings.filterwarnings("ignore")
 
 from support.configs import TINY  # noqa: E402
+from support.internals import describe  # noqa: E402
 
 from lifecycle import (  # noqa: E402
     Callback,
     CheckpointConfig,
     DistributedConfig,
     FaultInjection,
+    LivenessConfig,
     ParallelConfig,
     PretrainConfig,
     SessionHandle,
     TrainingConfig,
     pretrain,
 )
-from lifecycle._core.errors import describe  # noqa: E402
-from lifecycle._training.config import LivenessConfig  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 FAIL_STEP = 60
