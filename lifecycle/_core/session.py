@@ -70,7 +70,7 @@ class Session:
 
         ``label`` names it in log lines (``pretrain`` sets it to ``"rank N"`` once the rank is known).
         ``release_timeout_s``: the longest one teardown step may run (None: what the actions
-        say, ``BoundsReleases``: ``TorchActions`` says half the group timeout; actions that
+        say, ``BoundsReleases``: ``TorchActions`` says twice the group timeout; actions that
         say nothing: no bound). A step past it is left running on its thread and recorded
         as failed with ``StepTimedOut``; the plan goes on (so an abort still follows a
         graceful destroy that hangs) and the session still ends final.
