@@ -140,10 +140,9 @@ class Left(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TrainStep(_Record):
-    """Training step ``step`` ran ``start``..``end``; ``loss`` is averaged over all ranks (JSON kind ``step``)."""
+class _StepLoss(_Record):
+    """The fields a training step and an evaluation share: the step, the loss over all ranks, when it ran."""
 
-    kind: ClassVar[str] = "step"
     origin: Origin
     step: int
     loss: float
@@ -152,15 +151,17 @@ class TrainStep(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Eval(_Record):
+class TrainStep(_StepLoss):
+    """Training step ``step`` ran ``start``..``end``; ``loss`` is averaged over all ranks (JSON kind ``step``)."""
+
+    kind: ClassVar[str] = "step"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Eval(_StepLoss):
     """An evaluation after step ``step`` ran ``start``..``end``; ``loss`` is averaged over all ranks."""
 
     kind: ClassVar[str] = "eval"
-    origin: Origin
-    step: int
-    loss: float
-    start: float | None
-    end: float | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
