@@ -30,10 +30,8 @@ def _first_step(records: list[Record], origin: Origin) -> int | None:
     return next((r.step for r in records if isinstance(r, TrainStep) and r.origin == origin), None)
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [pytest.param(k.value, marks=[] if k is FaultKind.CRASH else [pytest.mark.slow]) for k in FaultKind],
-)
+@pytest.mark.slow  # about 40 s a kind here; make test keeps the SIGTERM-after-a-death test (test_launcher_stop)
+@pytest.mark.parametrize("kind", [k.value for k in FaultKind])
 @pytest.mark.timeout(240)
 def test_demo_retry_recovers_from_each_fault_kind(tmp_path: Path, kind: str) -> None:
     """``--fault K --retry``: every rank's last attempt closed after all steps, resumed from the last committed step.
