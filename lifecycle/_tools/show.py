@@ -46,6 +46,7 @@ from lifecycle._tools import page as _page
 from lifecycle._tools import show_model as _model
 from lifecycle._tools import svg as _svg
 from lifecycle._tools import verdict as _verdict
+from lifecycle._training.exits import STOPPED_BY_LAUNCHER, StoppedByLauncher
 from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
 CLOSED_PIPE = 141
@@ -104,6 +105,8 @@ def _summary(call: list[Record]) -> str:
     if ends:
         end = ends[-1]
         how = f": {_short(end.error)}" if end.error else f" (exit: {end.exit_reason})"
+        if end.exit_reason == STOPPED_BY_LAUNCHER and not (end.error or "").startswith(StoppedByLauncher.__name__):
+            how = f" (stopped by the launcher after a peer failed){how}"  # its own error came first
         head = f"ended {end.state} after step {end.final_step}{how}"
     else:
         states = [r.dest for r in call if isinstance(r, Transition)]

@@ -57,6 +57,7 @@ __all__ = [
     "show_main",
     "synthetic",
     "teardown",
+    "timeline_lines",
     "worker",
     "wrapper_plan",
 ]
@@ -80,6 +81,7 @@ process_environments = processes.process_environments
 RunJournal = journaling.RunJournal
 final_states = show.final_states
 show_main = show.show_main
+timeline_lines = show.timeline_lines
 kill_group = launcher.kill_group
 kill_marked = launcher.kill_marked
 marked = launcher.marked
