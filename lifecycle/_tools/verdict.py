@@ -23,12 +23,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from lifecycle import journal as _journal
 from lifecycle._core.plans import Outcome as PlanOutcome
 from lifecycle._core.states import State
 from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
 MAX_LINES = 24
 """The most lines a verdict takes, whatever the number of ranks."""
+
+VERDICT_ERROR = "LivenessVerdict: "
+"""How the error of a liveness monitor's failure notice begins (``lifecycle._torch.notice.VERDICT_ERROR``)."""
 
 INDEPENDENT_S = 0.005
 """Two failures at most this far apart by wall time are taken as independent: neither can have caused the other."""
@@ -56,6 +60,7 @@ class Decided(Enum):
     NO_FAILURE = "no rank failed"
     BY_SEQUENCE = "first in the store's order of failure notices"
     BY_NOTICE = "named by its peers' failure notices"
+    BY_VERDICT = "named by its liveness monitor's verdict, in its journal (the store did not number it)"
     BY_CONSEQUENCE = "no failure notice of its own: its peers' connection errors are consequences of its death"
     BY_WALL_TIME = "by wall time, a fallback: no failure notice was journaled (hosts' clocks may differ)"
 
@@ -264,10 +269,13 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
     last_move: Transition | None = None
     last_step: int | None = None
     teardown_error = ""
+    judged: _journal.Verdict | None = None
     evidence: list[float] = []
     times: list[float] = []
     for r in records:  # one pass: show reads thousands of ranks
-        if isinstance(r, Transition):
+        if isinstance(r, _journal.Verdict):
+            judged = judged or (r if r.culprit == rank else None)
+        elif isinstance(r, Transition):
             last_move = r
             times.append(r.end)
             if r.dest == State.FAILED:
@@ -304,6 +312,9 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
         phase, step = f"state {source}", None
         error = (end.error if end is not None else None) or (into_failed.detail if into_failed else "") or ""
         error = error or teardown_error
+    if failure is None and judged is not None:
+        # Its own liveness monitor judged it (and killed it, or reported it): the verdict is its failure notice.
+        return _judged(rank, judged, end, last_step, last_move, last_time)
     return RankEnd(
         rank=rank,
         journaled=True,
@@ -319,6 +330,34 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
         last_time=last_time,
         error=_short(error) or "(no error recorded)",
         note=failure.note if failure is not None else "",
+    )
+
+
+def _judged(
+    rank: int,
+    verdict: _journal.Verdict,
+    end: RunEnd | None,
+    last_step: int | None,
+    last_move: Transition | None,
+    last_time: float | None,
+) -> RankEnd:
+    """A rank a liveness monitor's ``verdict`` names (``Verdict`` record), placed at the verdict's time: its failure
+    is the verdict, numbered as the failure notice the monitor published (``seq``)."""
+    return RankEnd(
+        rank=rank,
+        journaled=True,
+        state=end.state if end is not None else None,
+        failed_at=verdict.time,
+        seq=verdict.seq,
+        first_rank=None,
+        published=verdict.seq is not None,
+        phase=f"phase {verdict.phase}",
+        step=verdict.step,
+        last_step=last_step,
+        last_state=last_move.dest if last_move is not None else State.UNINITIALIZED.value,
+        last_time=last_time,
+        error=_short(f"{VERDICT_ERROR}{verdict.note}"),
+        note=verdict.note,
     )
 
 
@@ -470,8 +509,8 @@ def _cause_of(end: RankEnd, decided: Decided, named_by: RankEnd | None = None) -
         if said is not None and not end.failed:
             error = said["error"]
             return Cause(end.rank, "failed", "", None, end.last_step, error, decided)
-    if end.error.startswith("LivenessVerdict: "):
-        cause = _liveness_cause(end, end.error, decided)
+    if end.error.startswith(VERDICT_ERROR):
+        cause = _liveness_cause(end, end.note or end.error, decided)
         if cause is not None:
             return cause
     if not end.failed:  # killed without a word: no failure record, no end record
@@ -523,6 +562,9 @@ def find_cause(ends: Mapping[int, RankEnd]) -> tuple[RankEnd | None, Cause | Non
         first = killed[0]
         placed = replace(first, failed_at=min(_time(e) for e in failed))
         return placed, _cause_of(first, Decided.BY_CONSEQUENCE)
+    judged = sorted((e for e in failed if e.error.startswith(VERDICT_ERROR)), key=lambda e: (_time(e), e.rank))
+    if judged:  # a liveness verdict whose notice the store did not number (it was gone): still before consequences
+        return judged[0], _cause_of(judged[0], Decided.BY_VERDICT)
     if numbered:
         return numbered[0], _cause_of(numbered[0], Decided.BY_SEQUENCE)
     mine = [e for e in failed if not consequence_error(e.error)] or failed

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lifecycle import journal
 from lifecycle._tools import gantt, show_model, svg, synthetic, verdict
 from lifecycle._tools.show import show_main, timeline_lines, write_diagrams, write_page
 from lifecycle.journal import Origin, Record
@@ -407,3 +408,27 @@ def test_a_rank_the_launcher_stopped_after_a_death_is_a_consequence() -> None:
     lines = verdict.analyse(ranks).lines()
     assert lines[0].startswith("rank 2 died in state training after step 5 (killed:"), lines
     assert any(line.startswith("rank 0: failed") and "a consequence" in line for line in lines), lines
+
+
+def test_the_culprits_own_verdict_record_names_it_when_no_notice_could() -> None:
+    """Rank 1 was stopped and killed by its monitor, which wrote a ``verdict`` record into rank 1's journal; the store
+    was gone, so no survivor's notice is numbered or names it (their notes say the first is unknown): the verdict
+    record names rank 1, placed at the verdict's time, its peers' connection errors consequences."""
+    unknown = "lifecycle: which rank failed first is unknown: the rendezvous store is unreachable"
+    ranks = attempt(
+        3,
+        {1: {"end": "killed"}, 0: failed(FAIL, PEER, note=unknown), 2: failed(FAIL + 0.01, PEER, note=unknown)},
+    )
+    note = (
+        "rank 1 is stopped at step 6, phase step: no progress for 2.0 s (deadline 2.0 s); its process is stopped"
+        " (state T); its Python stacks are in /tmp/j/rank1.stacks.txt"
+    )
+    ranks[1].append(journal.Verdict(origin=origin(1), culprit=1, verdict="stopped", phase="step", step=6, note=note,
+                                    time=FAIL - 0.2, seq=None, stacks="/tmp/j/rank1.stacks.txt"))  # fmt: skip
+    lines = verdict.analyse(ranks).lines()
+    assert lines[0] == (
+        "rank 1 stopped in the training step at step 6 (its process stopped in state T, no progress for 2.0 s; killed"
+        " by its liveness monitor) — the cause, named by its liveness monitor's verdict, in its journal (the store"
+        " did not number it)"
+    ), lines
+    assert lines[1].startswith("ranks 0, 2: failed 200-210 ms after rank 1, a consequence"), lines
