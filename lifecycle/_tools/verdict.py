@@ -5,8 +5,9 @@ closed, failed (when, where, with what), or cut short (no end record). The cause
 found by one rule (``find_cause``), which every view uses (the text, the charts, the
 HTML page, the demo's summary, the world tests' report): the earliest failure in the
 store's order of failure notices and liveness verdicts. A rank killed without a word
-is named by the liveness verdict its peers' notices carry, or, without one, placed
-before the connection errors its death caused; a connection error on a peer is a
+is named by its liveness monitor's verdict (the ``verdict`` record in its journal, which
+places it at the verdict's time, or the verdict its peers' notices carry), or, without
+one, placed before the connection errors its death caused; a connection error on a peer is a
 consequence, said to be one, and never the cause; wall time decides only where no
 notice was journaled, and the line says so. The first line names the cause in plain
 words (``rank 1 died in the training step at step 80 (killed: no end record, ...)``,
