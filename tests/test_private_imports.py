@@ -55,7 +55,6 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
 """Tests of a private module, and the modules each one tests."""
 
 
-
 def _is_module(name: str) -> bool:
     """Whether ``name`` (dotted, under the repository) is a module or package of lifecycle."""
     path = TESTS.parent.joinpath(*name.split("."))
