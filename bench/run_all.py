@@ -21,6 +21,7 @@ import bench_checkpoint  # noqa: E402
 import bench_leaks  # noqa: E402
 import bench_overhead  # noqa: E402
 import bench_plugin  # noqa: E402
+import bench_recovery  # noqa: E402
 import bench_release  # noqa: E402
 import bench_retry  # noqa: E402
 import bench_show  # noqa: E402
@@ -41,7 +42,8 @@ def main() -> None:
     import torch
 
     sections = []
-    for bench in (bench_overhead, bench_release, bench_retry, bench_leaks, bench_show, bench_plugin, bench_checkpoint):
+    benches = (bench_overhead, bench_release, bench_retry, bench_leaks, bench_show, bench_plugin, bench_checkpoint)
+    for bench in (*benches, bench_recovery):
         print(f"running {bench.__name__} ...", flush=True)
         started = time.perf_counter()
         text = bench.main()
