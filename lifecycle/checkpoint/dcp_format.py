@@ -12,9 +12,9 @@ its public parts are used one by one:
   everything else, and plans the writes with a ``DefaultSavePlanner``;
 - in the writer thread, ``write_planned`` writes them with a ``FileSystemWriter`` into
   one data file named for this rank and save attempt, fsyncs it, and writes this rank's
-  record (JSON: the skeleton, where each tensor lies, the files' sizes and SHA-256);
-  the planner checks the cancel flag before each tensor, so an abort stops the write at
-  the next item;
+  record (JSON: the skeleton, where each tensor lies, the files' sizes and how their
+  content is checked); the planner checks the cancel flag before each tensor, so an
+  abort stops the write at the next item;
 - at the commit, rank 0 reads every writing rank's record (its size and SHA-256 came in
   the commit's all_gather) and writes the global ``.metadata`` (``write_global_metadata``).
 
@@ -22,6 +22,27 @@ Private torch names used (no public equivalent; tested on torch 2.13 and 2.15):
 ``torch.distributed.checkpoint.filesystem._StorageInfo`` (where a chunk lies, as
 ``.metadata`` records it) and ``_StoragePrefix`` (the data file's name prefix a
 ``FileSystemWriter`` reads from a plan's ``storage_data``).
+
+Checksums. Each tensor's bytes in a data file are one ``torch.save`` zip archive, and
+``torch.save`` stores the CRC-32 of every member (the tensor's bytes, its pickle) as
+the zip format asks, computed in the same pass that writes them. A data file's listing
+says so (``"checksum": "zip-crc32"``) and ``load_shard`` checks every member's CRC-32
+(``zipfile``) as it reads each tensor, the tensor's storage as ``torch.load`` returns it
+(torch's zip reader honours header fields ``zipfile`` ignores: one flipped there made
+it return other bytes): no second pass over the bytes when saving, and none before
+loading. (torch does not check the CRCs itself; any zip tool can.) Only when
+torch's CRCs are switched off (``torch.serialization.set_crc32_options(False)``) does
+``write_planned`` read the file back once for a whole-file CRC-32 (``"crc32"``); records
+written before this listed a whole-file ``"sha256"``, still checked.
+
+What a CRC-32 protects against: accidental damage — a torn or partly written block the
+size check misses, bit rot, a stale view of a shared file system. It detects every
+error burst up to 32 bits and misses other damage with chance 2^-32 per member. It is no
+defence against a deliberate edit, and SHA-256 was none either: whoever can rewrite a
+data file can rewrite the record and manifest that list it. The small files (records,
+``.metadata``, the manifest) keep SHA-256: the manifest's digest is what the ranks agree
+on at resume, and each record's digest travels in the commit's ``all_gather`` row, so
+rank 0 merges exactly what each rank wrote.
 
 Non-tensor values never go through pickle: they are in the record's JSON skeleton, and
 ``load_shard`` reads tensors with ``torch.load(weights_only=True)``.
@@ -34,7 +55,9 @@ import hashlib
 import io
 import json
 import threading
-from collections.abc import Mapping
+import zipfile
+import zlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +74,16 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem
 from torch.distributed.checkpoint.storage import WriteResult
 
-from lifecycle.checkpoint.errors import CheckpointError
-from lifecycle.checkpoint.layout import DATA_RE, DCP_METADATA, RECORD_RE, ShardLayout, fsync_dir, sha256, write_atomic
+from lifecycle.checkpoint.errors import CheckpointError, ShardCorrupt
+from lifecycle.checkpoint.layout import (
+    DATA_RE,
+    DCP_METADATA,
+    RECORD_RE,
+    ShardLayout,
+    checksum_matches,
+    crc32,
+    write_new,
+)
 
 __all__ = [
     "DATA_RE",
@@ -65,11 +96,18 @@ __all__ = [
     "read_record",
     "record_name",
     "slice_key",
+    "verify_data",
+    "verify_step",
     "write_global_metadata",
     "write_planned",
 ]
 
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
+"""The record format ``write_planned`` writes: data files checked by their zip members' CRC-32 (format 1: SHA-256)."""
+RECORD_FORMATS = (1, 2)
+"""The record formats ``read_record`` accepts."""
+ZIP_CRC32 = "zip-crc32"
+"""A data file's ``checksum``: every tensor's bytes are a zip archive whose members carry their CRC-32."""
 
 
 def record_name(rank: int, token: int) -> str:
@@ -191,16 +229,19 @@ def plan_save(staged: Mapping[str, Any], key: str | None, prefix: str, cancel: t
 
 
 def write_planned(planned: Planned, folder: Path, record: Path, step: int, rank: int) -> None:
-    """Write the planned tensors into ``folder`` (fsynced), then this rank's ``record`` (write-tmp + rename).
+    """Write the planned tensors into ``folder`` (fsynced), then this rank's ``record`` (fsynced).
 
     Writer thread only: local files, no collective. Raises whatever the write raised
-    (``CheckpointError`` once cancelled); the caller removes what was left.
+    (``CheckpointError`` once cancelled); the caller removes what was left. No byte is
+    read back while torch's zip CRCs are on (see the module's docstring). Neither name is
+    made durable here: the fsync of ``folder`` after the commit's manifest does that.
     """
+    zip_crcs = torch.serialization.get_crc32_options()
     writer = FileSystemWriter(folder, single_file_per_rank=True, sync_files=True, thread_count=1)
     # per_thread_copy_ahead=0: the serial loader; the tensors are CPU copies already (no CUDA stream).
     writer.per_thread_copy_ahead = 0
     results: list[WriteResult] = writer.write_data(planned.plan, planned.planner).wait()
-    fsync_dir(folder)
+    zip_crcs = zip_crcs and torch.serialization.get_crc32_options()  # on for the whole write
     files = sorted({str(r.storage_data.relative_path) for r in results})
     chunks: dict[str, list[dict[str, Any]]] = {}
     for r in results:
@@ -226,9 +267,19 @@ def write_planned(planned: Planned, folder: Path, record: Path, step: int, rank:
         "rank": rank,
         "state": planned.skeleton,
         "tensors": tensors,
-        "files": [{"file": f, "bytes": (folder / f).stat().st_size, "sha256": sha256(folder / f).hex()} for f in files],
+        "files": [_listing(folder / f, zip_crcs) for f in files],
     }
-    write_atomic(record, json.dumps(body).encode())
+    write_new(record, json.dumps(body).encode())  # the commit checks its size and SHA-256
+
+
+def _listing(path: Path, zip_crcs: bool) -> dict[str, Any]:
+    """A data file's entry in its record: name, size, and how its content is checked."""
+    entry: dict[str, Any] = {"file": path.name, "bytes": path.stat().st_size}
+    if zip_crcs:
+        entry["checksum"] = ZIP_CRC32
+    else:
+        entry["crc32"] = f"{crc32(path):08x}"
+    return entry
 
 
 # -- reading records, the global metadata, a shard ----------------------------------------
@@ -246,11 +297,13 @@ def read_record(folder: Path, entry: Mapping[str, Any]) -> dict[str, Any]:
         raise CheckpointError(f"record {path} is corrupt: its size or checksum does not match what its rank wrote")
     try:
         record = json.loads(raw)
-        if record["format"] != RECORD_FORMAT:
+        if record["format"] not in RECORD_FORMATS:
             raise ValueError(f"record format {record['format']!r}")
         for f in record["files"]:
             if not isinstance(f["file"], str) or Path(f["file"]).name != f["file"]:
                 raise ValueError(f"invalid file name {f['file']!r}")
+            if f.get("checksum", ZIP_CRC32) != ZIP_CRC32 or not {"checksum", "crc32", "sha256"} & f.keys():
+                raise ValueError(f"no known checksum for {f['file']!r}")
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"record {path} is invalid: {exc}") from exc
     return dict(record)
@@ -266,8 +319,9 @@ def _dtype(name: str) -> torch.dtype:
 def write_global_metadata(folder: Path, records: list[dict[str, Any]]) -> None:
     """Rank 0, at the commit: merge every writing rank's record into DCP's ``.metadata`` in ``folder``.
 
-    Written by ``FileSystemWriter.finish`` (tmp file, fsync, rename), then the folder is
-    fsynced. ``CheckpointError`` if two records hold the same tensor.
+    Written by ``FileSystemWriter.finish`` (tmp file, fsync, rename). The rename is made
+    durable by the next fsync of ``folder``: the caller's, when it writes the manifest
+    there. ``CheckpointError`` if two records hold the same tensor.
     """
     state_dict_metadata: dict[str, Any] = {}
     planner_data: dict[str, tuple[str | int, ...]] = {}
@@ -295,35 +349,131 @@ def write_global_metadata(folder: Path, records: list[dict[str, Any]]) -> None:
             planner_data[fqn] = tuple(t["path"])
     metadata = Metadata(state_dict_metadata=state_dict_metadata, planner_data=planner_data)
     FileSystemWriter(folder, sync_files=True).finish(metadata, [results])
-    fsync_dir(folder)
 
 
-def load_shard(folder: Path, record: Mapping[str, Any]) -> Any:
-    """The state one rank saved, rebuilt from its ``record``: tensors read with ``torch.load(weights_only=True)``.
+def _zip_intact(data: bytes, path: Path, fqn: str, *, skip_storage: bool) -> int:
+    """Check tensor ``fqn``'s chunk ``data`` (a ``torch.save`` zip) member by member; return its storage's CRC-32.
 
-    The caller checked the record and its data files' checksums. ``CheckpointError`` if
-    the record does not describe its data.
+    Every member is read and checked against the CRC-32 the zip records for it, the
+    tensor's storage too unless ``skip_storage`` (the caller then checks the storage
+    torch loads against the CRC returned). ``ShardCorrupt`` naming ``path`` if a member
+    fails, if ``data`` is not a whole zip, or if it holds other than one storage.
     """
-    tensors: dict[str, torch.Tensor] = {}
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = archive.infolist()
+            storages = [m for m in members if m.filename.split("/")[-2:-1] == ["data"]]  # <name>/data/<key>
+            if len(storages) != 1:
+                raise ShardCorrupt(
+                    f"shard {path} is corrupt: the zip of {fqn!r} holds {len(storages)} storages, not one"
+                )
+            for member in members:
+                if not (skip_storage and member is storages[0]):
+                    archive.read(member)  # raises BadZipFile when the bytes do not match the member's CRC-32
+            return storages[0].CRC
+    except ShardCorrupt:
+        raise
+    except Exception as exc:  # zipfile raises many kinds (BadZipFile, OverflowError, ...) on a damaged archive
+        raise ShardCorrupt(f"shard {path} is corrupt: the zip of {fqn!r} fails its check ({exc!r})") from exc
+
+
+def _storage_crc32(tensor: torch.Tensor) -> int:
+    """The CRC-32 of the bytes of ``tensor``'s storage (what ``torch.save`` wrote as its storage member)."""
+    raw = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
+    return zlib.crc32(raw.numpy().data)
+
+
+def _chunks(
+    folder: Path, record: Mapping[str, Any], *, loading: bool
+) -> Iterator[tuple[Mapping[str, Any], bytes, int | None]]:
+    """Each tensor entry of ``record``, its bytes, and the CRC-32 its storage must have (None: checked already).
+
+    Whole-file checksums (``crc32``, ``sha256``) are checked before a file's first chunk;
+    with ``zip-crc32``, each chunk's members as it is read, except, when ``loading``, its
+    storage: the caller checks the storage ``torch.load`` returns against the CRC-32
+    given, in the same pass. ``ShardCorrupt`` naming the file whose content differs;
+    ``ValueError``/``KeyError``/``TypeError`` for a record that does not describe its
+    data; ``OSError`` for an I/O error.
+    """
+    listed = {str(f["file"]): f for f in record["files"]}
     handles: dict[str, Any] = {}
     try:
         for t in record["tensors"]:
             (chunk,) = t["chunks"]  # whole tensors only, this round
             name = str(chunk["file"])
-            if Path(name).name != name:
-                raise ValueError(f"invalid file name {name!r}")
+            if name not in listed:
+                raise ValueError(f"{t['fqn']!r} lies in {name!r}, which the record does not list")
+            path = folder / name
             if name not in handles:
-                handles[name] = open(folder / name, "rb")  # noqa: SIM115 - closed below
+                if "checksum" not in listed[name] and not checksum_matches(path, listed[name]):
+                    raise ShardCorrupt(f"shard {path} is corrupt: its checksum does not match its record")
+                handles[name] = open(path, "rb")  # noqa: SIM115 - closed below
             f = handles[name]
             f.seek(int(chunk["offset"]))
             data = f.read(int(chunk["length"]))
-            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            crc = None
+            if listed[name].get("checksum") == ZIP_CRC32:
+                crc = _zip_intact(data, path, str(t["fqn"]), skip_storage=loading)
+            yield t, data, crc if loading else None
+    finally:
+        for f in handles.values():
+            f.close()
+
+
+def verify_data(folder: Path, record: Mapping[str, Any]) -> None:
+    """Check the content of every data file ``record`` lists, as ``load_shard`` does, without loading it.
+
+    ``ShardCorrupt`` naming the first file whose content differs from what was written;
+    ``CheckpointError`` if the record does not describe its data.
+    """
+    try:
+        for _ in _chunks(folder, record, loading=False):
+            pass
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint record in {folder} does not describe its data: {exc}") from exc
+
+
+def verify_step(folder: Path, manifest: Mapping[str, Any]) -> None:
+    """Check the content of every file a format-2 ``manifest`` lists in ``folder``: records, data, ``.metadata``.
+
+    ``CheckpointError`` (``ShardCorrupt`` for a data file) naming the first file whose
+    content differs from what was written; ``OSError`` for an I/O error.
+    """
+    for shard in manifest["shards"]:
+        verify_data(folder, read_record(folder, shard))
+    metadata = folder / str(manifest["metadata"]["file"])
+    if not checksum_matches(metadata, manifest["metadata"]):
+        raise CheckpointError(f"{metadata} is corrupt: its checksum does not match the manifest")
+
+
+def load_shard(folder: Path, record: Mapping[str, Any]) -> Any:
+    """The state one rank saved, rebuilt from its ``record``: tensors read with ``torch.load(weights_only=True)``.
+
+    The caller checked the record itself (``read_record``); the data files' content is
+    checked here, in the pass that reads it (``ShardCorrupt`` naming the file): with
+    ``zip-crc32``, the tensor ``torch.load`` returns is checked against its storage's
+    CRC-32, so damage that makes torch's zip reader read other bytes than ``zipfile``
+    checked is caught too. ``CheckpointError`` if the record does not describe its data.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        for t, data, crc in _chunks(folder, record, loading=True):
+            try:
+                tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            except RuntimeError as exc:  # torch's zip reader refused it (an unpickling refusal is no RuntimeError)
+                raise ShardCorrupt(
+                    f"shard {folder / t['chunks'][0]['file']} is corrupt: torch cannot read {t['fqn']!r} ({exc})"
+                ) from exc
             if not isinstance(tensor, torch.Tensor) or list(tensor.shape) != t["size"]:
                 raise ValueError(f"{t['fqn']!r} is not a tensor of size {t['size']}")
+            if str(tensor.dtype).removeprefix("torch.") != t["dtype"]:
+                raise ValueError(f"{t['fqn']!r} is not a tensor of dtype {t['dtype']}")
+            if crc is not None and _storage_crc32(tensor) != crc:
+                raise ShardCorrupt(
+                    f"shard {folder / t['chunks'][0]['file']} is corrupt: the bytes loaded for {t['fqn']!r} "
+                    "do not match their CRC-32"
+                )
             tensors[t["fqn"]] = tensor
         return _decode(record["state"], tensors)
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint record in {folder} does not describe its data: {exc}") from exc
-    finally:
-        for f in handles.values():
-            f.close()

@@ -13,6 +13,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointMismatch",
     "CheckpointUnreadable",
+    "ShardCorrupt",
     "StaleCheckpointer",
     "os_error_text",
     "storage_error",
@@ -29,6 +30,10 @@ class CheckpointUnreadable(CheckpointError):
     Unlike a missing or invalid manifest, this says nothing about whether the
     checkpoint is complete: it is not loaded now, but clean-up keeps it.
     """
+
+
+class ShardCorrupt(CheckpointError):
+    """A data file's content differs from what its rank wrote (a checksum fails); the message names the file."""
 
 
 class StaleCheckpointer(CheckpointError, StaleResource):

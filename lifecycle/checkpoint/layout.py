@@ -32,6 +32,7 @@ import json
 import os
 import re
 import secrets
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,13 +152,64 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise storage_error("write", path, exc) from exc
 
 
+def write_new(path: Path, data: bytes) -> None:
+    """Create ``path`` (a name no one reads before a commit lists it) holding ``data``, fsynced; no rename.
+
+    For a file whose name is new and which is checked by size and checksum before
+    anything trusts it: a torn write is caught there, so the tmp file and rename of
+    ``write_atomic`` buy nothing, and the fsync of the folder that the commit's manifest
+    write does makes the name durable. On failure the file is removed; raises
+    ``CheckpointError`` naming the path and the OS error.
+    """
+    try:
+        with open(path, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # the error below says what went wrong
+            path.unlink(missing_ok=True)
+        raise storage_error("write", path, exc) from exc
+
+
 def sha256(path: Path) -> bytes:
     """The SHA-256 digest of the file at ``path``."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        for chunk in iter(lambda: f.read(CHUNK), b""):
             h.update(chunk)
     return h.digest()
+
+
+CHUNK = 1 << 20
+"""Bytes read at a time to checksum a file: small enough to stay in the CPU's cache."""
+
+
+def crc32(path: Path) -> int:
+    """The CRC-32 (``zlib.crc32``) of the file at ``path``."""
+    crc = 0
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = zlib.crc32(view[:n], crc)
+    return crc
+
+
+def checksum_matches(path: Path, entry: dict[str, Any]) -> bool:
+    """True when the file at ``path`` has the whole-file checksum its listing ``entry`` records.
+
+    Records, ``.metadata`` and format-1 shards record ``"sha256"``; a data file records
+    ``"crc32"`` (8 hex digits) only when torch's zip CRCs were off as it was written, and
+    ``"sha256"`` in records of format 1 (else its zip members' CRC-32 are checked:
+    ``dcp_format``). ``CheckpointError`` for an entry with neither; ``OSError`` if the
+    file cannot be read.
+    """
+    if "crc32" in entry:
+        return f"{crc32(path):08x}" == str(entry["crc32"])
+    if "sha256" in entry:
+        return sha256(path).hex() == str(entry["sha256"])
+    raise CheckpointError(f"the listing of {path} records no checksum")
 
 
 def probe_directory(directory: Path, rank: int) -> None:

@@ -24,14 +24,14 @@ import torch
 import torch.distributed as dist
 
 from lifecycle.checkpoint.dcp_format import load_shard, read_record
-from lifecycle.checkpoint.errors import CheckpointError, CheckpointMismatch
+from lifecycle.checkpoint.errors import CheckpointError, CheckpointMismatch, ShardCorrupt
 from lifecycle.checkpoint.layout import (
     MANIFEST,
     MARKER,
     ShardLayout,
+    checksum_matches,
     describe_layout,
     read_manifest,
-    sha256,
     step_dir,
     step_folders,
 )
@@ -226,20 +226,15 @@ def _check_shard(folder: Path, entry: dict[str, Any], state_dict: dict[str, Any]
     path = folder / entry["file"]
     try:
         if fmt == 1:
-            if sha256(path).hex() != entry["sha256"]:
+            if not checksum_matches(path, entry):
                 return _Check(
                     _Verdict.UNUSABLE, f"shard {path} is corrupt: its checksum does not match {folder / MANIFEST}"
                 )
             loaded = torch.load(path, map_location="cpu", weights_only=True)
         else:
-            for data in entry["data"]:
-                data_path = folder / data["file"]
-                if sha256(data_path).hex() != data["sha256"]:
-                    return _Check(
-                        _Verdict.UNUSABLE,
-                        f"shard {data_path} is corrupt: its checksum does not match {folder / MANIFEST}",
-                    )
-            loaded = load_shard(folder, read_record(folder, entry))
+            loaded = load_shard(folder, read_record(folder, entry))  # checks each data file as it reads it
+    except ShardCorrupt as exc:
+        return _Check(_Verdict.UNUSABLE, str(exc))
     except Exception as exc:  # noqa: BLE001 - an unreadable shard makes the step unusable, like a corrupt one
         return _Check(_Verdict.UNUSABLE, f"cannot load shard {path}: {exc}")
     if not isinstance(loaded, dict):

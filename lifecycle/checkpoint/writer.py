@@ -153,25 +153,26 @@ def _write_bound(requested: float | None, group_timeout: float) -> float:
     return float(requested)
 
 
-def _stage(value: Any, where: str) -> Any:
-    """Deep copy to CPU, so training may mutate its tensors while the write runs.
+def _stage(value: Any, where: str, copy: bool) -> Any:
+    """The state with its tensors on the CPU: copies when ``copy``, so training may mutate its tensors meanwhile.
 
-    Only types that ``torch.load(weights_only=True)`` accepts are allowed, so a save
-    never produces a checkpoint that the safe loader would refuse later.
+    Without ``copy`` a CPU tensor is taken as it is (detached): for a save the caller
+    waits for. Only types that ``torch.load(weights_only=True)`` accepts are allowed, so
+    a save never produces a checkpoint that the safe loader would refuse later.
     """
     if isinstance(value, torch.Tensor):
-        return value.detach().to(device="cpu", copy=True)
+        return value.detach().to(device="cpu", copy=copy)
     if isinstance(value, Mapping):
         out: dict[Any, Any] = {}
         for k, v in value.items():
             if not isinstance(k, (str, int)):
                 raise TypeError(f"checkpoint key {where}[{k!r}] must be str or int")
-            out[k] = _stage(v, f"{where}[{k!r}]")
+            out[k] = _stage(v, f"{where}[{k!r}]", copy)
         return out
     if value is None or isinstance(value, (bool, int, float, str, torch.Size, torch.dtype)):
         return value
     if isinstance(value, (list, tuple)):
-        items = [_stage(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [_stage(v, f"{where}[{i}]", copy) for i, v in enumerate(value)]
         return items if isinstance(value, list) else tuple(items)
     raise TypeError(f"checkpoint value {where} has unsupported type {type(value).__name__}")
 
@@ -182,7 +183,7 @@ class AsyncCheckpointer:
     The process group is resolved once, here: ``process_group``, else the default
     group if one exists, else none (single process, no collectives). A writer whose
     group was destroyed cannot commit; a retry must create a new writer. At most one
-    save is in flight. ``save`` and ``finalize`` belong to the training thread;
+    save is in flight. ``save``, ``finalize`` and ``save_sync`` belong to the training thread;
     ``abort`` may be called from any thread, at any time (a lock orders it against
     ``finalize``, which works on a snapshot of the group taken under that lock).
 
@@ -264,6 +265,24 @@ class AsyncCheckpointer:
         cannot be created. The first save of a run on rank 0 claims the directory (its
         owner file) if no run owns it yet.
         """
+        self._start(step, state_dict, copy=True)
+
+    def save_sync(self, step: int, state_dict: dict[str, Any]) -> int | None:
+        """Synchronous save, COLLECTIVE: write `state_dict` for `step` and commit it; return once committed.
+
+        ``save`` then ``finalize``, with the same errors, except that tensors already on
+        the CPU are not copied first: the caller waits, so they do not change while they
+        are written. (A write that outlives ``write_timeout_s`` keeps reading them after
+        this call raised; what it writes is never committed, and its files are removed.)
+        Returns the committed step, or None when an abort() from another thread
+        abandoned the save before finalize() took it (an abort after that fails the
+        commit: finalize()'s CheckpointError).
+        """
+        self._start(step, state_dict, copy=False)
+        return self.finalize()
+
+    def _start(self, step: int, state_dict: dict[str, Any], *, copy: bool) -> None:
+        """Stage (``copy``: a CPU copy of every tensor), plan and start the writer thread of one save."""
         self._refuse_if_aborted()
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -277,7 +296,7 @@ class AsyncCheckpointer:
                 self._refuse_if_aborted()
                 self._pending = replica
             return
-        staged = _stage(state_dict, "state_dict")
+        staged = _stage(state_dict, "state_dict", copy)
         folder = step_dir(self.directory, step)
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -297,12 +316,16 @@ class AsyncCheckpointer:
         # A daemon thread: it only touches local files, never a peer, and an abandoned
         # one must not keep the interpreter alive. If it is killed mid-write only files
         # no manifest lists are left, which nothing reads and the next commit removes.
+        go = threading.Event()
         threading.Thread(
             target=self._write,
-            args=(pending, planned, folder, self._before_write),
+            args=(pending, planned, folder, self._before_write, go),
             name=f"lifecycle-ckpt-step{step}-rank{self._rank}",
             daemon=True,
         ).start()
+        # The new thread waits for this: else it runs on holding the GIL as start() returns,
+        # and the caller waits out its time slice (sys.getswitchinterval()) before save() returns.
+        go.set()
 
     def _refuse_if_aborted(self) -> None:
         if self._aborted:
@@ -310,9 +333,17 @@ class AsyncCheckpointer:
                 f"the checkpointer for {self.directory} was aborted and never saves again; create a new one"
             )
 
-    def _write(self, pending: _Pending, planned: Planned, folder: Path, hook: Callable[[], object] | None) -> None:
+    def _write(
+        self,
+        pending: _Pending,
+        planned: Planned,
+        folder: Path,
+        hook: Callable[[], object] | None,
+        go: threading.Event,
+    ) -> None:
         assert pending.file is not None  # a replica starts no writer
         record = pending.file
+        go.wait()
         try:
             if hook is not None:
                 hook()

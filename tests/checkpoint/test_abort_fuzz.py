@@ -9,7 +9,6 @@ SIGKILLs of one rank at random instants of saving (``tests/workers/ckpt_kill_wor
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -23,7 +22,8 @@ import pytest
 from support.launch import WORKERS, free_port, suite_env, worker_reports
 
 from lifecycle.checkpoint import latest_checkpoint
-from lifecycle.checkpoint.layout import listed_files, read_manifest, step_folders
+from lifecycle.checkpoint.dcp_format import verify_step
+from lifecycle.checkpoint.layout import read_manifest, step_folders
 
 CASES = 500
 SAMPLE = int(os.environ.get("LIFECYCLE_CKPT_FUZZ_SAMPLE", "40"))
@@ -88,8 +88,7 @@ def _newest_committed(directory: Path) -> int | None:
         if not (folder / "manifest.json").exists():
             continue
         manifest, _ = read_manifest(folder, step)  # a manifest is only ever complete
-        for entry in listed_files(manifest):
-            assert hashlib.sha256((folder / entry["file"]).read_bytes()).hexdigest() == entry["sha256"], entry
+        verify_step(folder, manifest)  # every listed file's content intact
         newest = step if newest is None else max(newest, step)
     return newest
 

@@ -382,11 +382,12 @@ def test_load_never_unpickles_arbitrary_objects(tmp_path: Path) -> None:
     _commit(tmp_path, 1, seed=1)
     folder = tmp_path / "step_0000000001"
     shard, record = _only_shard(folder), _only_record(folder)
-    torch.save(_NotATensor(), shard)  # every tensor's bytes now unpickle a custom object
+    torch.save([torch.zeros(1), _NotATensor()], shard)  # a whole zip, one storage: every tensor's bytes now
+    # unpickle a custom object beside a tensor
     entry = json.loads(record.read_text())
     for tensor in entry["tensors"]:
         tensor["chunks"][0].update(offset=0, length=shard.stat().st_size)
-    entry["files"][0].update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    entry["files"][0].update(bytes=shard.stat().st_size)  # the members' CRC-32 are torch.save's: intact
     record.write_text(json.dumps(entry))
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["shards"][0].update(bytes=record.stat().st_size, sha256=hashlib.sha256(record.read_bytes()).hexdigest())

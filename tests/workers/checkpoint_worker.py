@@ -61,10 +61,13 @@ def _two_steps(directory: str) -> None:
         writer.finalize()
 
 
-def _flip_own_shard(folder: Path) -> None:
+def _flip_own_shard(folder: Path, step: int) -> None:
+    """Flip a byte of this rank's tensor as its shard stores it (``_two_steps``'s value for ``step``)."""
     (shard,) = folder.glob(f"__{RANK}_*_0.distcp")
     data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    at = data.find(torch.full((3,), 10.0 * step + RANK).numpy().tobytes())
+    assert at >= 0, f"no tensor bytes in {shard}"
+    data[at + 5] ^= 0xFF
     shard.write_bytes(bytes(data))  # same size: only the checksum can tell
 
 
@@ -104,7 +107,7 @@ def corrupt_shard(directory: str, steps: str) -> None:
     _two_steps(directory)
     if RANK == 1:
         for step in steps.split(","):
-            _flip_own_shard(Path(directory) / f"step_{int(step):010d}")
+            _flip_own_shard(Path(directory) / f"step_{int(step):010d}", int(step))
     dist.barrier()
     _load_reporting(directory)
     _close()
@@ -141,12 +144,30 @@ def own_folders(directory: str, other: str, big_rank: str = "-1") -> None:
     _close()
 
 
-def peer_aborts(directory: str, timeout: str, peer_destroys: str) -> None:
-    """Step 1 commits; then rank 1 aborts a hung save of step 2 while rank 0 finalizes it."""
+def _committed_step_1(directory: str, timeout: str) -> AsyncCheckpointer:
+    """Join the group (its timeout ``timeout`` s); return a writer that committed step 1 in ``directory``."""
     _init(float(timeout))
     writer = AsyncCheckpointer(directory)
     writer.save(1, {"w": torch.full((3,), 1.0)})
     writer.finalize()
+    return writer
+
+
+def _finalize_step_2(writer: AsyncCheckpointer) -> tuple[str | None, float]:
+    """Save step 2 and finalize it: the CheckpointError's text (None: committed) and how long finalize() took."""
+    writer.save(2, {"w": torch.full((3,), 2.0)})
+    start = time.monotonic()
+    try:
+        writer.finalize()
+        error = None
+    except CheckpointError as exc:
+        error = str(exc)
+    return error, time.monotonic() - start
+
+
+def peer_aborts(directory: str, timeout: str, peer_destroys: str) -> None:
+    """Step 1 commits; then rank 1 aborts a hung save of step 2 while rank 0 finalizes it."""
+    writer = _committed_step_1(directory, timeout)
     if RANK == 1:
         hung = threading.Event()  # never set: this rank's write hangs forever
         writer._before_write = hung.wait  # the writer's test seam
@@ -161,14 +182,7 @@ def peer_aborts(directory: str, timeout: str, peer_destroys: str) -> None:
             while not flag.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
         return  # exits with the hung daemon writer thread still blocked
-    writer.save(2, {"w": torch.full((3,), 2.0)})
-    start = time.monotonic()
-    try:
-        writer.finalize()
-        error = None
-    except CheckpointError as exc:
-        error = str(exc)
-    elapsed = time.monotonic() - start
+    error, elapsed = _finalize_step_2(writer)
     (Path(directory) / "rank0-done").touch()
     _report(error=error, elapsed=elapsed, latest=latest_checkpoint(directory)[0])  # type: ignore[index]
     os._exit(0)  # the group may be broken; do not let teardown wait on it
@@ -176,21 +190,11 @@ def peer_aborts(directory: str, timeout: str, peer_destroys: str) -> None:
 
 def hung_write(directory: str, timeout: str) -> None:
     """Step 1 commits; rank 1's write of step 2 hangs; both ranks finalize step 2 (default write bound)."""
-    _init(float(timeout))
-    writer = AsyncCheckpointer(directory)
-    writer.save(1, {"w": torch.full((3,), 1.0)})
-    writer.finalize()
+    writer = _committed_step_1(directory, timeout)
     if RANK == 1:
         hung = threading.Event()  # never set: this rank's write hangs forever (a hard-mounted NFS outage)
         writer._before_write = hung.wait  # the writer's test seam
-    writer.save(2, {"w": torch.full((3,), 2.0)})
-    start = time.monotonic()
-    try:
-        writer.finalize()
-        error = None
-    except CheckpointError as exc:
-        error = str(exc)
-    elapsed = time.monotonic() - start
+    error, elapsed = _finalize_step_2(writer)
     latest = latest_checkpoint(directory)
     _report(error=error, elapsed=elapsed, bound=writer.write_timeout_s, latest=None if latest is None else latest[0])
     _close()

@@ -21,7 +21,6 @@ one JSON line: the outcome counts and every problem found.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import random
@@ -35,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from lifecycle.checkpoint import AsyncCheckpointer, CheckpointError, load_checkpoint
+from lifecycle.checkpoint.dcp_format import verify_step
 from lifecycle.checkpoint.layout import listed_files, read_manifest, step_folders
 from lifecycle.checkpoint.writer import ROW
 
@@ -76,9 +76,10 @@ def _problems_on_disk(directory: Path, committed: int | None, just_committed: bo
             continue
         if len(manifest["shards"]) != 2:
             problems.append(f"{folder}: {len(manifest['shards'])} shards")
-        for entry in listed_files(manifest):
-            if hashlib.sha256((folder / entry["file"]).read_bytes()).hexdigest() != entry["sha256"]:
-                problems.append(f"{folder / entry['file']}: checksum differs from the manifest")
+        try:
+            verify_step(folder, manifest)
+        except CheckpointError as exc:
+            problems.append(f"content differs from what was written: {exc}")
         if committed is None or step > committed:
             problems.append(f"{folder} has a manifest, but no case committed step {step}")
         if just_committed:
