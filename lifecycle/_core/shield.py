@@ -156,16 +156,22 @@ class Shield:
 
 @contextlib.contextmanager
 def _blocked(signums: tuple[signal.Signals, ...]) -> Iterator[None]:
-    """Hold ``signums`` back at the OS level for the block (a no-op where ``pthread_sigmask`` is missing)."""
+    """Hold ``signums`` back at the OS level for the block (a no-op where ``pthread_sigmask`` is missing).
+
+    An asynchronous exception landing anywhere in here never leaves them blocked: what
+    was blocked already is read before anything is blocked, and the block's own signals
+    are unblocked in a ``finally`` that is entered before they are blocked.
+    """
     mask = getattr(signal, "pthread_sigmask", None)
     if mask is None:
         yield
         return
-    before = mask(signal.SIG_BLOCK, signums)
+    ours = set(signums) - mask(signal.SIG_BLOCK, ())  # blocked here, not before: what to unblock
     try:
+        mask(signal.SIG_BLOCK, ours)
         yield
     finally:
-        mask(signal.SIG_SETMASK, before)
+        mask(signal.SIG_UNBLOCK, ours)
 
 
 def _on_stack(frame: FrameType | None, codes: frozenset[CodeType], owner: object | None) -> bool:

@@ -198,6 +198,7 @@ def run_case(case: Case, session_box: Callable[[], Session | None] | None = None
     drain_leftovers()
     with kept_handlers():
         before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        blocked_before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
         tracer = Tracer(case.at)
         actions = RecordingActions()
         made: list[Session] = []
@@ -227,6 +228,8 @@ def run_case(case: Case, session_box: Callable[[], Session | None] | None = None
             raised = raised if raised is not None else late
         session = made[0]
         restored = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} == before
+        blocked_after = signal.pthread_sigmask(signal.SIG_SETMASK, blocked_before)  # put back for what follows
+        restored = restored and blocked_after == blocked_before
         held = tuple(str(entry) for entry in session.ledger.held()) if hasattr(session, "_holdings") else ()
         pool_open = POOL.is_open()
         nxt = Session(RecordingActions(), label="next")
@@ -280,8 +283,10 @@ def check_landed_once(run: Run) -> list[str]:
 
 
 def check_handlers(run: Run) -> list[str]:
-    """SIGINT and SIGTERM have the handlers they had before the session."""
-    return [] if run.handlers_restored else ["a SIGINT/SIGTERM handler is not the one from before the session"]
+    """SIGINT and SIGTERM have the handlers they had before the session, and are blocked (or not) as before."""
+    if run.handlers_restored:
+        return []
+    return ["a SIGINT/SIGTERM handler, or the main thread's signal mask, is not what it was before the session"]
 
 
 def check_next(run: Run) -> list[str]:
