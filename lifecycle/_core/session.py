@@ -20,7 +20,7 @@ from lifecycle._core.events import (
     TeardownEvent,
     TransitionEvent,
 )
-from lifecycle._core.executor import StepFailure, StepRecord, TeardownReport, raise_failures
+from lifecycle._core.executor import StepRecord, TeardownReport, raise_failures
 from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.holdings import Holdings
 from lifecycle._core.machine import Driver
@@ -86,7 +86,7 @@ class Session:
         self._journal: list[JournalEntry] = []
         self._exit_request: str | None = None
         self._shield = Shield(_PROTECTED, STEP_CODES, self)
-        self._teardowns = TeardownRunner(self, self._holdings)
+        self._teardowns = TeardownRunner(self, self._holdings, self._shield)
         self._acquirer = Acquirer(
             self._holdings, actions, lambda: self.restart_mode, lambda: self.label, self._reclaimed_one
         )
@@ -211,7 +211,7 @@ class Session:
             cause = describe(success.interrupted)
             self._fail_teardown(start, f"teardown abandoned: {cause}", success.interrupted, abandoned=success)
             raise success.interrupted
-        failed = _describe(success.failed)
+        failed = "; ".join(f"{f.step}: {type(f.error).__name__}" for f in success.failed)
         logger.error("%s: teardown step failed (%s); switching to the failure plan", self.label, failed)
         after = self._fail_teardown(start, f"teardown failed: {failed}", success.failed[0].error)
         both = success.records + after.records
@@ -350,10 +350,7 @@ class Session:
         self._acquirer.refuse_held(Resource.SIGNAL_HANDLERS)
 
         def request(signum: int, frame: FrameType | None) -> None:
-            if on_signal is not None:
-                on_signal(signum)
-            else:
-                self.request_exit(signal.Signals(signum).name)
+            (on_signal or (lambda number: self.request_exit(signal.Signals(number).name)))(signum)
 
         self._acquirer.signal_handlers(signums, request, caller_site())
 
@@ -493,10 +490,6 @@ class Session:
             self._driver.force_failed()
             self._journal_move(source, Trigger.FAIL, start, f"teardown abandoned: {describe(escalation)}")
 
-    def escalation(self) -> BaseException | None:
-        """The escalated interrupt the shield raised during this session's teardown, if any."""
-        return self._shield.escalation
-
     def _holds_nothing(self) -> bool:
         """True if the ledger records nothing the session would release (only what the caller owns, if anything)."""
         return all(entry.owner is Owner.CALLER for entry in self.ledger.entries)
@@ -602,7 +595,3 @@ class Session:
 
 _PROTECTED = frozenset({Session.fail.__code__, Session.close.__code__})
 """Where the shield defers signals: a teardown and its bookkeeping (see ``lifecycle._core.shield``)."""
-
-
-def _describe(failures: tuple[StepFailure, ...]) -> str:
-    return "; ".join(f"{f.step}: {type(f.error).__name__}" for f in failures)

@@ -30,7 +30,7 @@ from lifecycle._core.executor import StepRecord, TeardownReport, execute
 from lifecycle._core.holdings import Holdings
 from lifecycle._core.ownership import Ledger
 from lifecycle._core.plans import Outcome, RestartMode, Step, recorded_owner, teardown
-from lifecycle._core.shield import TeardownInterrupted
+from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.states import Owner
 from lifecycle._core.worker import POOL, SLICE_S, Job, run_waiting
 
@@ -63,18 +63,15 @@ class Host(Protocol):
         """The waiting thread ended the teardown without the worker: the session goes ``failed`` now."""
         ...
 
-    def escalation(self) -> BaseException | None:
-        """The escalated interrupt the shield raised, if any (the plan stops before its next step)."""
-        ...
-
 
 class TeardownRunner:
     """Runs one session's teardown plans on workers while the session's caller waits (see the module docstring)."""
 
-    def __init__(self, host: Host, holdings: Holdings) -> None:
-        """Bind to ``host`` (the session) and its ``holdings``."""
+    def __init__(self, host: Host, holdings: Holdings, shield: Shield) -> None:
+        """Bind to ``host`` (the session), its ``holdings`` and its ``shield`` (whose escalation stops a plan)."""
         self._host = host
         self._holdings = holdings
+        self._shield = shield
         self.report: TeardownReport | None = None
         """The report of the last teardown, or None before any ran (the session's ``report``)."""
         self._job: Job[TeardownReport] | None = None
@@ -191,7 +188,7 @@ class TeardownRunner:
                 self._perform,
                 on_step=observed,
                 stop_at_failure=stop_at_failure,
-                escalated=lambda: self._host.escalation() or self._escalated,
+                escalated=lambda: self._shield.escalation or self._escalated,
             )
         except BaseException as exc:  # noqa: BLE001 - an interrupt between steps: keep what ran, abandon the rest
             rest = planned.plan[len(ran) :]
