@@ -137,9 +137,9 @@ def process_state(pid: int) -> str | None:
 LOOP_PHASES = frozenset({"batch", "step", "callback"})
 """The phases of a training step: one deadline, calibrated on the steps' durations."""
 WARMUP_STEPS = 2
-"""Step changes seen before calibration starts (the first steps compile, allocate, warm caches)."""
+"""Steps (occurrences of another phase) skipped before calibration (the first compile, allocate, warm caches)."""
 CALIBRATED_AFTER = 3
-"""Samples of a phase (or of steps) after warm-up before its deadline is calibrated."""
+"""Steps (occurrences) past warm-up the samples must stand for before a phase's deadline is calibrated."""
 
 
 @dataclass
@@ -156,25 +156,34 @@ class Deadlines:
     explicit: dict[str, float]
     factor: float = 5.0
     samples: dict[str, list[float]] = field(default_factory=dict)
-    seen: dict[str, int] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)  # occurrences (steps, for the loop) seen, warm-up included
+    covered: dict[str, int] = field(default_factory=dict)  # occurrences past warm-up the samples stand for
 
     def key(self, phase: str) -> str:
         """The calibration key of ``phase``: ``"loop"`` for a training step's phases."""
         return "loop" if phase in LOOP_PHASES else phase
 
-    def sample(self, phase: str, seconds: float) -> None:
-        """Record ``seconds`` spent in ``phase`` (warm-up occurrences are skipped)."""
+    def sample(self, phase: str, seconds: float, count: int = 1) -> None:
+        """Record ``seconds`` spent on each of ``count`` occurrences of ``phase`` (a mean: steps shorter than a look).
+
+        Warm-up occurrences (the first ``WARMUP_STEPS``) are skipped: a sample that only
+        covers them is dropped; one that reaches past them is kept (its mean, with a
+        warm-up step in it, is only the more lenient) and counts for the occurrences past.
+        """
         key = self.key(phase)
-        self.seen[key] = self.seen.get(key, 0) + 1
-        if self.seen[key] > WARMUP_STEPS:
+        before = self.seen.get(key, 0)
+        self.seen[key] = before + count
+        past = self.seen[key] - max(before, WARMUP_STEPS)
+        if past > 0:
             self.samples.setdefault(key, []).append(seconds)
+            self.covered[key] = self.covered.get(key, 0) + past
 
     def of(self, phase: str) -> tuple[float, str]:
         """``phase``'s deadline and how it was set (``explicit``, ``calibrated``, ``default``)."""
         if phase in self.explicit:
             return self.explicit[phase], "explicit"
         found = self.samples.get(self.key(phase), [])
-        if len(found) >= CALIBRATED_AFTER:
+        if self.covered.get(self.key(phase), 0) >= CALIBRATED_AFTER:
             return max(self.factor * max(found), self.floor_s), "calibrated"
         return self.default_s, "default"
 
@@ -274,7 +283,7 @@ class Monitor:
                 if last.phase in LOOP_PHASES and position.step is not None and self.step_seen is not None:
                     # Steps shorter than an interval: the mean over the steps made since the last look.
                     steps = max(1, position.step - self.step_seen)
-                    self.deadlines.sample("step", (now - self.step_changed) / steps)
+                    self.deadlines.sample("step", (now - self.step_changed) / steps, steps)
                 self.step_changed, self.step_seen = now, position.step
             self.last = position
             self.changed = now

@@ -65,6 +65,18 @@ def test_deadlines_default_until_calibrated_then_five_times_the_slowest_with_a_f
     assert deadlines.of("checkpoint") == (50.0, "explicit")
 
 
+def test_a_look_over_many_short_steps_calibrates_the_loop_at_once() -> None:
+    """Steps shorter than a look: one look past warm-up that stands for three steps calibrates (not three looks)."""
+    deadlines = monitor.Deadlines(floor_s=2.0, default_s=600.0, explicit={})
+    deadlines.sample("step", 0.01, 2)  # the warm-up steps alone: dropped
+    assert deadlines.of("step") == (600.0, "default")
+    deadlines.sample("step", 0.012, 18)  # steps 3..20, one look
+    assert deadlines.of("step") == (2.0, "calibrated")
+    slow = monitor.Deadlines(floor_s=2.0, default_s=600.0, explicit={})
+    slow.sample("step", 1.0, 3)  # steps 1..3: one past warm-up
+    assert slow.of("step") == (600.0, "default")
+
+
 def test_process_state_reads_proc() -> None:
     """This process runs (R); a stopped child is T; a reaped one is gone (None)."""
     assert monitor.process_state(os.getpid()) == "R"
