@@ -19,6 +19,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_checkpoint  # noqa: E402
 import bench_leaks  # noqa: E402
+import bench_liveness  # noqa: E402
 import bench_overhead  # noqa: E402
 import bench_plugin  # noqa: E402
 import bench_recovery  # noqa: E402
@@ -43,7 +44,7 @@ def main() -> None:
 
     sections = []
     benches = (bench_overhead, bench_release, bench_retry, bench_leaks, bench_show, bench_plugin, bench_checkpoint)
-    for bench in (*benches, bench_recovery):
+    for bench in (*benches, bench_liveness, bench_recovery):
         print(f"running {bench.__name__} ...", flush=True)
         started = time.perf_counter()
         text = bench.main()
