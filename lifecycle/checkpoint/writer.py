@@ -452,19 +452,23 @@ class AsyncCheckpointer:
             shard = self._await_write(pending)
         except Exception as exc:  # noqa: BLE001 - reported to all ranks below, so none hangs
             local_error = exc
-        if shard is not None and self._aborted:
+        report = self._report(pending, shard, local_error)
+        # Zeros, not empty: a row a peer never filled reads as "write failed".
+        out = [torch.zeros_like(report) for _ in range(self._world)]
+        group = self._group_of(group_ref) if group_ref is not None else None
+        with self._lock:
+            aborted = self._aborted
+        # From this check to the collective nothing releases the GIL on the success path: an abort()
+        # that returned before this rank's report went out has failed its write.
+        if shard is not None and aborted:
             local_error = CheckpointError(f"rank {self._rank} aborted the save while finalizing it")
             shard = None
-        mine = torch.zeros(ROW, dtype=torch.int64)
-        mine[1], mine[2] = pending.step, pending.token
-        if shard is not None:
-            mine[0] = _WROTE if shard.written else _REPLICA
-            mine[3] = shard.size
-            mine[4:8] = torch.frombuffer(bytearray(shard.sha256), dtype=torch.int64)
-            mine[8] = self.layout.shard if self.layout is not None else self._rank  # where the text goes otherwise
-        else:
-            mine[8:] = _encode(str(local_error))
-        everyone = [row.cpu() for row in self._all_gather(mine.to(self._device), group_ref)]
+            report = self._report(pending, None, local_error)
+        if group is not None:
+            dist.all_gather(out, report, group=group)
+        else:  # a writer made without a group: a world of one, never a larger one
+            out = [report]
+        everyone = [row.cpu() for row in out]
         failed = [r for r, row in enumerate(everyone) if not row[0]]
         if failed:
             why = "; ".join(_decode(everyone[r][8:]) or f"rank {r}: no report" for r in failed)
@@ -494,13 +498,21 @@ class AsyncCheckpointer:
             ) from commit_error
         return pending.step
 
-    def _all_gather(self, mine: torch.Tensor, group_ref: weakref.ref[dist.ProcessGroup] | None) -> list[torch.Tensor]:
-        if group_ref is None:  # a writer made without a group: a world of one, never a larger one
-            return [mine]
-        # Zeros, not empty: a row a peer never filled reads as "write failed".
-        out = [torch.zeros_like(mine) for _ in range(self._world)]
-        dist.all_gather(out, mine, group=self._group_of(group_ref))
-        return out
+    def _report(self, pending: _Pending, shard: _Shard | None, error: Exception | None) -> torch.Tensor:
+        """This rank's row of the commit's all_gather, on the group's device: its shard, or ``error``'s text.
+
+        Without a group (a world of one, never a larger one) the row is all there is.
+        """
+        mine = torch.zeros(ROW, dtype=torch.int64)
+        mine[1], mine[2] = pending.step, pending.token
+        if shard is not None:
+            mine[0] = _WROTE if shard.written else _REPLICA
+            mine[3] = shard.size
+            mine[4:8] = torch.frombuffer(bytearray(shard.sha256), dtype=torch.int64)
+            mine[8] = self.layout.shard if self.layout is not None else self._rank  # where the text goes otherwise
+        else:
+            mine[8:] = _encode(str(error))
+        return mine.to(self._device)
 
     def _group_of(self, group_ref: weakref.ref[dist.ProcessGroup]) -> dist.ProcessGroup:
         """The live group behind ``group_ref``, for one call; CheckpointError once it was destroyed."""
