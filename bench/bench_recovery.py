@@ -101,12 +101,11 @@ def main() -> str:
         "raise is retried in the same processes: the survivor fails about 0.5 s after the fault (the failing "
         "rank waits up to two monitor intervals for a liveness verdict before it aborts its group) and trains"
         " again 2 s after it (the 0.5 s a rank waits for a launcher's stop, a rendezvous, the resume). A "
-        "crash resets the survivor's collective at once; torchrun's restart then costs about 14 s here, "
-        "mostly new processes importing torch and megatron-core on 2 busy cores. In these runs the liveness "
-        "monitor named the stopped, hung and spinning rank late or not at all (stop after 16 s, hang and spin"
-        " only at the 30 s group timeout): the survivor then failed on the timeout, retried in its own "
-        "process while its peer was still alive, waited out that rendezvous (60 s) and only then did torchrun"
-        " restart both ranks. Steps lost: the 9 trained since the checkpoint at step 30."
+        "crash resets the survivor's collective at once; torchrun's restart then costs 8-14 s here, mostly "
+        "new processes importing torch and megatron-core on 2 busy cores. A stopped, hung or spinning rank is "
+        "named by its liveness monitor and killed about 2.5 s after the fault (the loop's 2 s floor deadline "
+        "and a look or two), which resets the survivor at once; torchrun then restarts both. Steps lost: the 9 "
+        "trained since the checkpoint at step 30."
     )
     return table(title, header, rows) + "\n" + shows + "\n"
 
