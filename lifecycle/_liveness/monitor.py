@@ -557,8 +557,18 @@ def main(argv: list[str]) -> int:
     settings = Settings(**json.loads(argv[1]))
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
-    if os.getppid() != settings.pid:  # the rank died before prctl took effect
-        return 0
+    try:
+        if os.getppid() != settings.pid:  # the rank died before prctl took effect
+            return 0
+        return _watch(settings)
+    finally:
+        # The rank unlinks its page when it stops the monitor; a rank killed never does. Its mapping outlives this.
+        with contextlib.suppress(OSError):
+            os.unlink(settings.marks)
+
+
+def _watch(settings: Settings) -> int:
+    """Watch the rank until it is done or gone (``Monitor.run``); its exit code."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,11 @@ VERDICTS = {"stop": "stopped", "spin": "spinning", "hang": "waiting", "crash": "
 KIND_WORDS = {"stop": "is stopped", "spin": "is spinning", "hang": "is waiting", "crash": "died"}
 
 
+def _marks_pages() -> set[str]:
+    """The liveness marks pages in /dev/shm now."""
+    return {path.name for path in Path("/dev/shm").glob("lifecycle-marks-*")}
+
+
 def _report(output: str) -> dict[str, object]:
     lines = [line for line in output.splitlines() if line.startswith("{")]
     assert lines, output[-3000:]
@@ -54,6 +60,7 @@ def test_a_silent_fault_is_named_and_releases_every_rank(
     tmp_path: Path, kind: str, phase: str, faulty: int, world: int
 ) -> None:
     """Every rank fails within D + 2 s of the fault; the survivor's notes name the faulty rank, never itself."""
+    pages_before = _marks_pages()
     args = (str(tmp_path), kind, phase, str(faulty), "400")
     results = run_workers("liveness_worker", *args, world_size=world, timeout_s=100)
     by_rank = {result.rank: result for result in results}
@@ -80,6 +87,11 @@ def test_a_silent_fault_is_named_and_releases_every_rank(
     if kind != "crash":
         stacks = (tmp_path / f"rank{faulty}.stacks.txt").read_text()
         assert re.search(r'faults\.py", line \d+ in fire', stacks), stacks[-2000:]
+    # No marks page left in /dev/shm: the survivors' stop() unlinks theirs, the killed rank's monitor its rank's.
+    deadline = time.monotonic() + 10.0
+    while _marks_pages() - pages_before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _marks_pages() - pages_before, sorted(_marks_pages() - pages_before)
     # Always in the journals, also when the store died with its host: the faulty rank's monitor wrote the verdict.
     verdicts = [r for r in journal.read([tmp_path]) if isinstance(r, journal.Verdict)]
     assert [(v.origin.rank, v.culprit, v.verdict) for v in verdicts] == [(faulty, faulty, VERDICTS[kind])], verdicts
