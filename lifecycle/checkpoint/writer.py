@@ -464,10 +464,15 @@ class AsyncCheckpointer:
             local_error = CheckpointError(f"rank {self._rank} aborted the save while finalizing it")
             shard = None
             report = self._report(pending, None, local_error)
-        if group is not None:
-            dist.all_gather(out, report, group=group)
-        else:  # a writer made without a group: a world of one, never a larger one
-            out = [report]
+        try:
+            if group is not None:
+                dist.all_gather(out, report, group=group)
+            else:  # a writer made without a group: a world of one, never a larger one
+                out = [report]
+        finally:
+            # Never past the collective: a failure's traceback keeps this frame, and a group it
+            # references keeps its gloo sockets open, so peers would wait out the timeout.
+            group = None
         everyone = [row.cpu() for row in out]
         failed = [r for r, row in enumerate(everyone) if not row[0]]
         if failed:
