@@ -373,13 +373,14 @@ def section(rows: list[dict[str, Any]], note: str = "") -> str:
         "| barrier | monitor: requests a monitor a second; the server's a second |",
         "|---|---|---|---|---|---|",
     ]
+
+    def requests(r: dict[str, Any]) -> str:
+        return f"{r['ops_max']} / {r['ops_second']} / {r['ops_total']}"
+
     for w in worlds:
         cells = [
             str(w),
-            cell(w, "agree", lambda r: f"{r['ops_max']} / {r['ops_second']} / {r['ops_total']}"),
-            cell(w, "agree-missing", lambda r: f"{r['ops_max']} / {r['ops_second']} / {r['ops_total']}"),
-            cell(w, "notice-30s", lambda r: f"{r['ops_max']} / {r['ops_second']} / {r['ops_total']}"),
-            cell(w, "barrier", lambda r: f"{r['ops_max']} / {r['ops_second']} / {r['ops_total']}"),
+            *(cell(w, event, requests) for event in ("agree", "agree-missing", "notice-30s", "barrier")),
             cell(w, "monitor", lambda r: f"{r['ops_per_monitor_s']:g}; {r['server_ops_s']:,}"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
