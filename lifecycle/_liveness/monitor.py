@@ -3,10 +3,10 @@
 Runs as ``python -S -E -s monitor.py '<json settings>'``, started by the rank it watches
 (``lifecycle._liveness.rank``). It imports nothing of lifecycle, torch or site-packages,
 so it starts fast and small (see docs/benchmarks.md, monitor-cost). It reads the rank's
-progress marks from a shared page (``Marks``: attempt, step, phase and a count of marks,
-written by the training thread without a system call), speaks the ``TCPStore`` wire protocol itself
-(``StoreClient``: every call bounded by a socket timeout), and dies with its rank
-(``PR_SET_PDEATHSIG``, after which it reports the death).
+progress marks from a shared page (``Marks``; its layout: ``lifecycle._liveness.page``),
+speaks the ``TCPStore`` wire protocol itself (``StoreClient``: every call bounded by a
+socket timeout), and dies with its rank (``PR_SET_PDEATHSIG``, after which it reports
+the death).
 
 Every ``interval_s`` it
 
@@ -14,6 +14,8 @@ Every ``interval_s`` it
   than the phase's deadline, on this process's monotonic clock;
 - beats: sets ``<prefix>/liveness/hb/<rank>`` to its beat count and the position (one
   store write per interval, none per step);
+- reads, in one request (``look``), its neighbour's beat and, until it has seen one,
+  the attempt's first verdict;
 - watches one neighbour (rank + 1) by its beat count; a neighbour silent for
   ``max(4 intervals, floor)`` (a monitor whose rank is done says so in its last beat)
   is confirmed by one rank, the one whose store ``add`` on
@@ -22,7 +24,8 @@ Every ``interval_s`` it
 - classifies its own rank when stale, from ``/proc/<pid>/stat``: ``T`` stopped, ``R``
   spinning (two ticks in a row), ``S``/``D`` waiting in its phase, but only when its
   count of marks is the lowest of all ranks and below another's (behind: a rank waiting
-  in a collective for a peer is ahead of it, or level with it, never named).
+  in a collective for a peer is ahead of it, or level with it, never named); one rank
+  per count reads all positions (``behind``), never all ranks.
 
 A verdict on its own rank (kind ``stopped``, ``spinning``, ``waiting``, or ``died`` when
 the rank's process is gone without saying it was done) is published as the rank's
@@ -43,75 +46,21 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
 
 if __package__:
+    from lifecycle._liveness.deadlines import LOOP_PHASES, Deadlines
+    from lifecycle._liveness.page import PAGE_SIZE, Position, read_marks, write_verdict
     from lifecycle._liveness.wire import StoreClient, StoreError
 else:  # run as a script (python -S -E -s monitor.py): its folder is on the path; never import the package (torch)
+    from deadlines import LOOP_PHASES, Deadlines  # type: ignore[import-not-found,no-redef]
+    from page import PAGE_SIZE, Position, read_marks, write_verdict  # type: ignore[import-not-found,no-redef]
     from wire import StoreClient, StoreError  # type: ignore[import-not-found,no-redef]
 
-# -- the marks page ----------------------------------------------------------------------
-
-MARKS_FORMAT = "<QQqq48s"
-"""count (odd while being written), done flag, attempt, step (-1: none), phase (UTF-8, NUL-padded)."""
-MARKS_SIZE = struct.calcsize(MARKS_FORMAT)
-NO_STEP = -1
 JOURNAL_VERSION = 3
 """The ``lifecycle.journal`` schema version of the verdict records this monitor writes (a test keeps it equal)."""
-VERDICT_AT = 128
-"""Where the page holds the first verdict the monitor saw (u32 length, then its JSON), for the rank to read."""
-VERDICT_BYTES = 2048
-PAGE_SIZE = VERDICT_AT + 4 + VERDICT_BYTES
-
-
-def write_verdict(page: mmap.mmap, verdict: bytes) -> None:
-    """Put ``verdict`` (JSON, cut to ``VERDICT_BYTES``) in the page: the text first, its length last."""
-    data = verdict[:VERDICT_BYTES]
-    page[VERDICT_AT + 4 : VERDICT_AT + 4 + len(data)] = data
-    struct.pack_into("<I", page, VERDICT_AT, len(data))
-
-
-def read_verdict(page: mmap.mmap) -> dict[str, object] | None:
-    """The verdict in the page, or None if there is none (or it is unreadable)."""
-    (size,) = struct.unpack_from("<I", page, VERDICT_AT)
-    if not 0 < size <= VERDICT_BYTES:
-        return None
-    try:
-        found = json.loads(bytes(page[VERDICT_AT + 4 : VERDICT_AT + 4 + size]))
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
-
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    """Where a rank is: its ``count`` of marks, ``attempt``, ``step`` (None: none yet) and ``phase``."""
-
-    count: int
-    attempt: int
-    step: int | None
-    phase: str
-    done: bool = False
-
-    def where(self) -> str:
-        """``"step 30, phase step"``, or ``"phase setup"`` without a step."""
-        return f"phase {self.phase}" if self.step is None else f"step {self.step}, phase {self.phase}"
-
-
-def read_marks(page: mmap.mmap) -> Position:
-    """The position in ``page``, read consistently (retried while the writer is mid-write)."""
-    while True:
-        first = struct.unpack_from("<Q", page, 0)[0]
-        if first % 2 == 0:
-            count, done, attempt, step, phase = struct.unpack_from(MARKS_FORMAT, page, 0)
-            if struct.unpack_from("<Q", page, 0)[0] == first:
-                name = phase.rstrip(b"\0").decode("utf-8", "replace")
-                return Position(count // 2, attempt, None if step == NO_STEP else step, name, bool(done))
-        time.sleep(0)
-
 
 # -- /proc -------------------------------------------------------------------------------
 
@@ -130,67 +79,13 @@ def process_state(pid: int) -> str | None:
     return None if state in ("Z", "X") else state
 
 
-# -- the store's wire protocol: lifecycle/_liveness/wire.py -------------------------------
-
-# -- deadlines ---------------------------------------------------------------------------
-
-LOOP_PHASES = frozenset({"batch", "step", "callback"})
-"""The phases of a training step: one deadline, calibrated on the steps' durations."""
-WARMUP_STEPS = 2
-"""Steps (occurrences of another phase) skipped before calibration (the first compile, allocate, warm caches)."""
-CALIBRATED_AFTER = 3
-"""Steps (occurrences) past warm-up the samples must stand for before a phase's deadline is calibrated."""
-
-
-@dataclass
-class Deadlines:
-    """Deadline per phase: ``max(factor × slowest sample, floor_s)`` once calibrated; else ``default_s``.
-
-    ``explicit`` (phase → seconds) overrides. The training loop's phases share the
-    ``loop`` deadline, sampled per step; other phases are sampled per occurrence
-    (``evaluation``, ``checkpoint``, ``finalize`` apart).
-    """
-
-    floor_s: float
-    default_s: float
-    explicit: dict[str, float]
-    factor: float = 5.0
-    samples: dict[str, list[float]] = field(default_factory=dict)
-    seen: dict[str, int] = field(default_factory=dict)  # occurrences (steps, for the loop) seen, warm-up included
-    covered: dict[str, int] = field(default_factory=dict)  # occurrences past warm-up the samples stand for
-
-    def key(self, phase: str) -> str:
-        """The calibration key of ``phase``: ``"loop"`` for a training step's phases."""
-        return "loop" if phase in LOOP_PHASES else phase
-
-    def sample(self, phase: str, seconds: float, count: int = 1) -> None:
-        """Record ``seconds`` spent on each of ``count`` occurrences of ``phase`` (a mean: steps shorter than a look).
-
-        Warm-up occurrences (the first ``WARMUP_STEPS``) are skipped: a sample that only
-        covers them is dropped; one that reaches past them is kept (its mean, with a
-        warm-up step in it, is only the more lenient) and counts for the occurrences past.
-        """
-        key = self.key(phase)
-        before = self.seen.get(key, 0)
-        self.seen[key] = before + count
-        past = self.seen[key] - max(before, WARMUP_STEPS)
-        if past > 0:
-            self.samples.setdefault(key, []).append(seconds)
-            self.covered[key] = self.covered.get(key, 0) + past
-
-    def of(self, phase: str) -> tuple[float, str]:
-        """``phase``'s deadline and how it was set (``explicit``, ``calibrated``, ``default``)."""
-        if phase in self.explicit:
-            return self.explicit[phase], "explicit"
-        found = self.samples.get(self.key(phase), [])
-        if self.covered.get(self.key(phase), 0) >= CALIBRATED_AFTER:
-            return max(self.factor * max(found), self.floor_s), "calibrated"
-        return self.default_s, "default"
-
-
 # -- the monitor -------------------------------------------------------------------------
 
 PR_SET_PDEATHSIG = 1
+NO_VERDICT = b"-"
+"""What ``<prefix>/liveness/verdict/1`` holds until the attempt's first verdict is published."""
+AHEAD_NAMED = 8
+"""How many of the ranks ahead of a rank judged behind its verdict names (it counts the rest)."""
 DUMP_WAIT_S = 0.5
 """The longest the monitor waits for a wedged rank's stack dump before it kills the rank."""
 
@@ -220,6 +115,17 @@ class Settings:
     """The rank's journal ``Origin`` fields (``lifecycle.journal``), written in each verdict record."""
 
 
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """All positions against one count of marks: ranks below it, missing (or in another attempt), above it."""
+
+    below: int
+    missing: int
+    above: int
+    ahead: list[int]
+    """The first ``AHEAD_NAMED`` ranks above it."""
+
+
 class Monitor:
     """One rank's monitor; ``run`` loops until the rank says it is done, dies, or is judged."""
 
@@ -242,6 +148,10 @@ class Monitor:
         self.seen = False
         self.parent_died = False
         self.seq: int | None = None  # the sequence number of the last notice published
+        self.placed = False  # the attempt's first verdict key is known to be set (NO_VERDICT until one is)
+        self.gather_round_s = max(2 * settings.interval_s, 0.5)
+        self.asked: tuple[int, int] | None = None  # the (count, round) this rank last asked about
+        self.lowest: tuple[tuple[int, int], Summary] | None = None  # and the summary it got
 
     def run(self) -> int:
         """The loop; returns the exit code."""
@@ -262,11 +172,9 @@ class Monitor:
                 return 0
             if not self.judged:  # first, from /proc: a frozen store must not delay it
                 self.classify(position, now)
-            # The store's part of the tick: after one call fails (or times out), none more this tick.
-            if self.beat(position) and not self.seen:
-                self.see()
-            if self.s.world_size > 1 and not self.judged and self.store.connected:
-                self.watch(now)
+            # The store's part of the tick, one write and one read: after a call fails (or times out), none more.
+            if self.beat(position):
+                self.look(now)
             left = now + self.s.interval_s - time.monotonic()
             ready, _, _ = select.select([self.wake], [], [], max(0.0, left))
             if ready:
@@ -303,17 +211,35 @@ class Monitor:
             return False
         return True
 
-    def see(self) -> None:
-        """Copy the first verdict published (if any) into the page, where the rank's failure path reads it; ack it."""
+    def look(self, now: float) -> None:
+        """The tick's read, one request: the neighbour's beat and, until one is seen, the attempt's first verdict.
+
+        A verdict seen is copied into the page (where the rank's failure path reads it,
+        also when the store has died since) and acknowledged. The verdict's key is created
+        empty first (``NO_VERDICT``, once): a server older than libuv drops a ``multi_get``
+        of a key that is not set, so the neighbour's beat, too, is read alone until it is set.
+        """
+        prefix = self.s.prefix
+        beat_key, verdict_key = f"{prefix}/liveness/hb/{self.neighbour}", f"{prefix}/liveness/verdict/1"
+        watching = self.s.world_size > 1 and not self.judged
+        beat = verdict = None
         try:
-            found = self.store.get(f"{self.s.prefix}/liveness/verdict/1")
-            if found is None:
-                return
-            write_verdict(self.page, found)
-            self.seen = True
-            self.store.add(f"{self.s.prefix}/liveness/seen/1", 1)
+            if not self.seen and not self.placed:  # once: an extra request
+                self.store.create(verdict_key, NO_VERDICT)
+                self.placed = True
+            if watching and not self.seen and self.neighbour_beat is not None:
+                beat, verdict = self.store.multi_get([beat_key, verdict_key])
+            else:  # two requests only until the neighbour's first beat
+                beat = self.store.get(beat_key) if watching else None
+                verdict = None if self.seen else self.store.get(verdict_key)
+            if verdict not in (None, NO_VERDICT):
+                write_verdict(self.page, verdict)
+                self.seen = True
+                self.store.add(f"{prefix}/liveness/seen/1", 1)
         except StoreError:
             return
+        if watching and beat is not None:
+            self.watch(beat, now)
 
     def classify(self, position: Position, now: float) -> None:
         """Judge this rank when its position is older than its phase's deadline and it is the one behind."""
@@ -332,39 +258,71 @@ class Monitor:
                 self.judge("spinning", position, age, deadline, "its process runs without progress")
         else:
             self.running_ticks = 0
-            behind = self.behind(position)
+            behind = self.behind(position, age)
             if behind:
                 self.judge("waiting", position, age, deadline, f"it sleeps in {position.where()}; {behind}")
 
-    def behind(self, position: Position) -> str:
-        """Why this rank is behind every other (a reason), or "" when it is not: the full read of all positions."""
-        counts: dict[int, int] = {}
-        for rank in range(self.s.world_size):
-            if rank == self.s.rank:
-                continue
+    def behind(self, position: Position, age: float) -> str:
+        """Why this rank is behind every other (a reason), or "" when it is not (or not known yet).
+
+        All positions are read by one rank, never by all: per count of marks and round of
+        ``gather_round_s`` (by the age of the position), the rank whose ``add`` on
+        ``<prefix>/liveness/lowest/<count>/<round>/ask`` returns 1 reads every beat in one
+        ``multi_get`` and publishes a summary under ``…/lowest/<count>/<round>``; the other
+        ranks at that count read the summary (a few hundred bytes) once it is there, once
+        a round. A rank is behind when no rank is below its count, none is missing or in
+        another attempt, and one is above it.
+        """
+        key = (position.count, int(age // self.gather_round_s))
+        if self.lowest is None or self.lowest[0] != key:
+            base = f"{self.s.prefix}/liveness/lowest/{key[0]}/{key[1]}"
+            summary: bytes | None
             try:
-                found = self.store.get(f"{self.s.prefix}/liveness/hb/{rank}")
+                if key != self.asked:
+                    self.asked = key
+                    if self.store.add(f"{base}/ask", 1) == 1:
+                        summary = self.gather(position)
+                        self.store.set(base, summary)
+                    else:
+                        summary = self.store.get(base)
+                else:
+                    summary = self.store.get(base)
             except StoreError:
                 return ""
-            if found is None:
-                return ""
-            _, count, attempt, _, _ = json.loads(found)[:5]
-            if attempt != position.attempt:
-                return ""
-            counts[rank] = count
-        if not counts or min(counts.values()) < position.count or max(counts.values()) <= position.count:
+            if summary is None:
+                return ""  # the gathering rank has not published it yet: next tick
+            below, missing, above, ahead = json.loads(summary)
+            self.lowest = key, Summary(below, missing, above, ahead)
+        found = self.lowest[1]
+        if found.below or found.missing or not found.above:
             return ""
-        ahead = sorted(rank for rank, count in counts.items() if count > position.count)
-        return f"rank(s) {', '.join(map(str, ahead))} went on past it"
+        if found.above <= len(found.ahead):
+            return f"rank(s) {', '.join(map(str, found.ahead))} went on past it"
+        return f"{found.above} ranks went on past it ({', '.join(map(str, found.ahead))}, …)"
 
-    def watch(self, now: float) -> None:
-        """Watch the neighbour's beat; confirm and publish one that stopped beating (one rank does, by ``add``)."""
+    def gather(self, position: Position) -> bytes:
+        """Every rank's beat, read in one request, summed up against ``position``'s count (JSON)."""
+        keys = [f"{self.s.prefix}/liveness/hb/{rank}" for rank in range(self.s.world_size)]
+        below = missing = above = 0
+        ahead: list[int] = []
+        for rank, beat in enumerate(self.store.multi_get(keys)):
+            if rank == self.s.rank:
+                continue
+            fields = json.loads(beat) if beat is not None else None
+            if fields is None or fields[2] != position.attempt:
+                missing += 1
+            elif fields[1] < position.count:
+                below += 1
+            elif fields[1] > position.count:
+                above += 1
+                if len(ahead) < AHEAD_NAMED:
+                    ahead.append(rank)
+        return json.dumps([below, missing, above, ahead]).encode()
+
+    def watch(self, beat: bytes, now: float) -> None:
+        """Follow the neighbour's ``beat`` (just read); confirm and publish one that stopped (one rank, by ``add``)."""
         key = f"{self.s.prefix}/liveness/hb/{self.neighbour}"
-        try:
-            beat = self.store.get(key)
-        except StoreError:
-            return
-        if beat is None or json.loads(beat)[5:] == ["done"]:
+        if json.loads(beat)[5:] == ["done"]:
             return
         if beat != self.neighbour_beat:
             self.neighbour_beat, self.neighbour_changed = beat, now

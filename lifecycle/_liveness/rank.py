@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from lifecycle._liveness import monitor as _monitor
+from lifecycle._liveness import page as _page
 
 DUMP_SIGNAL = signal.SIGRTMIN + 6
 """The signal this process's ``faulthandler`` answers with every thread's Python stack (the monitor sends it)."""
@@ -44,21 +45,21 @@ class Marks:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
         fd, self.path = tempfile.mkstemp(prefix="lifecycle-marks-", dir=folder)
         try:
-            os.ftruncate(fd, _monitor.PAGE_SIZE)
-            self._page = mmap.mmap(fd, _monitor.PAGE_SIZE)
+            os.ftruncate(fd, _page.PAGE_SIZE)
+            self._page = mmap.mmap(fd, _page.PAGE_SIZE)
         finally:
             os.close(fd)
         self._count = 0
         self._lock = threading.Lock()
         self.attempt = 0
-        self._write(0, _monitor.NO_STEP, b"")
+        self._write(0, _page.NO_STEP, b"")
 
     def mark(self, phase: str, step: int | None) -> None:
         """Record that the rank is at ``step`` (None: none yet) in ``phase``."""
         try:
             encoded = phase.encode()[:_PHASE_BYTES]
             with self._lock:
-                self._write(0, _monitor.NO_STEP if step is None else step, encoded)
+                self._write(0, _page.NO_STEP if step is None else step, encoded)
         except (ValueError, struct.error):  # a closed page, a step out of range: never raise into training
             pass
 
@@ -66,8 +67,8 @@ class Marks:
         """Tell the monitor the rank no longer trains (finished, or failing on its own): it stops judging."""
         try:
             with self._lock:
-                count, _, attempt, step, phase = struct.unpack_from(_monitor.MARKS_FORMAT, self._page, 0)
-                struct.pack_into(_monitor.MARKS_FORMAT, self._page, 0, count + 2, 1, attempt, step, phase)
+                count, _, attempt, step, phase = struct.unpack_from(_page.MARKS_FORMAT, self._page, 0)
+                struct.pack_into(_page.MARKS_FORMAT, self._page, 0, count + 2, 1, attempt, step, phase)
         except ValueError:
             pass
 
@@ -75,14 +76,14 @@ class Marks:
         count = self._count
         page = self._page
         struct.pack_into("<Q", page, 0, count + 1)  # odd: being written
-        struct.pack_into(_monitor.MARKS_FORMAT, page, 0, count + 1, done, self.attempt, step, phase)
+        struct.pack_into(_page.MARKS_FORMAT, page, 0, count + 1, done, self.attempt, step, phase)
         self._count = count + 2
         struct.pack_into("<Q", page, 0, count + 2)
 
     def verdict(self) -> dict[str, object] | None:
         """The first liveness verdict of the attempt, as this rank's monitor copied it here (None: none seen)."""
         try:
-            return _monitor.read_verdict(self._page)
+            return _page.read_verdict(self._page)
         except ValueError:  # closed
             return None
 

@@ -13,7 +13,7 @@ import os
 import socket
 import struct
 
-_VALIDATE, _SET, _COMPARE_SET, _ADD, _CHECK, _PING = 0, 1, 2, 4, 5, 13
+_VALIDATE, _SET, _COMPARE_SET, _ADD, _CHECK, _MULTI_GET, _PING = 0, 1, 2, 4, 5, 10, 13
 _UNSET = b"\x00"
 """``compare_set``'s expected value for a read: no key holds it, so the server only returns what is there."""
 _MAGIC = 0x3C85F7CE
@@ -27,7 +27,8 @@ class StoreError(Exception):
 class StoreClient:
     """A client of a ``TCPStore`` server, every call bounded by ``timeout_s`` (then ``StoreError``, reconnect next).
 
-    Speaks torch's wire protocol (torch 2.x: validate, ping, set, add, check, compare_set). One client per thread.
+    Speaks torch's wire protocol (torch 2.x: validate, ping, set, add, check, compare_set, multi_get). One client per
+    thread.
     """
 
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
@@ -102,6 +103,37 @@ class StoreClient:
             self.close()
             raise StoreError(f"store get: {exc}") from None
         return None if found == _UNSET else found
+
+    def create(self, key: str, value: bytes) -> bytes:
+        """Set ``key`` to ``value`` unless it is set (atomically, on the server); the value it holds now."""
+        sock = self._socket()
+        self._call(bytes([_COMPARE_SET]) + _key(key) + _string(b"") + _string(value), None)
+        try:
+            (size,) = struct.unpack("<Q", _exactly(sock, 8))
+            return _exactly(sock, size)
+        except OSError as exc:
+            self.close()
+            raise StoreError(f"store create: {exc}") from None
+
+    def multi_get(self, keys: list[str]) -> list[bytes | None]:
+        """The values of ``keys`` in one request (None for a key not set); never waits.
+
+        The server answers a key that is not set with an empty value (the libuv server,
+        torch's default since 2.4); the older server drops the connection instead
+        (``StoreError``), so a caller that may meet it reads only keys it knows are set.
+        No value lifecycle stores is empty.
+        """
+        sock = self._socket()
+        self._call(bytes([_MULTI_GET]) + struct.pack("<Q", len(keys)) + b"".join(_key(key) for key in keys), None)
+        found: list[bytes | None] = []
+        try:
+            for _ in keys:
+                (size,) = struct.unpack("<Q", _exactly(sock, 8))
+                found.append(_exactly(sock, size) or None)
+        except OSError as exc:
+            self.close()
+            raise StoreError(f"store multi_get: {exc}") from None
+        return found
 
 
 def _string(data: bytes) -> bytes:

@@ -182,20 +182,20 @@ def test_a_neighbour_that_stops_beating_is_published_unresponsive_once_and_a_don
     try:
         watcher = _watcher(server.port, marks)
         server.set("p/liveness/hb/1", '[7, 40, 0, 12, "step"]')
-        watcher.watch(now=0.0)
-        watcher.watch(now=0.9)  # within the floor: nothing
+        watcher.look(now=0.0)
+        watcher.look(now=0.9)  # within the floor: nothing
         assert not server.check(["p/failures/count"])
-        watcher.watch(now=1.5)
+        watcher.look(now=1.5)
         notice = json.loads(server.get("p/failures/1"))
         assert (notice["rank"], notice["step"], notice["phase"]) == (1, 12, "step")
         assert "rank 1 is unresponsive" in json.loads(server.get("p/liveness/verdict/1"))["note"]
-        watcher.watch(now=9.0)
+        watcher.look(now=9.0)
         assert server.add("p/failures/count", 0) == 1
 
         done = _watcher(server.port, marks)
         server.set("p/liveness/hb/1", '[8, 41, 0, 12, "step", "done"]')
-        done.watch(now=0.0)
-        done.watch(now=9.0)
+        done.look(now=0.0)
+        done.look(now=9.0)
         assert server.add("p/failures/count", 0) == 1
     finally:
         marks.close()

@@ -1,0 +1,61 @@
+"""A monitor's deadlines per phase: a default until calibrated, then a multiple of the slowest sample.
+
+Standard library only (the monitor runs as a script and imports it from its own folder).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LOOP_PHASES = frozenset({"batch", "step", "callback"})
+"""The phases of a training step: one deadline, calibrated on the steps' durations."""
+WARMUP_STEPS = 2
+"""Steps (occurrences of another phase) skipped before calibration (the first compile, allocate, warm caches)."""
+CALIBRATED_AFTER = 3
+"""Steps (occurrences) past warm-up the samples must stand for before a phase's deadline is calibrated."""
+
+
+@dataclass
+class Deadlines:
+    """Deadline per phase: ``max(factor × slowest sample, floor_s)`` once calibrated; else ``default_s``.
+
+    ``explicit`` (phase → seconds) overrides. The training loop's phases share the
+    ``loop`` deadline, sampled per step; other phases are sampled per occurrence
+    (``evaluation``, ``checkpoint``, ``finalize`` apart).
+    """
+
+    floor_s: float
+    default_s: float
+    explicit: dict[str, float]
+    factor: float = 5.0
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)  # occurrences (steps, for the loop) seen, warm-up included
+    covered: dict[str, int] = field(default_factory=dict)  # occurrences past warm-up the samples stand for
+
+    def key(self, phase: str) -> str:
+        """The calibration key of ``phase``: ``"loop"`` for a training step's phases."""
+        return "loop" if phase in LOOP_PHASES else phase
+
+    def sample(self, phase: str, seconds: float, count: int = 1) -> None:
+        """Record ``seconds`` spent on each of ``count`` occurrences of ``phase`` (a mean: steps shorter than a look).
+
+        Warm-up occurrences (the first ``WARMUP_STEPS``) are skipped: a sample that only
+        covers them is dropped; one that reaches past them is kept (its mean, with a
+        warm-up step in it, is only the more lenient) and counts for the occurrences past.
+        """
+        key = self.key(phase)
+        before = self.seen.get(key, 0)
+        self.seen[key] = before + count
+        past = self.seen[key] - max(before, WARMUP_STEPS)
+        if past > 0:
+            self.samples.setdefault(key, []).append(seconds)
+            self.covered[key] = self.covered.get(key, 0) + past
+
+    def of(self, phase: str) -> tuple[float, str]:
+        """``phase``'s deadline and how it was set (``explicit``, ``calibrated``, ``default``)."""
+        if phase in self.explicit:
+            return self.explicit[phase], "explicit"
+        found = self.samples.get(self.key(phase), [])
+        if self.covered.get(self.key(phase), 0) >= CALIBRATED_AFTER:
+            return max(self.factor * max(found), self.floor_s), "calibrated"
+        return self.default_s, "default"
