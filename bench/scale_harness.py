@@ -222,8 +222,7 @@ def worker(port: int, world: int, first: int, count: int, proc: int) -> None:
             for m in mine:
                 if not m.beat(position):
                     errors[k] += 1
-                m.see()
-                m.watch(now=time.monotonic())
+                m.look(now=time.monotonic())
             longest[k] = max(longest[k], time.time() - began)
             tick += 1
             time.sleep(max(0.0, start + tick * MONITOR_INTERVAL_S - time.time()))
