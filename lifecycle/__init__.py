@@ -20,6 +20,7 @@ from lifecycle._core.errors import (
     SessionFinished,
     StaleResource,
     StepTimedOut,
+    StoreHostLost,
     UnfinishedSession,
 )
 from lifecycle._core.events import (
@@ -148,6 +149,7 @@ __all__ = [
     "StepRecord",
     "StepTimedOut",
     "StoppedByLauncher",
+    "StoreHostLost",
     "Teardown",
     "TeardownError",
     "TeardownEvent",

@@ -51,6 +51,7 @@ EXPORTS: dict[str, list[str]] = {
         "Teardown",
         "StaleResource",
         "StepTimedOut",
+        "StoreHostLost",
         "StoppedByLauncher",
         "SessionFinished",
         "ResourceRefused",

@@ -103,6 +103,25 @@ class StepTimedOut(LifecycleError, TimeoutError):
         super().__init__(f"teardown step {step} did not return within {timeout_s:g} s: left running, plan went on")
 
 
+class StoreHostLost(LifecycleError):
+    """The rendezvous store's host stopped answering: raised into the training thread by the rank's liveness monitor.
+
+    The store's host is torchrun's agent under torchrun (rank 0 under lifecycle's own
+    launcher). Its monitor found the store silent for longer than the phase's deadline plus
+    four intervals (``LivenessConfig``), and the session had not finished: without the
+    store no failure can be announced and no restart agreed, so the rank fails instead
+    of training on unsupervised. ``host`` names the store's host; the message (``detail``)
+    names it too and says for how long it was silent. Raised only in ``kill`` mode, from a signal handler
+    (``pretrain`` installs it on the main thread).
+    """
+
+    def __init__(self, host: str, detail: str) -> None:
+        self.host = host
+        self.detail = detail
+        self._fields = (host, detail)
+        super().__init__(detail)
+
+
 class ResourceRefused(LifecycleError):
     """Base of the refusals about one existing (or missing) resource: ``resource`` names it, ``detail`` says why."""
 

@@ -25,7 +25,10 @@ Every ``interval_s`` it
   spinning (two ticks in a row), ``S``/``D`` waiting in its phase, but only when its
   count of marks is the lowest of all ranks and below another's (behind: a rank waiting
   in a collective for a peer is ahead of it, or level with it, never named); one rank
-  per count reads all positions (``behind``), never all ranks.
+  per count reads all positions (``behind``), never all ranks;
+- watches the store itself: silent (every read failing or timing out) for longer than
+  the phase's deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
+  ``kill`` mode, the rank is told (``check_store``).
 
 A verdict on its own rank (kind ``stopped``, ``spinning``, ``waiting``, or ``died`` when
 the rank's process is gone without saying it was done) is published as the rank's
@@ -84,6 +87,8 @@ def process_state(pid: int) -> str | None:
 PR_SET_PDEATHSIG = 1
 NO_VERDICT = b"-"
 """What ``<prefix>/liveness/verdict/1`` holds until the attempt's first verdict is published."""
+STORE_MARGIN = 4
+"""Intervals past the phase's deadline before a silent store's host is reported (``check_store``)."""
 AHEAD_NAMED = 8
 """How many of the ranks ahead of a rank judged behind its verdict names (it counts the rest)."""
 DUMP_WAIT_S = 0.5
@@ -113,6 +118,10 @@ class Settings:
     """The rank's journal file, which a verdict is appended to ("" if it keeps none)."""
     origin: dict[str, object] = field(default_factory=dict)
     """The rank's journal ``Origin`` fields (``lifecycle.journal``), written in each verdict record."""
+    store_host: str = ""
+    """Who hosts the store, in words ("torchrun's agent"; "": say its address only)."""
+    lost_signal: int = 0
+    """The signal that tells the rank its store's host stopped answering (``kill`` mode; 0: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +157,8 @@ class Monitor:
         self.seen = False
         self.parent_died = False
         self.seq: int | None = None  # the sequence number of the last notice published
+        self.answered = self.changed  # when the store last answered a read
+        self.lost = False  # the store's host was found silent past its deadline
         self.placed = False  # the attempt's first verdict key is known to be set (NO_VERDICT until one is)
         self.gather_round_s = max(2 * settings.interval_s, 0.5)
         self.asked: tuple[int, int] | None = None  # the (count, round) this rank last asked about
@@ -173,8 +184,10 @@ class Monitor:
             if not self.judged:  # first, from /proc: a frozen store must not delay it
                 self.classify(position, now)
             # The store's part of the tick, one write and one read: after a call fails (or times out), none more.
-            if self.beat(position):
-                self.look(now)
+            if self.beat(position) and self.look(now):
+                self.answered = now
+            elif not self.lost:
+                self.check_store(position, now)
             left = now + self.s.interval_s - time.monotonic()
             ready, _, _ = select.select([self.wake], [], [], max(0.0, left))
             if ready:
@@ -211,8 +224,10 @@ class Monitor:
             return False
         return True
 
-    def look(self, now: float) -> None:
+    def look(self, now: float) -> bool:
         """The tick's read, one request: the neighbour's beat and, until one is seen, the attempt's first verdict.
+
+        False if the store failed (or did not answer in time).
 
         A verdict seen is copied into the page (where the rank's failure path reads it,
         also when the store has died since) and acknowledged. The verdict's key is created
@@ -237,9 +252,41 @@ class Monitor:
                 self.seen = True
                 self.store.add(f"{prefix}/liveness/seen/1", 1)
         except StoreError:
-            return
+            return False
         if watching and beat is not None:
             self.watch(beat, now)
+        return True
+
+    def check_store(self, position: Position, now: float) -> None:
+        """Once the store has not answered for the phase's deadline plus ``STORE_MARGIN`` intervals, say so.
+
+        The verdict goes to the log and the page (kind ``store``, no rank); in ``kill``
+        mode the rank gets ``lost_signal`` (its handler raises ``StoreHostLost`` while it
+        trains). The margin leaves a stopped rank that hosts the store to its own monitor,
+        which names it, and whose kill resets the peers' connections first.
+        """
+        phase_s, _ = self.deadlines.of(position.phase)
+        deadline = phase_s + STORE_MARGIN * self.s.interval_s
+        silent = now - self.answered
+        if silent <= deadline:
+            return
+        self.lost = True
+        host = (
+            f"{self.s.store_host} ({self.s.host}:{self.s.port})"
+            if self.s.store_host
+            else f"{self.s.host}:{self.s.port}"
+        )
+        note = (
+            f"the store's host, {host}, has not answered rank {self.s.rank}'s monitor for {silent:.1f} s "
+            f"at {position.where()} (deadline {deadline:.1f} s: the phase's {phase_s:.1f} s and {STORE_MARGIN} "
+            "intervals); no failure can be announced nor a restart agreed through it"
+        )
+        _log(f"lifecycle liveness: {note}")
+        if not self.seen:
+            write_verdict(self.page, json.dumps({"rank": None, "kind": "store", "host": host, "note": note}).encode())
+        if self.s.mode == "kill" and self.s.lost_signal:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.s.pid, self.s.lost_signal)
 
     def classify(self, position: Position, now: float) -> None:
         """Judge this rank when its position is older than its phase's deadline and it is the one behind."""

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -30,6 +31,8 @@ from lifecycle._liveness import page as _page
 
 DUMP_SIGNAL = signal.SIGRTMIN + 6
 """The signal this process's ``faulthandler`` answers with every thread's Python stack (the monitor sends it)."""
+LOST_SIGNAL = signal.SIGRTMIN + 7
+"""The signal the monitor sends when the store's host has stopped answering (``store_lost`` reads why)."""
 
 STOP_WAIT_S = 1.0
 """How long ``stop`` waits for the monitor to exit before it kills it."""
@@ -80,6 +83,14 @@ class Marks:
         self._count = count + 2
         struct.pack_into("<Q", page, 0, count + 2)
 
+    @property
+    def is_done(self) -> bool:
+        """Whether ``done`` was called (or the page is closed)."""
+        try:
+            return _page.read_marks(self._page).done
+        except ValueError:
+            return True
+
     def verdict(self) -> dict[str, object] | None:
         """The first liveness verdict of the attempt, as this rank's monitor copied it here (None: none seen)."""
         try:
@@ -103,6 +114,8 @@ class RankMonitor:
         """Hold what ``start_monitor`` made."""
         self.marks, self.process, self.stacks, self.mode = marks, process, stacks, mode
         self.interval_s = interval_s
+        self.on_stop: list[Callable[[], object]] = []
+        """Called by ``stop``, last first, before the page is closed (e.g. to put a signal handler back)."""
 
     def mark(self, phase: str, step: int | None) -> None:
         """Record the rank's position (``Marks.mark``)."""
@@ -122,6 +135,8 @@ class RankMonitor:
                 self.process.kill()
                 self.process.wait()
         faulthandler.unregister(DUMP_SIGNAL)
+        while self.on_stop:
+            self.on_stop.pop()()
         self.stacks.close()
         self.marks.close()
 
@@ -158,6 +173,8 @@ def start_monitor(
     store_timeout_s: float | None = None,
     journal: Path | None = None,
     origin: dict[str, object] | None = None,
+    store_host: str = "",
+    lost_signal: int = 0,
 ) -> RankMonitor:
     """Start this rank's monitor (see the module docstring), after stopping one still running here.
 
@@ -166,6 +183,9 @@ def start_monitor(
     ``stacks``: the side file the Python stacks are dumped into (appended to).
     ``journal``: the rank's journal file, which the monitor appends a verdict to, with
     ``origin`` (the journal ``Origin``'s fields) as its writer (None: no record).
+    ``store_host``: who hosts the store, in words; ``lost_signal``: the signal the monitor
+    sends this process (``kill`` mode) when the store's host has stopped answering
+    (0: none; see ``lifecycle._liveness.monitor.Monitor.check_store``).
     """
     global _CURRENT
     if _CURRENT is not None:
@@ -193,6 +213,8 @@ def start_monitor(
         store_timeout_s=store_timeout_s if store_timeout_s is not None else interval_s / 2,
         journal="" if journal is None else str(journal),
         origin=dict(origin or {}),
+        store_host=store_host,
+        lost_signal=lost_signal,
     )
     command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, json.dumps(settings.__dict__)]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)

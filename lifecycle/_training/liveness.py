@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import tempfile
 from pathlib import Path
+from types import FrameType
 
 import torch.distributed as dist
 from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from lifecycle import journal as _journal
+from lifecycle._core.errors import StoreHostLost
 from lifecycle._core.events import FailureEvent
 from lifecycle._core.plans import RestartMode
 from lifecycle._core.session import Session
-from lifecycle._liveness.rank import RankMonitor, start_monitor
+from lifecycle._core.signals import Handler, Link
+from lifecycle._core.states import State
+from lifecycle._liveness.rank import LOST_SIGNAL, RankMonitor, start_monitor
 from lifecycle._training.config import LivenessMode, PretrainConfig
 from lifecycle._training.journaling import RunJournal
 
@@ -62,9 +67,40 @@ def start_liveness(
         attempt=journal.origin.attempt,
         journal=None if config.journal_dir is None else _journal.journal_path(config.journal_dir, journal.origin.rank),
         origin=dataclasses.asdict(journal.origin),
+        store_host="torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "",
+        lost_signal=int(LOST_SIGNAL),
     )
     session.add_observer(lambda event: monitor.marks.done() if isinstance(event, FailureEvent) else None)
+    _raise_when_store_lost(session, monitor)
     return monitor
+
+
+_LIVE = (State.DIST_READY, State.GLOBALS_READY, State.TRAINING)
+"""The states in which a lost store's host fails the rank (never while it finishes, tears down or is final)."""
+
+
+def _raise_when_store_lost(session: Session, monitor: RankMonitor) -> None:
+    """Make the monitor's ``LOST_SIGNAL`` raise ``StoreHostLost`` on this (main) thread while the session is live.
+
+    Off the main thread no handler can be installed: the monitor then only reports. The
+    handler is put back when the monitor stops.
+    """
+
+    def lost(signum: int, frame: FrameType | None, previous: Handler) -> None:
+        if session.state not in _LIVE or monitor.marks.is_done:
+            return
+        found = monitor.marks.verdict() or {}
+        host = str(found.get("host") or "the store's host")
+        detail = str(found.get("note") or f"{host} has stopped answering this rank's liveness monitor")
+        raise StoreHostLost(host, detail)
+
+    link = Link(LOST_SIGNAL, lost)
+    try:
+        link.install()
+    except (ValueError, OSError):
+        logger.info("no store-loss handler off the main thread: the liveness monitor only reports a lost store")
+        return
+    monitor.on_stop.append(link.uninstall)
 
 
 def store_server() -> tuple[str, int] | None:

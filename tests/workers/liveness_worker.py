@@ -3,8 +3,12 @@
 Usage: ``liveness_worker.py OUT_DIR KIND PHASE FAIL_RANK STEPS [JITTER]`` with ``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (``lifecycle.testing.launch_ranks``).
 KIND is a ``FaultKind`` or ``none``; the fault fires at step ``FAIL_STEP`` in PHASE on
-FAIL_RANK. The monitor beats every 0.25 s with the 2 s floor; the group timeout is 60 s,
-so only the monitor releases the ranks in time. Every step sleeps a base step; with
+FAIL_RANK. Under torchrun, KIND ``agent-stop`` or ``agent-kill`` has FAIL_RANK stop
+(SIGSTOP) or kill (SIGKILL) the torchrun agent, which hosts the store, at step ``FAIL_STEP``;
+each rank then also writes its report to ``OUT_DIR/report-<rank>.json``, and the rank that
+stopped the agent lets it go on (SIGCONT) once every rank has reported (or after 60 s).
+The monitor beats every 0.25 s with the 2 s floor; the group timeout is 60 s, so only
+the monitor releases the ranks in time. Every step sleeps a base step; with
 JITTER (a factor, e.g. 3), a random time up to JITTER base steps instead, ten at step 40,
 and a checkpoint is saved every 250 steps. Prints one JSON line: this rank, its error and
 notes, the wall-clock time it failed, and the end of its last step.
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import sys
 import time
 import warnings
@@ -61,9 +66,24 @@ class Jitter(Callback):
         time.sleep(BASE_STEP_S * (10 if step == 40 else self.random.uniform(0, self.factor)))
 
 
+class AgentFault(Callback):
+    """At step ``FAIL_STEP``, sends ``signum`` to this rank's parent, the torchrun agent; the time in ``OUT/agent``."""
+
+    def __init__(self, signum: int, out: Path) -> None:
+        self.signum, self.out = signum, out
+
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+        if step == FAIL_STEP:
+            (self.out / "agent").write_text(str(time.time()))
+            os.kill(os.getppid(), self.signum)
+
+
+AGENT_SIGNALS = {"agent-stop": signal.SIGSTOP, "agent-kill": signal.SIGKILL}
+
+
 def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: float) -> int:
     fault = None
-    if kind != "none":
+    if kind not in ("none", *AGENT_SIGNALS):
         fault = FaultInjection(phase=phase, rank=fail_rank, step=FAIL_STEP, kind=kind)  # type: ignore[arg-type]
     config = PretrainConfig(
         distributed=DistributedConfig(timeout_s=GROUP_TIMEOUT_S),
@@ -83,6 +103,9 @@ def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: f
             last[0] = time.time()
 
     callbacks: list[Callback] = [LastStep(), Jitter(jitter)]
+    agent = os.getppid()
+    if kind in AGENT_SIGNALS and fail_rank == RANK:
+        callbacks.append(AgentFault(AGENT_SIGNALS[kind], out))
     try:
         pretrain(config, callbacks=callbacks)
     except Exception as exc:  # noqa: BLE001 - what the test inspects
@@ -95,6 +118,14 @@ def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: f
         "last_step_end": last[0],
     }
     print(json.dumps(report), flush=True)
+    if kind in AGENT_SIGNALS:
+        (out / f"report-{RANK}.json").write_text(json.dumps(report))
+    if kind == "agent-stop" and fail_rank == RANK:
+        world = int(os.environ["WORLD_SIZE"])
+        deadline = time.monotonic() + 60.0
+        while len(list(out.glob("report-*.json"))) < world and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(agent, signal.SIGCONT)
     return 0
 
 
