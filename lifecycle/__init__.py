@@ -64,6 +64,7 @@ from lifecycle._training.config import (
     TrainingConfig,
 )
 from lifecycle._training.exits import ExitCode, StoppedByLauncher, exit_code
+from lifecycle._training.providers import BatchProvider, ForwardStepFunc, ModelProvider
 
 if TYPE_CHECKING:
     from lifecycle._torch.actions import TorchActions
@@ -96,6 +97,7 @@ __all__ = [
     "AlreadyHeld",
     "Announcement",
     "AttemptDisagreement",
+    "BatchProvider",
     "Callback",
     "CheckpointConfig",
     "CheckpointWriter",
@@ -110,6 +112,7 @@ __all__ = [
     "FaultInjection",
     "FaultKind",
     "ForeignResource",
+    "ForwardStepFunc",
     "Handler",
     "InjectedFault",
     "InvalidTransition",
@@ -122,6 +125,7 @@ __all__ = [
     "LivenessMode",
     "MissingResource",
     "ModelConfig",
+    "ModelProvider",
     "Outcome",
     "Owner",
     "ParallelConfig",
