@@ -167,7 +167,7 @@ EXPORTS: dict[str, list[str]] = {
 
 
 def test_pretrain_takes_the_public_provider_protocols() -> None:
-    """``pretrain`` and ``wrapped_pretrain`` are annotated with the Protocols ``lifecycle`` exports, not private aliases."""
+    """``pretrain`` and ``wrapped_pretrain`` take the Protocols ``lifecycle`` exports, not private aliases."""
     import typing
 
     import lifecycle
