@@ -55,6 +55,7 @@ __all__ = [
 
 logger = logging.getLogger("lifecycle.pretrain")
 
+
 @dataclass(frozen=True, slots=True)
 class PretrainResult:
     """What a successful ``pretrain`` call did, on this rank.
