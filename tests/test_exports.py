@@ -148,6 +148,7 @@ EXPORTS: dict[str, list[str]] = {
     "lifecycle.testing": [
         "COLLECTIVES",
         "TORCH_COLLECTIVES",
+        "LifecycleLeakWarning",
         "RankResult",
         "RecordingActions",
         "RecordingCheckpoints",
