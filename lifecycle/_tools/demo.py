@@ -13,8 +13,11 @@ builds (``demo_config``: one source of truth), and a bad one is refused naming t
 flag (``--timeout``, not ``timeout_s``): numbers, ``--fail-step`` within
 ``1..--steps``, ``--nproc`` against the memory available (``RANK_MEMORY_MB`` a rank;
 more ranks than CPU cores is only a warning), the checkpoint and journal folders
-(created if need be, then a file written in each), and the rendezvous address (it
-must resolve; the port must be free here, where torchrun hosts the rendezvous).
+(an empty path refused; created if need be, then a file written in each; the latest
+checkpoint's tensor-parallel size must be ``--tp``'s), and the rendezvous address (it
+must resolve; the port must be free here, where torchrun hosts the rendezvous). The
+temporary journal folder made when ``--journal-dir`` is not given is removed at exit
+unless ``--keep``.
 
 The launcher owns what it starts. torchrun runs in its own session (a terminal's
 Ctrl-C reaches the launcher alone) and gets SIGTERM if the launcher dies; every rank

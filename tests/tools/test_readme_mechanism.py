@@ -19,7 +19,7 @@ from support.readme import (
     missing_in_order,
     printed_mismatch,
     prints,
-    readme_blocks,
+    all_blocks,
     run_python,
     run_shell,
 )
@@ -166,8 +166,8 @@ def test_a_shell_block_that_prints_what_it_shows_passes_and_a_drifted_one_fails(
 
 
 def test_the_real_readme_fails_once_a_shown_output_line_is_edited(tmp_path: Path) -> None:
-    """A copy of this README with one ``# prints:`` line edited fails its check; the original passes."""
-    block = next(b for b in readme_blocks() if b.kind == "python" and "InvalidTransition" in b.text)
+    """A copy of a real documented block with one ``# prints:`` line edited fails its check; the original passes."""
+    block = next(b for b in all_blocks() if b.kind == "python" and "InvalidTransition" in b.text)
     run_python(block, tmp_path)
     edited = block.text.replace("# prints: trigger 'start_training'", "# prints: trigger 'finish'")
     assert edited != block.text
