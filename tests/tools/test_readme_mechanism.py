@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from support.readme import (
     Block,
+    all_blocks,
     commands,
     find_blocks,
     line_matches,
@@ -19,7 +20,6 @@ from support.readme import (
     missing_in_order,
     printed_mismatch,
     prints,
-    all_blocks,
     run_python,
     run_shell,
 )
