@@ -154,7 +154,7 @@ def _plan(options: argparse.Namespace, argv: list[str]) -> _Plan:
         if rank_journals(journal_dir):
             raise UsageError("--journal-dir", f"{journal_dir} already holds journals: give an empty folder")
         _check_folder("--checkpoint-dir", checkpoint_dir)
-        _check_checkpoint_layout(checkpoint_dir, options.tp)
+        check_checkpoint_layout(checkpoint_dir, options.tp)
     except UsageError:
         if made is not None:  # the temporary folder made above: nothing will use it
             shutil.rmtree(made, ignore_errors=True)
@@ -177,7 +177,7 @@ def _latest_layout(folder: Path) -> tuple[int, dict[str, int] | None] | None:
         return None
 
 
-def _check_checkpoint_layout(folder: Path, tp: int) -> None:
+def check_checkpoint_layout(folder: Path, tp: int) -> None:
     """Refuse a checkpoint folder whose latest checkpoint another ``--tp`` wrote: every rank would refuse to resume."""
     found = _latest_layout(folder)
     if found is None:

@@ -54,10 +54,8 @@ def test_good_values_are_read_as_what_they_say() -> None:
 @pytest.mark.parametrize(
     ("ini", "named"),
     [
-        ("lifecycle_release_timeout = abc", "lifecycle_release_timeout"),
-        ("lifecycle_release_timeout = -5", "lifecycle_release_timeout"),
+        ("lifecycle_release_timeout = abc", "lifecycle_release_timeout"),  # the unit test above has every setting
         ("lifecycle_world_workers = shared", "lifecycle_world_workers"),
-        ("lifecycle_leaks = loud", "lifecycle_leaks"),
     ],
 )
 def test_a_bad_ini_value_ends_pytest_with_a_usage_error_not_an_internal_error(

@@ -111,13 +111,13 @@ def test_a_checkpoint_folder_of_another_tensor_parallel_size_is_refused_before_t
 
 def test_a_checkpoint_folder_of_the_same_tensor_size_is_accepted_whatever_the_data_size(tmp_path: Path) -> None:
     """The same TP1 checkpoint fits --tp 1 on any number of ranks (the data-parallel size may change)."""
-    from lifecycle._tools.demo import _check_checkpoint_layout
+    from lifecycle._tools.demo import check_checkpoint_layout
 
     _tp1_checkpoint(tmp_path / "ckpt")
-    _check_checkpoint_layout(tmp_path / "ckpt", 1)  # no refusal
-    _check_checkpoint_layout(tmp_path / "empty", 2)  # no checkpoint: nothing to check
+    check_checkpoint_layout(tmp_path / "ckpt", 1)  # no refusal
+    check_checkpoint_layout(tmp_path / "empty", 2)  # no checkpoint: nothing to check
     with pytest.raises(UsageError) as refused:
-        _check_checkpoint_layout(tmp_path / "ckpt", 2)
+        check_checkpoint_layout(tmp_path / "ckpt", 2)
     assert refused.value.flag == "--checkpoint-dir"
 
 
