@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,inprocess]' megatron-core==0.16.1 nvidia-resiliency-ext==0.4.1
 	touch $(STAMP)
 
-# The newest stack this machine installs (README, "Supported versions"), in its own folder:
+# The newest stack this machine installs (docs/reference.md, "Supported versions"), in its own folder:
 # Python 3.12 (here a pyenv shim that runs only with PYENV_VERSION set), torch 2.15.0 (the CUDA
 # build, which runs on the CPU: about 3 GB of downloads), megatron-core 0.19.2, and NVRx 0.7.0.
 # The machines' pip configuration caps torch at 2.14.1: PIP_CONSTRAINT=/dev/null lifts it for the one
@@ -119,7 +119,7 @@ diagrams: $(STAMP)
 
 check: lint typecheck test
 
-# The GPU check (README, "On GPUs"), on two stacks of libraries, both on the GPU host's own torch:
+# The GPU check (docs/howto.md, "On GPUs"), on two stacks of libraries, both on the GPU host's own torch:
 # ci (megatron-core 0.16.1, NVRx 0.4.1) and newest (megatron-core 0.19.2, NVRx 0.7.0). gpu-wheelhouse,
 # where the package index is reachable: the cp312 manylinux x86_64 wheels of tools/gpu-wheelhouse.txt
 # and tools/gpu-wheelhouse-newest.txt (every runtime dependency but torch) in build/gpu-wheelhouse and

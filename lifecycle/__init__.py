@@ -65,6 +65,7 @@ from lifecycle._training.config import (
     TrainingConfig,
 )
 from lifecycle._training.exits import ExitCode, StoppedByLauncher, exit_code
+from lifecycle._training.providers import BatchProvider, ForwardStepFunc, ModelProvider
 
 if TYPE_CHECKING:
     from lifecycle._torch.actions import TorchActions
@@ -97,6 +98,7 @@ __all__ = [
     "AlreadyHeld",
     "Announcement",
     "AttemptDisagreement",
+    "BatchProvider",
     "Callback",
     "CheckpointConfig",
     "CheckpointWriter",
@@ -111,6 +113,7 @@ __all__ = [
     "FaultInjection",
     "FaultKind",
     "ForeignResource",
+    "ForwardStepFunc",
     "Handler",
     "InjectedFault",
     "InvalidTransition",
@@ -123,6 +126,7 @@ __all__ = [
     "LivenessMode",
     "MissingResource",
     "ModelConfig",
+    "ModelProvider",
     "Outcome",
     "Owner",
     "ParallelConfig",

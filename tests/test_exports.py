@@ -61,6 +61,9 @@ EXPORTS: dict[str, list[str]] = {
         "LeftReason",
         "ForeignResource",
         "TRANSITIONS",
+        "BatchProvider",
+        "ForwardStepFunc",
+        "ModelProvider",
         "Callback",
         "CheckpointConfig",
         "CheckpointWriter",
@@ -146,6 +149,7 @@ EXPORTS: dict[str, list[str]] = {
     "lifecycle.testing": [
         "COLLECTIVES",
         "TORCH_COLLECTIVES",
+        "LifecycleLeakWarning",
         "RankResult",
         "RecordingActions",
         "RecordingCheckpoints",
@@ -162,3 +166,19 @@ EXPORTS: dict[str, list[str]] = {
         "torchrun_command",
     ],
 }
+
+
+def test_pretrain_takes_the_public_provider_protocols() -> None:
+    """``pretrain`` and ``wrapped_pretrain`` take the Protocols ``lifecycle`` exports, not private aliases."""
+    import typing
+
+    import lifecycle
+    from lifecycle import restart
+
+    for function in (lifecycle.pretrain, restart.wrapped_pretrain):
+        hints = typing.get_type_hints(function)
+        assert hints["forward_step_func"] == lifecycle.ForwardStepFunc | None, function
+        assert hints["model_provider"] == lifecycle.ModelProvider | None, function
+        assert hints["batch_provider"] == lifecycle.BatchProvider | None, function
+    for protocol in (lifecycle.ModelProvider, lifecycle.BatchProvider, lifecycle.ForwardStepFunc):
+        assert getattr(protocol, "_is_protocol", False), protocol

@@ -36,7 +36,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "liveness/test_monitor_parts.py": frozenset({"lifecycle._liveness.monitor", "lifecycle._liveness.rank"}),
     "journal/test_schema.py": frozenset({"lifecycle.journal._records", "lifecycle.journal._schema"}),
     "restart/test_nvml.py": frozenset({"lifecycle.restart._nvml"}),
-    "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo_options"}),
+    "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo", "lifecycle._tools.demo_options"}),
     "tools/test_diagrams.py": frozenset({"lifecycle._tools.diagrams"}),
     "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.show"}),
     "tools/test_show.py": frozenset({"lifecycle._tools.show"}),

@@ -19,7 +19,7 @@ pytest-timeout, hypothesis), install the wheels into it from the folder (the hos
 with ``--no-index``, or, without pip, by unpacking them), run ``tests/gpu`` on one rank
 per visible GPU, and print a table of what passed, failed or was not verified, with
 the date, GPU, torch, CUDA and NCCL versions. The table is also written to
-``build/gpu-check/summary.md`` (``ci``) or ``build/gpu-check-newest/summary.md``, ready for the README.
+``build/gpu-check/summary.md`` (``ci``) or ``build/gpu-check-newest/summary.md``, ready for docs/howto.md ("On GPUs").
 
 Standard library only, except ``packaging`` for the wheelhouse check.
 """

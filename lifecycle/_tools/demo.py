@@ -13,8 +13,11 @@ builds (``demo_config``: one source of truth), and a bad one is refused naming t
 flag (``--timeout``, not ``timeout_s``): numbers, ``--fail-step`` within
 ``1..--steps``, ``--nproc`` against the memory available (``RANK_MEMORY_MB`` a rank;
 more ranks than CPU cores is only a warning), the checkpoint and journal folders
-(created if need be, then a file written in each), and the rendezvous address (it
-must resolve; the port must be free here, where torchrun hosts the rendezvous).
+(an empty path refused; created if need be, then a file written in each; the latest
+checkpoint's tensor-parallel size must be ``--tp``'s), and the rendezvous address (it
+must resolve; the port must be free here, where torchrun hosts the rendezvous). The
+temporary journal folder made when ``--journal-dir`` is not given is removed at exit
+unless ``--keep``.
 
 The launcher owns what it starts. torchrun runs in its own session (a terminal's
 Ctrl-C reaches the launcher alone) and gets SIGTERM if the launcher dies; every rank
@@ -43,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -89,6 +93,8 @@ def demo_main(argv: list[str]) -> int:
     """Run the demo (see the module doc); return its exit code (``lifecycle.ExitCode``: 0, 1, 2, 75 or 93).
 
     Arguments argparse cannot parse end the process with exit code 2 (``SystemExit``).
+    The temporary folder the demo makes when ``--journal-dir`` is not given is removed
+    at the end, however the demo ends, unless ``--keep``.
     """
     options = parser().parse_args(argv)
     try:
@@ -99,7 +105,11 @@ def demo_main(argv: list[str]) -> int:
     except KeyboardInterrupt:  # e.g. during a slow name lookup: nothing was started
         print("\ndemo: interrupted while checking the options; nothing was started", file=sys.stderr)
         return 1
-    return _launch(plan)
+    try:
+        return _launch(plan)
+    finally:
+        if plan.temporary is not None and not options.keep:
+            shutil.rmtree(plan.temporary, ignore_errors=True)
 
 
 # -- the checks that need the machine: memory, folders, the rendezvous ---------------------
@@ -110,7 +120,8 @@ class _Plan:
     """A checked demo: everything torchrun and the ranks will be given.
 
     ``worker_args``: the user's own arguments, plus ``--journal-dir`` when the demo made
-    the folder (the ranks parse them as the launcher did).
+    the folder (the ranks parse them as the launcher did). ``temporary``: that folder,
+    removed once the demo has reported unless ``--keep``.
     """
 
     options: argparse.Namespace
@@ -119,6 +130,7 @@ class _Plan:
     checkpoint_dir: Path
     port: int
     local: bool
+    temporary: Path | None = None
 
 
 def _plan(options: argparse.Namespace, argv: list[str]) -> _Plan:
@@ -142,11 +154,44 @@ def _plan(options: argparse.Namespace, argv: list[str]) -> _Plan:
         if rank_journals(journal_dir):
             raise UsageError("--journal-dir", f"{journal_dir} already holds journals: give an empty folder")
         _check_folder("--checkpoint-dir", checkpoint_dir)
+        check_checkpoint_layout(checkpoint_dir, options.tp)
     except UsageError:
         if made is not None:  # the temporary folder made above: nothing will use it
             shutil.rmtree(made, ignore_errors=True)
         raise
-    return _Plan(options, worker_args, journal_dir, checkpoint_dir, port, local)
+    return _Plan(options, worker_args, journal_dir, checkpoint_dir, port, local, made)
+
+
+def _latest_layout(folder: Path) -> tuple[int, dict[str, int] | None] | None:
+    """The step and recorded layout of ``folder``'s latest checkpoint (as ``lifecycle.checkpoint.layout`` writes it).
+
+    None when there is none, or it cannot be read: the ranks' own resume then decides.
+    Read here with ``json`` alone: ``lifecycle.checkpoint`` loads torch, which the launcher never imports.
+    """
+    try:
+        step = json.loads((folder / "latest").read_bytes())["step"]
+        manifest = json.loads((folder / f"step_{int(step):010d}" / "manifest.json").read_bytes())
+        layout = manifest.get("layout")
+        return int(step), None if layout is None else {key: int(layout[key]) for key in ("tensor", "pipeline", "data")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_checkpoint_layout(folder: Path, tp: int) -> None:
+    """Refuse a checkpoint folder whose latest checkpoint another ``--tp`` wrote: every rank would refuse to resume."""
+    found = _latest_layout(folder)
+    if found is None:
+        return
+    step, layout = found
+    if layout is not None and (layout["tensor"], layout["pipeline"]) == (tp, 1):
+        return  # another data-parallel size is fine: the ranks reload their slice's shard
+    wrote = "one shard per rank (no layout)" if layout is None else f"TP{layout['tensor']} PP{layout['pipeline']}"
+    use = "" if layout is None else f", or --tp {layout['tensor']}"
+    raise UsageError(
+        "--checkpoint-dir",
+        f"{folder} holds a checkpoint (step {step}) written at {wrote}; this run is TP{tp} PP1 (--tp {tp}), and "
+        f"a resume needs the same tensor and pipeline sizes: give another --checkpoint-dir{use}",
+    )
 
 
 def _available_memory_mb() -> int | None:
@@ -333,7 +378,8 @@ def _launch(plan: _Plan) -> int:
             console.stop()
         for note in ending.notes:
             print(f"demo: {note}", file=sys.stderr, flush=True)
-        run = Run(plan.journal_dir, args.nproc, run_id, rendezvous, plan.local, args.timeout)
+        removed = plan.temporary is not None and not args.keep
+        run = Run(plan.journal_dir, args.nproc, run_id, rendezvous, plan.local, args.timeout, removed)
         return _exit_code(report(run, ending, time.monotonic() - started), plan, ending)
 
 

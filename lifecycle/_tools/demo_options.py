@@ -87,9 +87,26 @@ def _dest(flag: str) -> str:
     return flag.removeprefix("--").replace("-", "_")
 
 
-def _part(n: int) -> Callable[[argparse.Namespace], int]:
-    """A cadence of 1/``n`` of the steps, at least 1."""
-    return lambda options: max(1, options.steps // n)
+def _part(n: int, most: int) -> Callable[[argparse.Namespace], int]:
+    """A cadence of 1/``n`` of the steps, at least 1 and at most ``most`` steps apart."""
+    return lambda options: max(1, min(most, options.steps // n))
+
+
+# The default cadences' upper bounds: at the default 1000 steps (about a minute on 2 CPU
+# ranks, docs/benchmarks.md, demo-default-steps) a log line every 50 steps is a few
+# seconds apart, and a save every 250 steps bounds what a retry repeats, for any --steps.
+LOG_EVERY_AT_MOST = 50
+EVAL_EVERY_AT_MOST = 200
+SAVE_EVERY_AT_MOST = 250
+
+
+def _path(text: str) -> Path | str:
+    """A folder flag's value: a ``Path``; an empty string stays ``""`` so that ``check_options`` refuses it.
+
+    ``Path("")`` is the current folder: an unset shell variable (``--journal-dir "$DIR"``)
+    would put journals and checkpoints there, and the next run would resume from them.
+    """
+    return Path(text) if text else ""
 
 
 _FAULT = ("--fail-at", "there is no failure to place")
@@ -125,7 +142,7 @@ OPTIONS: tuple[Option, ...] = (
         "for step, eval, checkpoint, callback: fire at the first such phase at or after step N, "
         "1..--steps (default: half the steps)",
         "fault.step",
-        derived=_part(2),
+        derived=lambda options: max(1, options.steps // 2),
         needs=_FAULT,
     ),
     Option(
@@ -175,23 +192,39 @@ OPTIONS: tuple[Option, ...] = (
         "--checkpoint-dir",
         "checkpoints (default: <journal dir>/checkpoints)",
         "checkpoint.dir",
-        type=Path,
+        type=_path,
         metavar="DIR",
         derived=lambda options: options.journal_dir / "checkpoints",
     ),
-    Option("--checkpoint-interval", "steps between saves (default: steps/4)", "checkpoint.interval", derived=_part(4)),
+    Option(
+        "--checkpoint-interval",
+        f"steps between saves (default: steps/4, at most {SAVE_EVERY_AT_MOST})",
+        "checkpoint.interval",
+        derived=_part(4, SAVE_EVERY_AT_MOST),
+    ),
     Option(
         "--journal-dir",
-        "where journals and diagrams go (default: a new temp dir)",
+        "where journals and diagrams go (default: a new temp dir, removed at exit unless --keep)",
         "journal_dir",
-        type=Path,
+        type=_path,
         metavar="DIR",
     ),
     Option(
-        "--eval-interval", "steps between evaluations (default: steps/5)", "training.eval_interval", derived=_part(5)
+        "--keep",
+        "keep the temporary folder the demo makes when --journal-dir is not given (default: removed at exit)",
+        type=None,
     ),
     Option(
-        "--log-interval", "steps between progress lines (default: steps/20)", "training.log_interval", derived=_part(20)
+        "--eval-interval",
+        f"steps between evaluations (default: steps/5, at most {EVAL_EVERY_AT_MOST})",
+        "training.eval_interval",
+        derived=_part(5, EVAL_EVERY_AT_MOST),
+    ),
+    Option(
+        "--log-interval",
+        f"steps between progress lines (default: steps/20, at most {LOG_EVERY_AT_MOST})",
+        "training.log_interval",
+        derived=_part(20, LOG_EVERY_AT_MOST),
     ),
     Option(
         "--master-addr",
@@ -329,6 +362,12 @@ def check_options(options: argparse.Namespace) -> PretrainConfig:
     checked config (folders not yet checked).
     """
     for option in OPTIONS:
+        if option.type is _path and getattr(options, option.dest) == "":
+            raise UsageError(
+                option.flag,
+                "is empty (an unset shell variable?): give a folder, or leave the flag out for the default",
+            )
+    for option in OPTIONS:
         if option.needs is not None and getattr(options, option.dest) is not None:
             needed, why = option.needs
             if getattr(options, _dest(needed)) is None:
@@ -343,9 +382,9 @@ def check_options(options: argparse.Namespace) -> PretrainConfig:
         check_number("training.iterations", options.steps, at_least=1)  # the config allows 0: the demo needs one
         config = demo_config(argparse.Namespace(**{**vars(options), "journal_dir": placeholder}), for_ranks=False)
         config.parallel.check_world(options.nproc)
-        config.model.check_tensor_parallel(options.tp)
     except ConfigError as exc:
         raise UsageError(flag_of(exc.field), exc.message) from None
+    _check_model_split(config, options.tp)
     fault = config.fault
     if fault is None:
         return config
@@ -365,3 +404,25 @@ def check_options(options: argparse.Namespace) -> PretrainConfig:
         stepped = ", ".join(sorted(p.value for p in STEPPED_PHASES))
         raise UsageError("--fail-step", f"only applies to --fail-at {stepped}, not {fault.phase.value}")
     return config
+
+
+def _check_model_split(config: PretrainConfig, tp: int) -> None:
+    """Refuse a ``--tp`` that does not divide the demo model's vocabulary and attention heads, naming both."""
+    vocab, heads = config.model.vocab_size, config.model.num_heads
+    try:
+        config.model.check_tensor_parallel(tp)
+    except ConfigError:
+        parts = {"vocabulary": (vocab, "is"), "attention heads": (heads, "are")}
+        uneven = [name for name, (value, _) in parts.items() if value % tp]
+        even = [name for name in parts if name not in uneven]
+        if len(uneven) == 2:
+            said = f"vocabulary ({vocab}) and attention heads ({heads}) are not divisible by {tp}"
+        else:
+            value, verb = parts[uneven[0]]
+            other, (other_value, other_verb) = even[0], parts[even[0]]
+            said = f"{uneven[0]} ({value}) {verb} not divisible by {tp} (its {other}, {other_value}, {other_verb})"
+        fits = [str(n) for n in range(1, heads + 1) if vocab % n == 0 and heads % n == 0]
+        use = f"{', '.join(fits[:-1])} or {fits[-1]}" if len(fits) > 1 else fits[0]
+        raise UsageError(
+            "--tp", f"{tp}: the demo model's {said}; both are split across the tensor-parallel ranks: use {use}"
+        ) from None

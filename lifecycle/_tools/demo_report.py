@@ -31,7 +31,10 @@ class Ending:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Run:
-    """What the report needs to know of the run: where, how many ranks, its id, its rendezvous and timeout."""
+    """What the report needs to know of the run: where, how many ranks, its id, its rendezvous and timeout.
+
+    ``removed``: the journal folder is a temporary one the demo removes at exit: no diagrams or page are written.
+    """
 
     journal_dir: Path
     nproc: int
@@ -39,6 +42,7 @@ class Run:
     rendezvous: str
     local: bool
     timeout_s: float
+    removed: bool = False
 
 
 def rank_journals(folder: Path) -> list[Path]:
@@ -66,7 +70,9 @@ def report(run: Run, ending: Ending, elapsed: float) -> int:
             print(f"demo: {note}", file=sys.stderr)
     print("\n=== timeline (seconds since the first rank started) ===")
     print("\n".join(_show.timeline_lines(records, verdicts=True)))
-    if records:
+    if records and run.removed:
+        print(f"\ndemo: {journal_dir} is a temporary folder, removed at exit (--keep keeps it, for show and its page)")
+    elif records:
         paths = _show.write_diagrams(records, journal_dir)
         paths.append(_show.write_page(records, journal_dir / "show.html"))
         print("\n=== lifecycle diagrams (path taken highlighted) ===")

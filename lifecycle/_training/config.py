@@ -289,7 +289,19 @@ class PretrainConfig:
     journal_dir: str | None = None
 
     def __post_init__(self) -> None:
-        """Refuse pipeline and context parallel sizes above 1, saying why (see the class docstring)."""
+        """Refuse a section of the wrong type, and pipeline and context parallel sizes above 1 (class docstring).
+
+        Each section must be an instance of its class (``checkpoint=None`` is refused:
+        leave it out for the defaults); ``fault`` may be None; ``journal_dir`` is None, a
+        non-empty string (``""`` would be the current folder).
+        """
+        for name, kind in _SECTIONS.items():
+            value = getattr(self, name)
+            if not isinstance(value, kind) and not (value is None and name == "fault"):
+                allowed = f"a {kind.__name__}" + (" or None" if name == "fault" else " (leave it out for the defaults)")
+                raise ConfigError(name, f"must be {allowed}, got {value!r}")
+        if self.journal_dir is not None and (not isinstance(self.journal_dir, str) or not self.journal_dir):
+            raise ConfigError("journal_dir", f"must be None or a non-empty string, got {self.journal_dir!r}")
         for name in ("pipeline_model_parallel_size", "context_parallel_size"):
             size = getattr(self.parallel, name)
             if size == 1:
@@ -306,3 +318,16 @@ class PretrainConfig:
                 f"{size}: pretrain has no pipeline schedule or context-parallel attention, so every stage would "
                 "train a full replica; use 1 (tensor_model_parallel_size is the model parallelism pretrain runs)",
             )
+
+
+_SECTIONS: dict[str, type] = {
+    "distributed": DistributedConfig,
+    "parallel": ParallelConfig,
+    "model": ModelConfig,
+    "training": TrainingConfig,
+    "checkpoint": CheckpointConfig,
+    "exit": ExitConfig,
+    "fault": FaultInjection,
+    "liveness": LivenessConfig,
+}
+"""``PretrainConfig``'s sections and the class each must be an instance of."""

@@ -38,6 +38,7 @@ from lifecycle._training.faults import fire
 from lifecycle._training.journaling import RunJournal
 from lifecycle._training.liveness import start_liveness
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
+from lifecycle._training.providers import BatchProvider, ForwardStepFunc, ModelProvider
 from lifecycle._training.stops import LauncherStops
 from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
 from lifecycle.checkpoint.layout import ShardLayout
@@ -53,13 +54,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("lifecycle.pretrain")
-
-ForwardStepFunc = Callable[[Any, torch.nn.Module], torch.Tensor]
-"""``forward_step_func(batch, model) -> loss``: a scalar tensor to call ``backward()`` on."""
-ModelProvider = Callable[[PretrainConfig], torch.nn.Module]
-"""Builds the model from the config, on every rank (the RNG is seeded with ``training.seed`` first)."""
-BatchProvider = Callable[[str, int], Any]
-"""``batch_provider(split, index) -> batch``: micro-batch ``index`` of ``"train"`` or ``"eval"``, a pure function."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,8 @@
 - ``alive``, ``megatron_globals``, ``threads``, ``sockets``: what exists in this
   process, read from torch, megatron-core and the operating system, not from the
   library's ledger; ``release_everything`` releases it all.
+- ``LifecycleLeakWarning``: the category of the pytest plugin's leak reports (a
+  ``Warning``, not a ``UserWarning``, so ``-W ignore::UserWarning`` leaves it shown).
 
 ``import lifecycle.testing`` loads no torch: the probes import it when called.
 """
@@ -16,6 +18,7 @@
 from lifecycle._tools.launcher import torchrun_command
 from lifecycle.testing.doubles import COLLECTIVES, RecordingActions, RecordingCheckpoints
 from lifecycle.testing.launch import RankResult, launch_ranks, run_command
+from lifecycle.testing.leaks import LifecycleLeakWarning
 from lifecycle.testing.ports import free_port, free_ports
 from lifecycle.testing.probes import (
     TORCH_COLLECTIVES,
@@ -30,6 +33,7 @@ from lifecycle.testing.probes import (
 __all__ = [
     "COLLECTIVES",
     "TORCH_COLLECTIVES",
+    "LifecycleLeakWarning",
     "RankResult",
     "RecordingActions",
     "RecordingCheckpoints",

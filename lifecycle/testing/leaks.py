@@ -34,7 +34,28 @@ from lifecycle._core.resources import Resource, declared_resources
 from lifecycle._core.shield import Shield
 from lifecycle._core.signals import Handler, InstalledHandlers, Link, resolve
 
-__all__ = ["KINDS", "SIGNAL_HANDLER", "THREAD", "Leak", "Snapshot", "find_leaks", "release_leaks", "snapshot"]
+__all__ = [
+    "KINDS",
+    "SIGNAL_HANDLER",
+    "THREAD",
+    "Leak",
+    "LifecycleLeakWarning",
+    "Snapshot",
+    "find_leaks",
+    "release_leaks",
+    "snapshot",
+]
+
+
+class LifecycleLeakWarning(Warning):
+    """A test left a process group, a Megatron-core global, a hosted store, a signal handler or a thread alive.
+
+    A direct subclass of ``Warning``, on purpose: Python and pytest show it by default,
+    and ``-W ignore::UserWarning`` (common, to hide Megatron-core's import warnings) or
+    ``-W ignore::pytest.PytestWarning`` leave it visible. Silence it by its own name:
+    ``-W ignore::lifecycle.testing.LifecycleLeakWarning``, or ``--lifecycle-leaks=off``.
+    """
+
 
 SIGNAL_HANDLER = "signal_handler"
 THREAD = "thread"

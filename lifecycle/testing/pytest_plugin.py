@@ -9,12 +9,15 @@ only modules already in ``sys.modules``, the fixtures import torch when called.
   process group, a Megatron-core global, a store server lifecycle hosts, a signal handler
   lifecycle installed, a non-daemon thread (ini ``lifecycle_allowed_threads``: name
   patterns to leave alone). Each is named, with the session that created it and the
-  ``file:line`` that acquired it. ``warn``: a ``LifecycleLeakWarning``. ``fail``: the
+  ``file:line`` that acquired it. ``warn``: a ``LifecycleLeakWarning`` (a ``Warning``,
+  not a ``UserWarning``: shown by default, not hidden by ``-W ignore::UserWarning``). ``fail``: the
   test errors in teardown and the leftovers are released (within ini
   ``lifecycle_release_timeout`` seconds; past it the process is marked dirty and every
   later test that uses ``session`` or ``megatron_parallel`` fails at once, naming the
   test that leaked). What a wider-scoped fixture creates is its own until it is torn
   down. ``@pytest.mark.lifecycle_allow_leak(*kinds)`` allows a test's deliberate leaks.
+  Every setting is checked when pytest configures (``check_settings``): a bad value is
+  a usage error naming it, never an INTERNALERROR.
 - ``@pytest.mark.world(n, timeout=60)``: the test function runs on ``n`` gloo ranks,
   each in its own process (see ``lifecycle.testing.world``); it may take only ``world``,
   ``session``, ``megatron_parallel`` and its parametrize values (pickled), and every
@@ -30,24 +33,55 @@ import inspect
 import os
 import pickle
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from lifecycle._core.errors import ConfigError, check_number
 from lifecycle.testing.factories import MegatronParallelFactory, SessionFactory
-from lifecycle.testing.leaks import THREAD, Leak, Snapshot, find_leaks, release_leaks, snapshot
+from lifecycle.testing.leaks import THREAD, Leak, LifecycleLeakWarning, Snapshot, find_leaks, release_leaks, snapshot
 from lifecycle.testing.world import FIXTURES, Call, RankOutcome, World, WorldPool
 
-__all__ = ["LifecycleLeakWarning"]
+__all__ = ["LifecycleLeakWarning", "Settings", "check_settings"]
 
 MODES = ("off", "warn", "fail")
 DEFAULT_WORLD_TIMEOUT_S = 60.0
 
 
-class LifecycleLeakWarning(pytest.PytestWarning):
-    """A test left a process group, a Megatron-core global, a hosted store, a signal handler or a thread alive."""
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The plugin's settings, checked: the guard's ``mode``, the world workers' ``reuse``, ``release_timeout_s``."""
+
+    mode: str
+    reuse: bool
+    release_timeout_s: float
+    allowed_threads: tuple[str, ...]
+
+
+def check_settings(leaks: str, workers: str, release_timeout: str, allowed_threads: Iterable[str]) -> Settings:
+    """Each setting as read (text), checked; ``pytest.UsageError`` naming the first bad one and what it takes.
+
+    ``lifecycle_leaks`` (or ``--lifecycle-leaks``): off, warn or fail (empty: warn).
+    ``lifecycle_world_workers``: reuse or fresh. ``lifecycle_release_timeout``: a finite
+    number of seconds > 0 (``abc`` used to crash pytest with INTERNALERROR, ``-5`` to fail
+    every later test). ``lifecycle_allowed_threads``: fnmatch patterns, any text.
+    """
+    mode = leaks.strip() or "warn"
+    if mode not in MODES:
+        raise pytest.UsageError(f"lifecycle_leaks (--lifecycle-leaks) must be one of {', '.join(MODES)}, got {mode!r}")
+    workers = workers.strip()
+    if workers not in ("reuse", "fresh"):
+        raise pytest.UsageError(f"lifecycle_world_workers must be reuse or fresh, got {workers!r}")
+    try:
+        timeout_s = float(release_timeout)
+        check_number("lifecycle_release_timeout", timeout_s, integer=False, above=0, unit="seconds")
+    except (ValueError, ConfigError):
+        raise pytest.UsageError(
+            f"lifecycle_release_timeout must be a finite number of seconds > 0, got {release_timeout!r}"
+        ) from None
+    return Settings(mode, workers == "reuse", timeout_s, tuple(allowed_threads))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -91,17 +125,16 @@ def pytest_configure(config: pytest.Config) -> None:
         "kinds: process_group, model_parallel, microbatch_calculator, rerun_state_machine, rendezvous_store, "
         "signal_handler, thread",
     )
-    mode = config.getoption("lifecycle_leaks") or str(config.getini("lifecycle_leaks")).strip() or "warn"
-    if mode not in MODES:
-        raise pytest.UsageError(f"lifecycle_leaks must be one of {', '.join(MODES)}, got {mode!r}")
-    workers = str(config.getini("lifecycle_world_workers")).strip()
-    if workers not in ("reuse", "fresh"):
-        raise pytest.UsageError(f"lifecycle_world_workers must be reuse or fresh, got {workers!r}")
-    state = _State(mode, workers == "reuse")
+    settings = check_settings(
+        config.getoption("lifecycle_leaks") or str(config.getini("lifecycle_leaks")),
+        str(config.getini("lifecycle_world_workers")),
+        str(config.getini("lifecycle_release_timeout")),
+        config.getini("lifecycle_allowed_threads"),
+    )
+    state = _State(settings.mode, settings.reuse)
     config.stash[_STATE] = state
-    if mode != "off":
-        guard = _Guard(state, tuple(config.getini("lifecycle_allowed_threads")),
-                       float(config.getini("lifecycle_release_timeout")))  # fmt: skip
+    if settings.mode != "off":
+        guard = _Guard(state, settings.allowed_threads, settings.release_timeout_s)
         config.pluginmanager.register(guard, "lifecycle-leak-guard")
 
 

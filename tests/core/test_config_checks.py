@@ -88,3 +88,24 @@ def test_the_sections_are_found() -> None:
     names = {"distributed", "parallel", "model", "training", "checkpoint", "exit", "fault"}
     assert {section for section, _ in _sections()} >= names
     assert len(_numeric_fields()) > 20
+
+
+@pytest.mark.parametrize("section", [f.name for f in dataclasses.fields(PretrainConfig) if f.name != "journal_dir"])
+@pytest.mark.parametrize("value", [None, "x", 3])
+def test_a_section_of_the_wrong_type_is_refused_naming_it(section: str, value: object) -> None:
+    """``PretrainConfig(checkpoint=None)`` and the like: ConfigError naming the section (before: accepted)."""
+    if section == "fault" and value is None:
+        assert PretrainConfig(fault=None).fault is None  # the one section that may be None
+        return
+    with pytest.raises(ConfigError) as caught:
+        PretrainConfig(**{section: value})
+    assert caught.value.field == section
+    assert repr(value) in caught.value.message
+
+
+@pytest.mark.parametrize("value", ["", 3, b"dir"])
+def test_a_journal_dir_that_is_not_a_non_empty_string_is_refused(value: object) -> None:
+    """``journal_dir=""`` would write journals to the current folder: refused, as is a non-string."""
+    with pytest.raises(ConfigError) as caught:
+        PretrainConfig(journal_dir=value)  # type: ignore[arg-type]
+    assert caught.value.field == "journal_dir"

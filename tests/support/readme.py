@@ -1,4 +1,7 @@
-"""The README's runnable blocks: how they are tagged, found, run and checked against what they show.
+"""Runnable blocks of the README and docs/*.md: how they are tagged, found, run and checked against what they show.
+
+Every document in ``DOCUMENTS`` follows the same rules; a block's ``source`` names its
+document, and a shell block finds only the ``file:`` blocks above it in the same one.
 
 A tag is an HTML comment (invisible once rendered) on the line just before a block's
 opening fence:
@@ -42,12 +45,17 @@ from lifecycle.testing import run_command
 from support.launch import REPO, suite_env
 
 README = REPO / "README.md"
+DOCUMENTS: tuple[Path, ...] = (README, *sorted((REPO / "docs").glob("*.md")))
+"""The documents whose tagged blocks run: the README, then docs/*.md by name."""
 
 __all__ = [
+    "DOCUMENTS",
     "README",
     "Block",
     "Command",
+    "all_blocks",
     "commands",
+    "document_blocks",
     "find_blocks",
     "line_matches",
     "missing_anywhere",
@@ -69,19 +77,23 @@ _KINDS = {"run: python": "python", "run: shell": "shell", "run: shell slow": "sh
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """One tagged block: ``kind`` ``python``, ``shell`` or ``file``; ``line`` is where its fence opens (1-based)."""
+    """One tagged block: ``kind`` ``python``, ``shell`` or ``file``; ``line`` is where its fence opens (1-based).
+
+    ``source``: the document it is in, relative to the checkout (``README.md``, ``docs/howto.md``).
+    """
 
     kind: str
     text: str
     line: int
     name: str = ""
     slow: bool = False
+    source: str = "README.md"
 
     @property
     def label(self) -> str:
-        """A short name for test ids and messages: ``README.md:LINE`` and the file or first line."""
+        """A short name for test ids and messages: ``SOURCE:LINE`` and the file or first line."""
         first = self.name or (self.text.splitlines() or [""])[0][:40]
-        return f"README.md:{self.line} {first}".strip()
+        return f"{self.source}:{self.line} {first}".strip()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +109,8 @@ class Command:
         return "torchrun" in self.command
 
 
-def find_blocks(text: str) -> list[Block]:
-    """Every tagged block of ``text``, in order; ValueError naming the line for a tag that cannot be honoured.
+def find_blocks(text: str, source: str = "README.md") -> list[Block]:
+    """Every tagged block of ``text`` (the document ``source``), in order; ValueError naming the line of a bad tag.
 
     Refused: an unknown tag, a tag not directly followed by a fence, a block that is not
     closed, a ``run: python`` tag on a non-python block or ``run: shell`` on a non-console
@@ -110,7 +122,7 @@ def find_blocks(text: str) -> list[Block]:
         tag = _TAG.fullmatch(line.strip())
         if tag is None:
             continue
-        where = f"README.md:{index + 1}"
+        where = f"{source}:{index + 1}"
         fence = _FENCE.fullmatch(lines[index + 1]) if index + 1 < len(lines) else None
         if fence is None:
             raise ValueError(f"{where}: tag {line.strip()!r} is not directly followed by a ``` fence")
@@ -127,7 +139,7 @@ def find_blocks(text: str) -> list[Block]:
         if key == "file":
             if not value or not body.startswith(f"# {value}"):
                 raise ValueError(f"{where}: a file block's first line must be '# {value} ...' (name it for the reader)")
-            blocks.append(Block("file", body, index + 2, name=value))
+            blocks.append(Block("file", body, index + 2, name=value, source=source))
             continue
         kind = _KINDS.get(f"run: {value}")
         if kind is None:
@@ -137,7 +149,7 @@ def find_blocks(text: str) -> list[Block]:
         wanted = "python" if kind == "python" else "console"
         if language != wanted:
             raise ValueError(f"{where}: 'run: {value}' tags a ```{wanted} block, not ```{language}")
-        blocks.append(Block(kind, body, index + 2, slow=value.endswith("slow")))
+        blocks.append(Block(kind, body, index + 2, slow=value.endswith("slow"), source=source))
     return blocks
 
 
@@ -265,11 +277,21 @@ def run_shell(block: Block, folder: Path, timeout_s: float = 120.0) -> list[tupl
     return ran
 
 
+def document_blocks(path: Path) -> list[Block]:
+    """The tagged blocks of the document at ``path`` (one of ``DOCUMENTS``)."""
+    return find_blocks(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
+
+
 def readme_blocks() -> list[Block]:
     """The tagged blocks of this checkout's README."""
-    return find_blocks(README.read_text(encoding="utf-8"))
+    return document_blocks(README)
+
+
+def all_blocks() -> list[Block]:
+    """The tagged blocks of every document, the README's first."""
+    return [block for path in DOCUMENTS for block in document_blocks(path)]
 
 
 def preceding_files(blocks: list[Block], block: Block) -> list[Block]:
-    """The ``file:`` blocks above ``block``."""
-    return [b for b in blocks if b.kind == "file" and b.line < block.line]
+    """The ``file:`` blocks above ``block`` in its own document."""
+    return [b for b in blocks if b.kind == "file" and b.source == block.source and b.line < block.line]

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from support.internals import final_states
-from support.launch import run_demo
+from support.launch import demo_command, run_demo, suite_env
 
 from lifecycle.journal import Origin, RunEnd, RunStart, TrainStep, read
+from lifecycle.testing import run_command
 
 
 def by_attempt(journal_dir: Path) -> dict[int, dict[int, str]]:
@@ -81,6 +82,26 @@ def test_a_failed_demo_exits_nonzero(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout
     assert final_states(read([tmp_path]))[0] == "failed"
     assert "demo: FAILED" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_the_temporary_folder_is_removed_at_exit_unless_kept(tmp_path: Path) -> None:
+    """Without --journal-dir the demo's /tmp/lifecycle-demo-* folder is gone after the run; --keep keeps it.
+
+    The old demo left one (about 6 MB with its checkpoints) behind after every run.
+    """
+    env = suite_env({"TMPDIR": str(tmp_path)})
+    for keep in ([], ["--keep"]):
+        done = run_command(demo_command("--nproc=1", "--steps=4", *keep), timeout_s=120, env=env, cwd=tmp_path)
+        assert done.returncode == 0 and not done.timed_out and not done.left_behind, done.output[-3000:]
+        left = sorted(p.name for p in tmp_path.glob("lifecycle-demo-*"))
+        if keep:
+            assert len(left) == 1 and (tmp_path / left[0] / "show.html").is_file(), (left, done.output[-3000:])
+            assert "see it again with:" in done.output, done.output[-3000:]
+        else:
+            assert left == [], done.output[-3000:]
+            assert "is a temporary folder, removed at exit (--keep keeps it" in done.output, done.output[-3000:]
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ def refused(tmp_path: Path, *args: str) -> str:
         (["--nproc=0"], "--nproc"),
         (["--tp=0"], "--tp"),
         (["--nproc=3", "--tp=3"], "--tp"),  # divides the world, not the model's 64-token vocabulary
+        (["--checkpoint-dir="], "--checkpoint-dir"),  # old: the current folder, resumed from by the next run
         (["--timeout=inf"], "--timeout"),
         (["--fail-at=step", "--fail-rank=-1"], "--fail-rank"),
         (["--fail-rank=0"], "--fail-rank"),
@@ -67,6 +68,57 @@ def refused(tmp_path: Path, *args: str) -> str:
 def test_a_bad_number_is_refused_naming_its_flag(tmp_path: Path, args: list[str], flag: str) -> None:
     """A value no rank could run with: exit 2 before torchrun starts, the last line naming the flag."""
     assert refused(tmp_path, *args).startswith(f"demo: {flag} "), args
+
+
+def test_an_empty_journal_dir_is_refused_not_taken_for_the_current_folder(tmp_path: Path) -> None:
+    """``--journal-dir ""`` (an unset variable): exit 2 naming it, nothing written here (old: the current folder)."""
+    done = run_demo("--journal-dir=", "--steps=20", timeout=30, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout
+    assert STARTED not in done.stdout, done.stdout
+    assert done.stdout.strip().splitlines()[-1].startswith("demo: --journal-dir is empty"), done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("tp", "named"), [(3, "vocabulary (64) and attention heads (4) are"), (8, "heads (4) are")])
+def test_a_tensor_parallel_size_the_model_cannot_split_names_vocabulary_and_heads(tp: int, named: str) -> None:
+    """--tp 3 on 3 ranks: the refusal names the vocabulary and the heads it must divide (old: "--tp 64 is not...")."""
+    with pytest.raises(UsageError) as refused:
+        check_options(parser().parse_args([f"--nproc={tp}", f"--tp={tp}"]))
+    assert refused.value.flag == "--tp"
+    message = str(refused.value)
+    assert message.startswith(f"--tp {tp}: the demo model's ") and named in message, message
+    assert "vocabulary (64)" in message or "vocabulary, 64" in message, message
+    assert message.endswith("use 1, 2 or 4"), message
+
+
+def _tp1_checkpoint(folder: Path) -> None:
+    """A real committed checkpoint (step 5), written as ``pretrain`` writes one on one rank (TP1 PP1 DP1)."""
+    import torch
+
+    from lifecycle.checkpoint import AsyncCheckpointer
+    from lifecycle.checkpoint.layout import ShardLayout
+
+    AsyncCheckpointer(folder, layout=ShardLayout(tensor=1, data=1)).save_sync(5, {"w": torch.zeros(2)})
+
+
+def test_a_checkpoint_folder_of_another_tensor_parallel_size_is_refused_before_torchrun(tmp_path: Path) -> None:
+    """A TP1 --checkpoint-dir resumed with --tp 2: exit 2 naming the flag and both layouts (old: exit 1 per rank)."""
+    _tp1_checkpoint(tmp_path / "ckpt")
+    last = refused(tmp_path, "--nproc=2", "--tp=2", f"--checkpoint-dir={tmp_path / 'ckpt'}")
+    assert last.startswith(f"demo: --checkpoint-dir {tmp_path / 'ckpt'} holds a checkpoint (step 5)"), last
+    assert "written at TP1 PP1; this run is TP2 PP1 (--tp 2)" in last and last.endswith("or --tp 1"), last
+
+
+def test_a_checkpoint_folder_of_the_same_tensor_size_is_accepted_whatever_the_data_size(tmp_path: Path) -> None:
+    """The same TP1 checkpoint fits --tp 1 on any number of ranks (the data-parallel size may change)."""
+    from lifecycle._tools.demo import check_checkpoint_layout
+
+    _tp1_checkpoint(tmp_path / "ckpt")
+    check_checkpoint_layout(tmp_path / "ckpt", 1)  # no refusal
+    check_checkpoint_layout(tmp_path / "empty", 2)  # no checkpoint: nothing to check
+    with pytest.raises(UsageError) as refused:
+        check_checkpoint_layout(tmp_path / "ckpt", 2)
+    assert refused.value.flag == "--checkpoint-dir"
 
 
 def test_too_many_ranks_for_the_memory_says_what_a_rank_needs(tmp_path: Path) -> None:
@@ -206,6 +258,12 @@ def test_defaults_derive_from_the_other_options() -> None:
     assert demo_config(parser().parse_args(["--journal-dir=/tmp/j"])).fault is None
 
 
+def test_default_cadences_stay_at_a_human_pace_for_any_steps() -> None:
+    """A long run still logs every 50 steps, evaluates every 200 and saves every 250 (old: steps/20, /5, /4)."""
+    config = check_options(parser().parse_args(["--journal-dir=/tmp/j", "--steps=100000"]))
+    assert (config.checkpoint.interval, config.training.eval_interval, config.training.log_interval) == (250, 200, 50)
+
+
 def test_zero_steps_are_refused_naming_the_flag() -> None:
     """--steps 0 is refused (the config allows 0 iterations; the demo needs a step to show)."""
     with pytest.raises(UsageError) as refused:
@@ -222,9 +280,9 @@ def test_every_flag_maps_from_its_field_and_every_config_field_error_names_a_fla
     assert set(vars(parser().parse_args([]))) == {option.dest for option in OPTIONS}
 
 
-def test_the_readme_lists_every_option_and_no_other() -> None:
-    """The README's options table names exactly the declared flags (OPTIONS), each once."""
-    text = (REPO / "README.md").read_text()
+def test_the_reference_lists_every_option_and_no_other() -> None:
+    """docs/reference.md's options table names exactly the declared flags (OPTIONS), each once."""
+    text = (REPO / "docs" / "reference.md").read_text()
     table = text.split("Options (`python -m lifecycle demo --help`):", 1)[1].split("\n\n", 2)[1]
     listed = [flag for row in table.splitlines()[2:] for flag in re.findall(r"`(--[a-z-]+)", row.split("|")[1])]
     assert sorted(listed) == sorted(option.flag for option in OPTIONS)

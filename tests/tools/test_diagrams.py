@@ -137,7 +137,7 @@ def test_without_the_graphviz_package_dot_names_the_install(monkeypatch: pytest.
         dot()
 
 
-def test_the_readme_embeds_the_current_mermaid_diagram(generated: dict[str, str]) -> None:
-    """The README shows the same Mermaid diagram as the command generates."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_reference_embeds_the_current_mermaid_diagram(generated: dict[str, str]) -> None:
+    """docs/reference.md's States section shows the same Mermaid diagram as the command generates."""
+    readme = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
     assert "```mermaid\n" + generated["lifecycle.mmd"] + "```" in readme

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from support.readme import (
     Block,
+    all_blocks,
     commands,
     find_blocks,
     line_matches,
@@ -19,7 +20,6 @@ from support.readme import (
     missing_in_order,
     printed_mismatch,
     prints,
-    readme_blocks,
     run_python,
     run_shell,
 )
@@ -166,8 +166,8 @@ def test_a_shell_block_that_prints_what_it_shows_passes_and_a_drifted_one_fails(
 
 
 def test_the_real_readme_fails_once_a_shown_output_line_is_edited(tmp_path: Path) -> None:
-    """A copy of this README with one ``# prints:`` line edited fails its check; the original passes."""
-    block = next(b for b in readme_blocks() if b.kind == "python" and "InvalidTransition" in b.text)
+    """A copy of a real documented block with one ``# prints:`` line edited fails its check; the original passes."""
+    block = next(b for b in all_blocks() if b.kind == "python" and "InvalidTransition" in b.text)
     run_python(block, tmp_path)
     edited = block.text.replace("# prints: trigger 'start_training'", "# prints: trigger 'finish'")
     assert edited != block.text

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 TORCHRUN_LOG = "torchrun.log"
-"""Where the demo keeps torchrun's own output, in the journal folder (README, "The demo")."""
+"""Where the demo keeps torchrun's own output, in the journal folder (docs/tutorial.md, "A healthy run")."""
 
 KINDS = {"raise": "raised", "crash": "died", "stop": "stopped", "hang": "hung", "spin": "was spinning"}
 """Each demo fault kind, and the word the cause's line says it with."""

@@ -1,8 +1,8 @@
-"""The collective table: read from docs/collectives.md, copied into the README.
+"""The collective table: read from docs/collectives.md, copied into docs/design.md (``README``, by its old name).
 
-``python tests/training/collective_table.py`` rewrites the README's copy (between
+``python tests/training/collective_table.py`` rewrites design.md's copy (between
 ``README_BEGIN`` and ``TABLE_END``) from the table in docs/collectives.md (between
-``DOCS_BEGIN`` and ``TABLE_END``); ``readme_section`` is what the README must hold, and
+``DOCS_BEGIN`` and ``TABLE_END``); ``readme_section`` is what design.md must hold, and
 ``rows`` the ``(operation, group, device)`` triples the interception test compares with.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "collectives.md"
-README = REPO / "README.md"
+README = REPO / "docs" / "design.md"
 DOCS_BEGIN = "<!-- collectives table -->"
 README_BEGIN = "<!-- collectives table: generated from docs/collectives.md by tests/training/collective_table.py -->"
 TABLE_END = "<!-- end collectives table -->"
@@ -61,5 +61,5 @@ def rewrite_readme() -> bool:
 
 
 if __name__ == "__main__":
-    print("README.md updated" if rewrite_readme() else "README.md already up to date")
+    print("docs/design.md updated" if rewrite_readme() else "docs/design.md already up to date")
     sys.exit(0)

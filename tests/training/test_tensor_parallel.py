@@ -144,7 +144,7 @@ def test_the_collectives_pretrain_issues_are_the_documented_table(tp2: tuple[Pat
 
 
 def test_the_readme_collective_table_is_generated_from_the_docs() -> None:
-    """The README holds docs/collectives.md's table as tests/training/collective_table.py writes it."""
+    """docs/design.md holds docs/collectives.md's table as tests/training/collective_table.py writes it."""
     assert readme_section() in README.read_text()
 
 
