@@ -23,6 +23,7 @@ from lifecycle import (
     StaleResource,
     State,
     StepTimedOut,
+    StoreHostLost,
     Trigger,
     UnfinishedSession,
 )
@@ -42,6 +43,7 @@ EXAMPLES: list[LifecycleError] = [
     ConfigError("store_prefix", "'p' was already used for a group"),
     AttemptDisagreement("10.0.0.1:29500", 5.0, {0: 2, 1: None, 2: 2, 3: 0}, 1),
     StepTimedOut("destroy_process_group", 5.0),
+    StoreHostLost("torchrun's agent (127.0.0.1:29500)", "the store's host … has not answered for 3.0 s"),
 ]
 
 COPIES: dict[str, Callable[[LifecycleError], object]] = {
