@@ -37,7 +37,6 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from lifecycle import journal as _journal
 from lifecycle._core.states import State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge
 from lifecycle._tools import diagrams as _diagrams
@@ -176,7 +175,27 @@ def render_timeline(model: _model.Model, *, verdicts: bool = False) -> list[str]
             lines.append(attempt.label)
             if verdicts:
                 lines += _verdict_lines(attempt.verdict)
-            lines += _rank_lines(attempt.ranks, run.t0)
+            if len(attempt.overview.journaled) <= _model.TIMELINE_RANKS:
+                lines += _rank_lines(attempt.ranks, run.t0)
+            else:
+                lines += _grouped_lines(attempt, run.t0)
+    return lines
+
+
+def _grouped_lines(attempt: _model.Attempt, t0: float) -> list[str]:
+    """An attempt of more than ``TIMELINE_RANKS`` ranks: the cause's and the independent failures' timelines, then
+    one rank's for each group of ranks that ended alike (the verdict's groups, as the charts draw them), under a line
+    naming the group; the groups past ``MAX_ROWS`` counted."""
+    rows, left_out = _model.chart_rows(attempt.overview.journaled, attempt.verdict)
+    cause = ", the cause's first" if attempt.verdict.first is not None else ""
+    lines = [f"  ({len(attempt.overview.journaled)} ranks: one timeline for each group that ended alike{cause})"]
+    for row in rows:
+        group = row.group
+        if group is not None and len(group.ranks) > 1:
+            lines.append(f"  {_verdict.ranks_text(group.ranks)} ({len(group.ranks)} ranks), as rank {row.rank}:")
+        lines += _rank_lines({row.rank: attempt.ranks[row.rank]}, t0)
+    if left_out:
+        lines.append(f"  … and {left_out} more groups of ranks, not shown (the verdict lists them)")
     return lines
 
 
@@ -209,7 +228,16 @@ def final_states(records: list[Record]) -> dict[int, str]:
 
 def taken_edges(records: Iterable[Record]) -> frozenset[Edge]:
     """The declared edges the transition records took (a record naming no declared edge is ignored)."""
-    named = {(r.trigger, r.source, r.dest) for r in records if isinstance(r, Transition)}
+    return _declared({(r.trigger, r.source, r.dest) for r in records if isinstance(r, Transition)})
+
+
+def _taken(overview: _model.Overview) -> frozenset[Edge]:
+    """The declared edges the ranks of an overview took."""
+    return _declared(overview.moves)
+
+
+def _declared(named: Iterable[tuple[str, str, str]]) -> frozenset[Edge]:
+    """The declared edges among ``named`` (trigger, source, dest)."""
     taken = set()
     for trigger, source, dest in named:
         try:
@@ -242,7 +270,7 @@ def draw(model: _model.Model, out: Path) -> list[Path]:
     dot_exe = shutil.which("dot")
     written: list[Path] = []
     for drawn in (drawn for run in model.runs for drawn in run.drawn):
-        taken = taken_edges(r for rank_records in drawn.ranks.values() for r in rank_records)
+        taken = _taken(drawn.overview)
         mmd = out / f"{drawn.stem}.mmd"
         mmd.write_text(_diagrams.mermaid(taken), encoding="utf-8")
         source = mmd.with_suffix(".dot")
@@ -279,11 +307,12 @@ def write_page(records: list[Record], path: Path) -> Path:
 def _page_timeline(drawn: _model.Drawn) -> list[str]:
     """The page's textual timeline of one attempt: every rank's, up to ``gantt.MAX_ROWS`` ranks; beyond, only the
     ranks the chart draws (the cause's, one of each group), and where to read every rank's."""
-    rows, _ = _gantt.rows(drawn.ranks, drawn.verdict)
-    if len(drawn.ranks) <= _gantt.MAX_ROWS:
+    journaled = drawn.overview.journaled
+    rows, _ = _model.chart_rows(journaled, drawn.verdict)
+    if len(journaled) <= _gantt.MAX_ROWS:
         return _rank_lines(drawn.ranks, drawn.t0)
-    kept = {rank: drawn.ranks[rank] for _, rank in rows}
-    head = f"({len(drawn.ranks)} ranks: the {len(kept)} the chart draws; every rank's: python -m lifecycle show)"
+    kept = {row.rank: drawn.ranks[row.rank] for row in rows}
+    head = f"({len(journaled)} ranks: the {len(kept)} the chart draws; every rank's: python -m lifecycle show)"
     return [head, *_rank_lines(kept, drawn.t0)]
 
 
@@ -291,7 +320,7 @@ def page_of(model: _model.Model, path: Path) -> Path:
     """``write_page`` of a model."""
     sections = []
     for drawn in (drawn for run in model.runs for drawn in run.drawn):
-        taken = taken_edges(r for rank_records in drawn.ranks.values() for r in rank_records)
+        taken = _taken(drawn.overview)
         sections.append(
             _page.Section(
                 label=drawn.label,
@@ -386,19 +415,18 @@ def show_main(argv: list[str]) -> int:
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
     try:
-        loaded = _journal.load(args.journals)
+        scanned = _model.scan(args.journals)
     except (OSError, ValueError) as exc:
         print(f"cannot read the journal: {exc}", file=sys.stderr)
         return 2
-    for note in loaded.ignored:
+    for note in scanned.ignored:
         print(note, file=sys.stderr)
-    for where in loaded.torn:
+    for where in scanned.torn:
         print(f"{where}: torn line skipped (its writer was killed mid-write?)", file=sys.stderr)
-    records = list(loaded.records)
-    if not records:
+    if not scanned.records:
         print(f"no journal records in {', '.join(map(str, args.journals))}", file=sys.stderr)
         return 2
-    model = _model.build(records)
+    model = scanned.model
     for warning in model.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     closed = not print_or_drop("\n".join(render_timeline(model, verdicts=True)))

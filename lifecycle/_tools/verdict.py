@@ -189,7 +189,7 @@ class Verdict:
             kept = [g for g in kept if g.failed][: room - 1 - len(others)] + others
             dropped = [g for g in self.groups if g not in kept]
             more = f"… and {len(dropped)} more groups ({sum(len(g.ranks) for g in dropped)} ranks)"
-        groups = [f"{_ranks(g.ranks)}: {g.text}" for g in kept]
+        groups = [f"{ranks_text(g.ranks)}: {g.text}" for g in kept]
         if len(kept) < len(self.groups):
             groups.append(more)
         return (head + groups)[:limit]
@@ -199,7 +199,9 @@ def _all(group: Group, world: int) -> str:
     """``all 4 ranks closed`` for the one group of a world where no rank failed."""
     if len(group.ranks) == 1:
         return f"rank {group.ranks[0]}: {group.text}"
-    return f"all {world} ranks {group.text}" if len(group.ranks) == world else f"{_ranks(group.ranks)}: {group.text}"
+    return (
+        f"all {world} ranks {group.text}" if len(group.ranks) == world else f"{ranks_text(group.ranks)}: {group.text}"
+    )
 
 
 def _time(end: RankEnd) -> float:
@@ -220,7 +222,7 @@ def compact(ranks: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
-def _ranks(ranks: Sequence[int], limit: int = 80) -> str:
+def ranks_text(ranks: Sequence[int], limit: int = 80) -> str:
     """``rank 3`` or ``ranks 0, 2-1023``; ranges past ``limit`` characters are cut, the count said."""
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
@@ -667,7 +669,14 @@ def analyse(ranks: Mapping[int, Sequence[Record]]) -> Verdict:
     have no records are reported as having no journal.
     """
     world = max((r.world_size for rs in ranks.values() for r in rs if isinstance(r, RunStart)), default=0)
-    ends = {rank: rank_end(rank, records) for rank, records in ranks.items()}
+    return judge({rank: rank_end(rank, records) for rank, records in ranks.items()}, world)
+
+
+def judge(known: Mapping[int, RankEnd], world: int) -> Verdict:
+    """``analyse``'s verdict from each journaled rank's end (``known``: rank → its ``rank_end``) and the world size
+    (the largest ``RunStart.world_size``): what a reader that keeps one ``RankEnd`` per rank, not its records,
+    decides on."""
+    ends = dict(known)
     for rank in range(world):
         ends.setdefault(rank, _missing(rank))
     ends = dict(sorted(ends.items()))
