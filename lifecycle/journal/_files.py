@@ -289,8 +289,9 @@ def journal_files(folder: str | os.PathLike[str]) -> list[Path]:
 def _journals_in(folder: Path, ignored: list[str]) -> list[Path]:
     """``journal_files(folder)``, with a note in ``ignored`` on each other journal-like ``*.jsonl`` file."""
     journals = journal_files(folder)
+    read = set(journals)  # a set: a folder may hold 16,384 journals (a list made this check quadratic)
     for path in sorted(folder.iterdir()):
-        if path.suffix == ".jsonl" and path not in journals and path.is_file() and _looks_like_a_journal(path):
+        if path.suffix == ".jsonl" and path not in read and path.is_file() and _looks_like_a_journal(path):
             ignored.append(
                 f"{path}: ignored: it looks like a journal, but only rank<R>.jsonl files of a folder are read"
                 " (name the file to read it)"
