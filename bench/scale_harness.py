@@ -113,10 +113,11 @@ def _counting_store(inner: Any) -> Any:
 # -- a worker process: its share of the ranks ---------------------------------------------
 
 
-def worker(port: int, world: int, first: int, count: int, proc: int) -> None:
-    """Connect ranks ``first..first+count-1``, then run each event the main process starts; report through the store."""
+def worker(port: int, world: int, first: int, count: int, proc: int, events: tuple[str, ...] = EVENTS) -> None:
+    """Connect ranks ``first..first+count-1``, then run each of ``events`` the main process starts; report through
+    the store."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
-    from torch.distributed.elastic.utils.store import barrier
+    from torch.distributed.elastic.utils.store import _barrier_nonblocking, store_timeout
 
     from lifecycle._liveness import monitor
     from lifecycle._torch import notice
@@ -136,9 +137,13 @@ def worker(port: int, world: int, first: int, count: int, proc: int) -> None:
     control.set(f"h/connect/{proc}", json.dumps(time.monotonic() - started))
     control.add("h/ready", count)
 
+    begun = [0.0]  # the start of the event running
+
     def run(event: str, one: Any) -> None:
         """Wait for ``event``'s start time, run ``one(rank, store)`` on every rank's thread, report."""
-        start = float(bytes(control.get(f"h/go/{event}")).decode())
+        if event not in events:
+            return
+        start = begun[0] = float(bytes(control.get(f"h/go/{event}")).decode())
         rows: list[Any] = [None] * count
 
         def thread(i: int) -> None:
@@ -188,7 +193,19 @@ def worker(port: int, world: int, first: int, count: int, proc: int) -> None:
     run("notice", fail)
     # The same with a 30 s deadline: what the server itself takes, when the simulated ranks' CPU is short.
     run("notice-30s", lambda rank, store: fail(rank, store, 30.0, "h/attempt-30s"))
-    run("barrier", lambda rank, store: barrier(store, world, key_prefix="h/barrier", barrier_timeout=300))
+
+    def barrier(rank: int, store: Any) -> Any:
+        """torch elastic's ``barrier(store, world, key_prefix)``, its two parts timed: the count (an ``add``; the
+        last rank also sets the key) and the wait on that key; the wall time the count returned."""
+        with store_timeout(store, 300):
+            key = _barrier_nonblocking(store=store, world_size=world, key_prefix="h/barrier")  # torch's own
+            arrived = time.time()
+            store.wait([key])
+        return {"arrived": arrived - begun[0]}
+
+    run("barrier", barrier)
+    if "monitor" not in events:
+        return
 
     # The monitors: their own clients (the ranks' go first: the server holds one connection each).
     del clients[:], run
@@ -245,8 +262,8 @@ def worker(port: int, world: int, first: int, count: int, proc: int) -> None:
 # -- the main process ----------------------------------------------------------------------
 
 
-def measure(world: int, procs: int) -> list[dict[str, Any]]:
-    """Host a server, start ``procs`` workers for ``world`` ranks, run every event; one row per event."""
+def measure(world: int, procs: int, events: tuple[str, ...] = EVENTS) -> list[dict[str, Any]]:
+    """Host a server, start ``procs`` workers for ``world`` ranks, run each of ``events``; one row per event."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False, timeout=timedelta(seconds=600))
@@ -255,7 +272,17 @@ def measure(world: int, procs: int) -> list[dict[str, Any]]:
     started = time.monotonic()
     children = [
         subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(server.port), str(world), str(firsts[p]), str(share[p]), str(p)]
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(server.port),
+                str(world),
+                str(firsts[p]),
+                str(share[p]),
+                str(p),
+                ",".join(events),
+            ]
         )
         for p in range(procs)
     ]
@@ -269,7 +296,7 @@ def measure(world: int, procs: int) -> list[dict[str, Any]]:
         slowest = max(json.loads(bytes(server.get(f"h/connect/{p}"))) for p in range(procs))
         rows.append({"world": world, "event": "connect", "s": round(connect_s, 2), "worker_s": round(slowest, 2)})
         print(json.dumps(rows[-1]), flush=True)
-        for event in EVENTS:
+        for event in (event for event in EVENTS if event in events):
             if event == "monitor":
                 server.wait([f"h/closed/{p}" for p in range(procs)], timedelta(seconds=600))
             cpu = _cpu_s()
@@ -330,6 +357,10 @@ def _summary(world: int, event: str, found: list[Any]) -> dict[str, Any]:
         summary["firsts_named"] = sorted({str(o["first"]) for o in later if o["first"] is not None})[:3]
         summary["first_unknown"] = sum(1 for o in later if o["first"] is None)
         summary["last_s"] = round(max(t for t, _ in failing), 3)
+    elif event == "barrier" and all(isinstance(o, dict) and "arrived" in o for o in outs):
+        # When the last rank's count returned (from the common start), and how long after it the last wait did.
+        summary["arrived_s"] = round(max(o["arrived"] for o in outs), 3)
+        summary["released_s"] = round(max(done) - summary["arrived_s"], 3)
         summary["ops_max"] = max(row["ops"] for row, o in zip(ranks, outs, strict=True) if o is not None)
     return summary
 
@@ -422,16 +453,17 @@ def main(argv: list[str]) -> int:
     """Run the harness (or, with ``--worker``, one worker process)."""
     if argv[:1] == ["--worker"]:
         port, world, first, count, proc = (int(a) for a in argv[1:6])
-        worker(port, world, first, count, proc)
+        worker(port, world, first, count, proc, tuple(argv[6].split(",")))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[256, 1024, 4096, 16384])
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--events", nargs="+", choices=EVENTS, default=list(EVENTS), help="run only these events")
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     for world in args.worlds:
-        rows += measure(world, min(args.procs, world))
+        rows += measure(world, min(args.procs, world), tuple(args.events))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     print(section(rows))

@@ -6,9 +6,12 @@ per ``AttemptKey``: torchrun restart count, ``pretrain`` attempt, restart mode a
 in-process iteration, ordered by restart count then attempt number) and its ``drawn``
 attempts (one per attempt number, in-process iterations merged: what a chart shows).
 Attempts are numbered on across torchrun restarts (``number``), since a restarted
-worker counts its attempts from 0 again. Every attempt carries its ranks' records
-and its verdict (``lifecycle._tools.verdict``). The views (``show``'s text, the
-diagrams and gantt charts, the HTML page) read only this model.
+worker counts its attempts from 0 again. Every attempt carries its verdict
+(``lifecycle._tools.verdict``), its ``Overview`` (what the views say of every rank: its
+ranks, start times, paths through the states) and the records of its ranks: all of them
+from ``build``; from ``scan``, which reads journal files one at a time, only those of the
+ranks the views print or draw (``shown``). The views (``show``'s text, the diagrams and
+gantt charts, the HTML page) read only this model.
 """
 
 from __future__ import annotations
@@ -440,20 +443,20 @@ class Scanned:
     records: int
 
 
-def scan(paths: Iterable[str | os.PathLike[str]]) -> Scanned:
+def scan(paths: Iterable[str | os.PathLike[str]], *, ranks: Iterable[int] = ()) -> Scanned:
     """The model of the journals at ``paths`` (as ``journal.load`` reads them), read one file at a time.
 
     Of each rank of each attempt only its ``RankEnd`` and its part in the attempt's
     ``Overview`` are kept while the files are read; then the files of the ranks the views
     read (``shown``: at most ``TIMELINE_RANKS`` an attempt, ``MAX_ROWS`` and a few beyond)
-    are read again for their records. One journal file is open at a time, and memory
+    and of the ``ranks`` asked for are read again for their records. One journal file is open at a time, and memory
     holds one file's records and a few hundred bytes a rank and attempt, however many
     ranks. Where that cannot tell the story (jobs that shared a run id, in-process
     iterations drawn together, a rank's records of one attempt in two files) every
     record is read into memory and ``build`` decides, as before. ``ValueError`` and
     ``OSError`` as ``journal.load``'s.
     """
-    paths = list(paths)
+    paths, asked = list(paths), set(ranks)
     gathers: dict[AttemptKey, _Gather] = {}
     files: list[pathlib.Path] = []
     starts: list[tuple[int, RunStart]] = []
@@ -493,7 +496,7 @@ def scan(paths: Iterable[str | os.PathLike[str]]) -> Scanned:
         return Scanned(build(loaded.records), loaded.torn, loaded.ignored, len(loaded.records))
     wanted: dict[int, set[tuple[AttemptKey, int]]] = {}
     for key, gather in gathers.items():
-        for rank in shown(gather.overview(), gather.verdict()):
+        for rank in {*shown(gather.overview(), gather.verdict()), *(r for r in asked if r in gather.files)}:
             wanted.setdefault(gather.files[rank], set()).add((key, rank))
     kept: dict[AttemptKey, Ranks] = {}
     for index in sorted(wanted):

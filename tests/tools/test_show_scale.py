@@ -62,11 +62,12 @@ def journals(folder: Path) -> dict[int, list[Record]]:
 @pytest.mark.timeout(180)
 def test_show_reads_300_ranks_under_a_small_open_files_limit_and_groups_the_timeline(tmp_path: Path) -> None:
     """300 ranks' journals under a limit of 24 open files (which opening them all at once exceeds): ``show`` exits 0
-    and prints, per attempt, the cause's timeline and one per group of ranks that ended alike, not 300 ranks'."""
+    and prints, per attempt, the cause's timeline and one per group of ranks that ended alike, not 300 ranks', and
+    those of the ranks asked for (``--ranks``)."""
     journals(tmp_path / "j")
     held = run_limited("hold", tmp_path / "j")
     assert held.returncode != 0 and "Too many open files" in held.stderr  # the limit bites a reader that holds them
-    done = run_limited("show", tmp_path / "j", "--out", tmp_path / "d")
+    done = run_limited("show", tmp_path / "j", "--out", tmp_path / "d", "--ranks", "5,298")
     assert done.returncode == 0, done.stderr
     out = done.stdout.splitlines()
     assert len(out) < 120, len(out)  # every rank's timeline: about 9,000 lines
@@ -75,6 +76,7 @@ def test_show_reads_300_ranks_under_a_small_open_files_limit_and_groups_the_time
     assert second[second.index("  ranks 0, 2-6, 8-298 (297 ranks), as rank 0:") + 1].startswith("  rank 0: ended")
     assert any(line.startswith("  rank 7: no end record (killed?)") for line in second)
     assert not any(line.startswith("  rank 2:") for line in out)  # a rank of a group is not shown on its own
+    assert out.count("  rank 5, as asked:") == 2 and out.count("  rank 298, as asked:") == 2  # once an attempt
     assert {p.name for p in (tmp_path / "d").iterdir()} >= {"attempt0-gantt.mermaid", "attempt1.mmd"}
 
 
