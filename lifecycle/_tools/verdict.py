@@ -20,6 +20,7 @@ Ranks that ended alike are grouped (``ranks 0, 2-1023: failed 60-80 ms after ran
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -309,10 +310,10 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
     failed = bool(evidence) or (end is not None and end.state == State.FAILED)
     failed_at = min(evidence) if evidence else (last_time if failed else None)
     if failure is not None:
-        phase, step, error = f"phase {failure.phase}", failure.step, failure.error
+        phase, step, error = sys.intern(f"phase {failure.phase}"), failure.step, failure.error
     else:
         source = into_failed.source if into_failed is not None else last_move.dest if last_move is not None else "?"
-        phase, step = f"state {source}", None
+        phase, step = sys.intern(f"state {source}"), None
         error = (end.error if end is not None else None) or (into_failed.detail if into_failed else "") or ""
         error = error or teardown_error
     if failure is None and judged is not None:
@@ -332,7 +333,7 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
         last_state=last_move.dest if last_move is not None else State.UNINITIALIZED.value,
         last_time=last_time,
         error=_short(error) or "(no error recorded)",
-        note=failure.note if failure is not None else "",
+        note=sys.intern(failure.note) if failure is not None else "",  # the same few words on thousands of ranks
     )
 
 
