@@ -49,6 +49,7 @@ from lifecycle._tools import page as _page
 from lifecycle._tools import show_model as _model
 from lifecycle._tools import svg as _svg
 from lifecycle._tools import verdict as _verdict
+from lifecycle._tools.cause import ranks_text
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER, StoppedByLauncher
 from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
@@ -203,7 +204,7 @@ def _grouped_lines(attempt: _model.Attempt, t0: float, asked: Sequence[int]) -> 
     for row in rows:
         group = row.group
         if group is not None and len(group.ranks) > 1:
-            lines.append(f"  {_verdict.ranks_text(group.ranks)} ({len(group.ranks)} ranks), as rank {row.rank}:")
+            lines.append(f"  {ranks_text(group.ranks)} ({len(group.ranks)} ranks), as rank {row.rank}:")
         lines += _rank_lines({row.rank: attempt.ranks[row.rank]}, t0)
     if left_out:
         lines.append(f"  … and {left_out} more groups of ranks, not shown (the verdict lists them)")
@@ -327,7 +328,10 @@ def _page_timeline(drawn: _model.Drawn) -> list[str]:
     if len(journaled) <= _gantt.MAX_ROWS:
         return _rank_lines(drawn.ranks, drawn.t0)
     kept = {row.rank: drawn.ranks[row.rank] for row in rows}
-    head = f"({len(journaled)} ranks: the {len(kept)} the chart draws; any rank's: python -m lifecycle show --ranks R)"
+    where = "every rank's: python -m lifecycle show"
+    if len(journaled) > _model.TIMELINE_RANKS:  # show groups them too
+        where = "any rank's: python -m lifecycle show --ranks R"
+    head = f"({len(journaled)} ranks: the {len(kept)} the chart draws; {where})"
     return [head, *_rank_lines(kept, drawn.t0)]
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from lifecycle import journal as _journal
 from lifecycle._tools import verdict as _verdict
+from lifecycle._tools.cause import compact
 from lifecycle.journal import Origin, Record, RunStart, TeardownStep, TrainStep, Transition
 
 
@@ -107,7 +108,7 @@ def chart_rows(journaled: Sequence[int], verdict: _verdict.Verdict) -> tuple[lis
     drawn = [g for g in verdict.groups if g.rank in present]
     room = MAX_ROWS - len(rows)
     for group in drawn[:room]:
-        who = f"rank {group.ranks[0]}" if len(group.ranks) == 1 else f"ranks {_verdict.compact(group.ranks)}"
+        who = f"rank {group.ranks[0]}" if len(group.ranks) == 1 else f"ranks {compact(group.ranks)}"
         who = who if len(who) <= 40 else who[:39] + "…"
         rows.append(Row(f"{who} (rank {group.rank} drawn)", group.rank, group))
     return rows, max(len(drawn) - room, 0)
