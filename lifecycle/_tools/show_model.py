@@ -451,7 +451,7 @@ def scan(paths: Iterable[str | os.PathLike[str]], *, ranks: Iterable[int] = ()) 
     ``Overview`` are kept while the files are read; then the files of the ranks the views
     read (``shown``: at most ``TIMELINE_RANKS`` an attempt, ``MAX_ROWS`` and a few beyond)
     and of the ``ranks`` asked for are read again for their records. One journal file is open at a time, and memory
-    holds one file's records and a few hundred bytes a rank and attempt, however many
+    holds one file's records and about a kilobyte a rank and attempt, however many
     ranks. Where that cannot tell the story (jobs that shared a run id, in-process
     iterations drawn together, a rank's records of one attempt in two files) every
     record is read into memory and ``build`` decides, as before. ``ValueError`` and
