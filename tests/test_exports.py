@@ -128,7 +128,7 @@ EXPORTS: dict[str, list[str]] = {
     "lifecycle.journal": [
         *(cls.__name__ for cls in KINDS.values()),
         *("KINDS", "V1_RUN_ID", "VERSION", "JournalWriter", "Loaded", "Origin", "Record"),
-        *("journal_files", "journal_path", "load", "parse", "read", "restart_count", "run_id"),
+        *("journal_files", "journal_path", "load", "load_each", "parse", "read", "restart_count", "run_id"),
     ],
     "lifecycle.restart": [
         "CudaHealthCheck",

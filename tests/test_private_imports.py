@@ -41,6 +41,15 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.show"}),
     "tools/test_show.py": frozenset({"lifecycle._tools.show"}),
     "tools/test_show_model.py": frozenset({"lifecycle._tools.show_model", "lifecycle._tools.verdict"}),
+    "tools/test_show_scale.py": frozenset(
+        {
+            "lifecycle._tools.gantt",
+            "lifecycle._tools.show",
+            "lifecycle._tools.show_model",
+            "lifecycle._tools.svg",
+            "lifecycle._tools.synthetic",
+        }
+    ),
     "tools/test_show_verdict.py": frozenset(
         {
             "lifecycle._tools.gantt",

@@ -12,13 +12,14 @@ sections to ``MAX_ROWS``, in any case).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
+from lifecycle._tools import show_model as _model
 from lifecycle._tools.show_model import Drawn
-from lifecycle._tools.verdict import Verdict, compact
+from lifecycle._tools.verdict import Verdict
 from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
-MAX_ROWS = 16
+MAX_ROWS = _model.MAX_ROWS
 """The most sections (rows of ranks) a chart draws."""
 
 COMPACT_FROM = 4
@@ -79,40 +80,22 @@ def gantt(attempt: Drawn) -> str:
 
     Deterministic for the same records; under ``BUDGET`` characters for any number of ranks.
     """
-    ranks, title, verdict = attempt.ranks, attempt.label, attempt.verdict
+    title, verdict = attempt.label, attempt.verdict
     headline = verdict.lines(limit=1)[0]
     title = f"{title} - {headline}"
     for detail in (True, False):
-        text = _chart(ranks, title, verdict, detail=detail)
+        text = _chart(attempt, title, verdict, detail=detail)
         if len(text) <= BUDGET:
             return text
     return text[: BUDGET - 200].rsplit("\n", 1)[0] + "\n"
 
 
-def rows(ranks: Mapping[int, Sequence[Record]], verdict: Verdict) -> tuple[list[tuple[str, int]], int]:
-    """The rows to draw, as (name, the rank drawn), and how many groups were left out: a row per rank up to
-    ``MAX_ROWS``; beyond, the cause's rank, the independent failures, then one row per group (``verdict.Group``)."""
-    journaled = [rank for rank in ranks if ranks[rank]]
-    if len(journaled) <= MAX_ROWS:
-        return [(f"rank {rank}", rank) for rank in journaled], 0
-    drawn_rows: list[tuple[str, int]] = []
-    if verdict.first is not None:
-        drawn_rows.append((f"rank {verdict.first.rank} (the cause)", verdict.first.rank))
-    drawn_rows += [(f"rank {e.rank} (failed independently)", e.rank) for e in verdict.independent[:3]]
-    drawn = [g for g in verdict.groups if ranks.get(g.rank)]
-    room = MAX_ROWS - len(drawn_rows)
-    for group in drawn[:room]:
-        who = f"rank {group.ranks[0]}" if len(group.ranks) == 1 else f"ranks {compact(group.ranks)}"
-        drawn_rows.append((f"{_label(who, 40)} (rank {group.rank} drawn)", group.rank))
-    return drawn_rows, max(len(drawn) - room, 0)
-
-
-def _chart(ranks: Mapping[int, Sequence[Record]], title: str, verdict: Verdict, *, detail: bool) -> str:
-    times = [r.start for rs in ranks.values() for r in rs if isinstance(r, RunStart)]
-    times += [r.start for rs in ranks.values() for r in rs if isinstance(r, Transition)]
-    t0 = min(times, default=0.0)
-    drawn_rows, left_out = rows(ranks, verdict)
-    drawn_bars = {rank: bars(ranks[rank], detail=detail) for _, rank in drawn_rows}
+def _chart(attempt: Drawn, title: str, verdict: Verdict, *, detail: bool) -> str:
+    ranks = attempt.ranks
+    first_move = attempt.overview.first_move
+    t0 = first_move if first_move is not None else 0.0
+    drawn_rows, left_out = _model.chart_rows(attempt.overview.journaled, verdict)
+    drawn_bars = {row.rank: bars(ranks[row.rank], detail=detail) for row in drawn_rows}
     last = max((end for bs in drawn_bars.values() for _, _, _, end in bs), default=t0)
     span = last - t0
     axis = "%S.%L" if span < 60 else "%M:%S" if span < 3600 else "%H:%M:%S"
@@ -135,7 +118,7 @@ def _chart(ranks: Mapping[int, Sequence[Record]], title: str, verdict: Verdict, 
 
     marked = [verdict.first, *verdict.independent[:3]] if verdict.first is not None else []
     count = 0
-    for name, rank in drawn_rows:
+    for name, rank in ((row.name, row.rank) for row in drawn_rows):
         lines.append(f"    section {_label(name, 60)}")
         for label, tags, start, end in drawn_bars[rank]:
             count += 1

@@ -8,7 +8,11 @@ Per attempt, a verdict comes first (``lifecycle._tools.verdict``): which rank fa
 first, by the store's sequence number where the ranks journaled their failure notices,
 otherwise by wall time, and how every other rank ended, grouped, in at most 24 lines.
 Then the timeline lists, per attempt and per rank, every transition and teardown step
-with its time relative to the start of the run. The attempts of a run are ordered by
+with its time relative to the start of the run; past ``show_model.TIMELINE_RANKS`` (64)
+ranks an attempt, the cause's rank and one rank of each group of ranks that ended alike
+(the verdict's groups), each under a line naming its group. ``show`` reads the journals
+one file at a time (``show_model.scan``): what it keeps of a rank is its end and its part
+of the attempt's overview, so 16,384 ranks' journals take the memory of a few. The attempts of a run are ordered by
 torchrun's restart count, then by ``pretrain``'s attempt number: the workers torchrun
 restarts count their attempts from 0 again, and show numbers them on from the
 attempts before (``attempt 2 (torchrun restart 1)``). The diagrams are the lifecycle diagrams of
@@ -34,10 +38,9 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from lifecycle import journal as _journal
 from lifecycle._core.states import State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge
 from lifecycle._tools import diagrams as _diagrams
@@ -46,6 +49,7 @@ from lifecycle._tools import page as _page
 from lifecycle._tools import show_model as _model
 from lifecycle._tools import svg as _svg
 from lifecycle._tools import verdict as _verdict
+from lifecycle._tools.cause import ranks_text
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER, StoppedByLauncher
 from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
@@ -158,7 +162,7 @@ def timeline_lines(records: list[Record], *, verdicts: bool = False) -> list[str
     return render_timeline(_model.build(records), verdicts=verdicts)
 
 
-def render_timeline(model: _model.Model, *, verdicts: bool = False) -> list[str]:
+def render_timeline(model: _model.Model, *, verdicts: bool = False, ranks: Iterable[int] = ()) -> list[str]:
     """The timeline: per run, per attempt, per rank, every event with its time since the run's first event.
 
     Runs of different run ids are shown one after the other, never merged; so are
@@ -167,8 +171,15 @@ def render_timeline(model: _model.Model, *, verdicts: bool = False) -> list[str]
     Each rank's line says how its call ended, or, without an end record (a killed or
     hung rank), the state it reached and the last training step it recorded. With
     ``verdicts``, each attempt's verdict (``verdict_lines``) comes first, before its ranks.
+    An attempt of more than ``show_model.TIMELINE_RANKS`` journaled ranks lists the rows
+    its charts draw (``show_model.chart_rows``): the cause's rank, those that failed
+    independently, then one rank of each group of ranks that ended alike, under a line
+    ``ranks 0, 2-1023 (1023 ranks), as rank 0:``; groups past ``MAX_ROWS`` are counted;
+    then the ``ranks`` asked for (whose records the model holds: every rank's from
+    ``build``, those asked of ``scan``).
     """
     lines: list[str] = []
+    asked = sorted(set(ranks))
     for run in model.runs:
         job = f" (job {run.key.job + 1} of {run.jobs} with this run id)" if run.jobs > 1 else ""
         lines.append(f"run {run.key.run_id}{job}")
@@ -176,7 +187,31 @@ def render_timeline(model: _model.Model, *, verdicts: bool = False) -> list[str]
             lines.append(attempt.label)
             if verdicts:
                 lines += _verdict_lines(attempt.verdict)
-            lines += _rank_lines(attempt.ranks, run.t0)
+            if len(attempt.overview.journaled) <= _model.TIMELINE_RANKS:
+                lines += _rank_lines(attempt.ranks, run.t0)
+            else:
+                lines += _grouped_lines(attempt, run.t0, asked)
+    return lines
+
+
+def _grouped_lines(attempt: _model.Attempt, t0: float, asked: Sequence[int]) -> list[str]:
+    """An attempt of more than ``TIMELINE_RANKS`` ranks: the cause's and the independent failures' timelines, then
+    one rank's for each group of ranks that ended alike (the verdict's groups, as the charts draw them), under a line
+    naming the group; the groups past ``MAX_ROWS`` counted."""
+    rows, left_out = _model.chart_rows(attempt.overview.journaled, attempt.verdict)
+    cause = ", the cause's first" if attempt.verdict.first is not None else ""
+    lines = [f"  ({len(attempt.overview.journaled)} ranks: one timeline for each group that ended alike{cause})"]
+    for row in rows:
+        group = row.group
+        if group is not None and len(group.ranks) > 1:
+            lines.append(f"  {ranks_text(group.ranks)} ({len(group.ranks)} ranks), as rank {row.rank}:")
+        lines += _rank_lines({row.rank: attempt.ranks[row.rank]}, t0)
+    if left_out:
+        lines.append(f"  … and {left_out} more groups of ranks, not shown (the verdict lists them)")
+    drawn = {row.rank for row in rows}
+    for rank in (rank for rank in asked if rank in attempt.ranks and rank not in drawn):
+        lines.append(f"  rank {rank}, as asked:")
+        lines += _rank_lines({rank: attempt.ranks[rank]}, t0)
     return lines
 
 
@@ -209,7 +244,16 @@ def final_states(records: list[Record]) -> dict[int, str]:
 
 def taken_edges(records: Iterable[Record]) -> frozenset[Edge]:
     """The declared edges the transition records took (a record naming no declared edge is ignored)."""
-    named = {(r.trigger, r.source, r.dest) for r in records if isinstance(r, Transition)}
+    return _declared({(r.trigger, r.source, r.dest) for r in records if isinstance(r, Transition)})
+
+
+def _taken(overview: _model.Overview) -> frozenset[Edge]:
+    """The declared edges the ranks of an overview took."""
+    return _declared(overview.moves)
+
+
+def _declared(named: Iterable[tuple[str, str, str]]) -> frozenset[Edge]:
+    """The declared edges among ``named`` (trigger, source, dest)."""
     taken = set()
     for trigger, source, dest in named:
         try:
@@ -242,7 +286,7 @@ def draw(model: _model.Model, out: Path) -> list[Path]:
     dot_exe = shutil.which("dot")
     written: list[Path] = []
     for drawn in (drawn for run in model.runs for drawn in run.drawn):
-        taken = taken_edges(r for rank_records in drawn.ranks.values() for r in rank_records)
+        taken = _taken(drawn.overview)
         mmd = out / f"{drawn.stem}.mmd"
         mmd.write_text(_diagrams.mermaid(taken), encoding="utf-8")
         source = mmd.with_suffix(".dot")
@@ -279,11 +323,15 @@ def write_page(records: list[Record], path: Path) -> Path:
 def _page_timeline(drawn: _model.Drawn) -> list[str]:
     """The page's textual timeline of one attempt: every rank's, up to ``gantt.MAX_ROWS`` ranks; beyond, only the
     ranks the chart draws (the cause's, one of each group), and where to read every rank's."""
-    rows, _ = _gantt.rows(drawn.ranks, drawn.verdict)
-    if len(drawn.ranks) <= _gantt.MAX_ROWS:
+    journaled = drawn.overview.journaled
+    rows, _ = _model.chart_rows(journaled, drawn.verdict)
+    if len(journaled) <= _gantt.MAX_ROWS:
         return _rank_lines(drawn.ranks, drawn.t0)
-    kept = {rank: drawn.ranks[rank] for _, rank in rows}
-    head = f"({len(drawn.ranks)} ranks: the {len(kept)} the chart draws; every rank's: python -m lifecycle show)"
+    kept = {row.rank: drawn.ranks[row.rank] for row in rows}
+    where = "every rank's: python -m lifecycle show"
+    if len(journaled) > _model.TIMELINE_RANKS:  # show groups them too
+        where = "any rank's: python -m lifecycle show --ranks R"
+    head = f"({len(journaled)} ranks: the {len(kept)} the chart draws; {where})"
     return [head, *_rank_lines(kept, drawn.t0)]
 
 
@@ -291,7 +339,7 @@ def page_of(model: _model.Model, path: Path) -> Path:
     """``write_page`` of a model."""
     sections = []
     for drawn in (drawn for run in model.runs for drawn in run.drawn):
-        taken = taken_edges(r for rank_records in drawn.ranks.values() for r in rank_records)
+        taken = _taken(drawn.overview)
         sections.append(
             _page.Section(
                 label=drawn.label,
@@ -342,12 +390,26 @@ def print_or_drop(text: str) -> bool:
     return True
 
 
+def _rank_list(text: str) -> list[int]:
+    """``5,7-9`` as ``[5, 7, 8, 9]``; ``argparse.ArgumentTypeError`` saying what is wrong otherwise."""
+    ranks: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        if not low.isdigit() or not (high.isdigit() or not high) or (high and int(high) < int(low)):
+            raise argparse.ArgumentTypeError(f"{text!r} is no list of ranks (e.g. 5,7-9)")
+        ranks += range(int(low), int(high or low) + 1)
+    return ranks
+
+
 def show_main(argv: list[str]) -> int:
-    """``show JOURNAL... [--out DIR] [--html PATH]``: print the verdicts and timeline, write the diagrams.
+    """``show JOURNAL... [--out DIR] [--ranks LIST] [--html PATH]``: print the verdicts and timeline, write the
+    diagrams.
 
     Returns the exit code. Per attempt, the verdict (``verdict_lines``: which rank failed
-    first, how the others ended) comes before its ranks' timelines. ``--html PATH``
-    also writes the self-contained page of ``write_page`` to ``PATH``.
+    first, how the others ended) comes before its ranks' timelines (grouped past 64 ranks,
+    see ``render_timeline``; ``--ranks 5,7-9`` adds those ranks' in full). ``--html PATH``
+    also writes the self-contained page of ``write_page`` to ``PATH``. The journals are
+    read one file at a time (``show_model.scan``).
 
     A JOURNAL may be a journal file (read whatever its name) or a folder, which stands
     for its ``rank<R>.jsonl`` files (other ``*.jsonl`` files in it that look like
@@ -376,6 +438,13 @@ def show_main(argv: list[str]) -> int:
     parser.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL", help="rank<R>.jsonl files or folders")
     parser.add_argument("--out", type=Path, help="where to write the diagrams (default: next to the journal)")
     parser.add_argument(
+        "--ranks",
+        type=_rank_list,
+        default=[],
+        metavar="LIST",
+        help="past 64 ranks an attempt, also print these ranks' timelines in full (e.g. 5,7-9)",
+    )
+    parser.add_argument(
         "--html",
         type=Path,
         metavar="PATH",
@@ -386,22 +455,21 @@ def show_main(argv: list[str]) -> int:
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
     try:
-        loaded = _journal.load(args.journals)
+        scanned = _model.scan(args.journals, ranks=args.ranks)
     except (OSError, ValueError) as exc:
         print(f"cannot read the journal: {exc}", file=sys.stderr)
         return 2
-    for note in loaded.ignored:
+    for note in scanned.ignored:
         print(note, file=sys.stderr)
-    for where in loaded.torn:
+    for where in scanned.torn:
         print(f"{where}: torn line skipped (its writer was killed mid-write?)", file=sys.stderr)
-    records = list(loaded.records)
-    if not records:
+    if not scanned.records:
         print(f"no journal records in {', '.join(map(str, args.journals))}", file=sys.stderr)
         return 2
-    model = _model.build(records)
+    model = scanned.model
     for warning in model.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    closed = not print_or_drop("\n".join(render_timeline(model, verdicts=True)))
+    closed = not print_or_drop("\n".join(render_timeline(model, verdicts=True, ranks=args.ranks)))
     first = args.journals[0]
     out = args.out if args.out is not None else (first if first.is_dir() else first.parent)
     try:

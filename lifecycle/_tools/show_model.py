@@ -6,19 +6,26 @@ per ``AttemptKey``: torchrun restart count, ``pretrain`` attempt, restart mode a
 in-process iteration, ordered by restart count then attempt number) and its ``drawn``
 attempts (one per attempt number, in-process iterations merged: what a chart shows).
 Attempts are numbered on across torchrun restarts (``number``), since a restarted
-worker counts its attempts from 0 again. Every attempt carries its ranks' records
-and its verdict (``lifecycle._tools.verdict``). The views (``show``'s text, the
-diagrams and gantt charts, the HTML page) read only this model.
+worker counts its attempts from 0 again. Every attempt carries its verdict
+(``lifecycle._tools.verdict``), its ``Overview`` (what the views say of every rank: its
+ranks, start times, paths through the states) and the records of its ranks: all of them
+from ``build``; from ``scan``, which reads journal files one at a time, only those of the
+ranks the views print or draw (``shown``). The views (``show``'s text, the diagrams and
+gantt charts, the HTML page) read only this model.
 """
 
 from __future__ import annotations
 
+import os
+import pathlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from lifecycle import journal as _journal
 from lifecycle._tools import verdict as _verdict
-from lifecycle.journal import Record, RunStart, TeardownStep, TrainStep, Transition
+from lifecycle._tools.cause import compact
+from lifecycle.journal import Origin, Record, RunStart, TeardownStep, TrainStep, Transition
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -44,16 +51,88 @@ class AttemptKey:
 Ranks = dict[int, list[Record]]
 """Each rank's records of one attempt, in file order, by rank."""
 
+Path_ = tuple[tuple[str, str, str], ...]
+"""A rank's path through the states: its moves as (source, trigger, dest), in order."""
+
+MAX_ROWS = 16
+"""The most rows (ranks, or groups of ranks drawn by one of theirs) a chart of an attempt draws."""
+
+TIMELINE_RANKS = 64
+"""Up to this many journaled ranks in an attempt, the text timeline lists every rank; beyond, the ranks its charts
+draw (the cause's, the independent failures', one of each group of ranks that ended alike), each under its group."""
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """What the views say of every rank of an attempt, gathered rank by rank (no rank's records are kept for it).
+
+    ``journaled``: the ranks with records, in order. ``t0``: the earliest time the
+    timeline lists (``earliest``; None if nothing is timed). ``first_move``: the earliest
+    start of a ``RunStart`` or ``Transition`` (the gantt chart's zero); ``first_event``: of a
+    ``RunStart``, ``Transition`` or ``TeardownStep`` (the SVG timeline's). ``paths``: each
+    path through the states a rank took, with the ranks that took it, by their first rank.
+    """
+
+    journaled: tuple[int, ...]
+    t0: float | None
+    first_move: float | None
+    first_event: float | None
+    paths: tuple[tuple[Path_, tuple[int, ...]], ...]
+
+    @property
+    def moves(self) -> frozenset[tuple[str, str, str]]:
+        """Every move any rank made, as (trigger, source, dest)."""
+        return frozenset((trigger, source, dest) for path, _ in self.paths for source, trigger, dest in path)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A row of a chart (or a shown rank of a grouped timeline): its ``name``, the ``rank`` drawn, and the ``group``
+    of ranks it stands for (None for the cause's and the independent failures' rows, and below ``MAX_ROWS`` ranks)."""
+
+    name: str
+    rank: int
+    group: _verdict.Group | None = None
+
+
+def chart_rows(journaled: Sequence[int], verdict: _verdict.Verdict) -> tuple[list[Row], int]:
+    """The rows to draw, and how many groups were left out: a row per rank up to ``MAX_ROWS`` ranks; beyond, the
+    cause's rank, the independent failures, then one row per group (``verdict.Group``) whose drawn rank has records."""
+    if len(journaled) <= MAX_ROWS:
+        return [Row(f"rank {rank}", rank) for rank in journaled], 0
+    rows: list[Row] = []
+    if verdict.first is not None:
+        rows.append(Row(f"rank {verdict.first.rank} (the cause)", verdict.first.rank))
+    rows += [Row(f"rank {e.rank} (failed independently)", e.rank) for e in verdict.independent[:3]]
+    present = set(journaled)
+    drawn = [g for g in verdict.groups if g.rank in present]
+    room = MAX_ROWS - len(rows)
+    for group in drawn[:room]:
+        who = f"rank {group.ranks[0]}" if len(group.ranks) == 1 else f"ranks {compact(group.ranks)}"
+        who = who if len(who) <= 40 else who[:39] + "…"
+        rows.append(Row(f"{who} (rank {group.rank} drawn)", group.rank, group))
+    return rows, max(len(drawn) - room, 0)
+
+
+def shown(overview: Overview, verdict: _verdict.Verdict) -> list[int]:
+    """The ranks whose records the views read (the others' are in the overview and the verdict): every journaled
+    rank up to ``TIMELINE_RANKS``; beyond, the rows of ``chart_rows``."""
+    if len(overview.journaled) <= TIMELINE_RANKS:
+        return list(overview.journaled)
+    return sorted({row.rank for row in chart_rows(overview.journaled, verdict)[0]})
+
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """One attempt: its ``key``, the ``number`` show gives it, its ``label``, its ranks' records and its verdict."""
+    """One attempt: its ``key``, the ``number`` show gives it, its ``label``, its verdict and overview, and the
+    records of its ranks: every rank's when built from records (``build``), the ``shown`` ranks' when ``scan``ned."""
 
     key: AttemptKey
     number: int
     label: str
     ranks: Ranks
     verdict: _verdict.Verdict
+    overview: Overview
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +140,8 @@ class Drawn:
     """One numbered attempt as a chart draws it, its in-process iterations merged.
 
     ``stem``: its files' name stem (``attempt2``, ``<run id>-job2-attempt0``); ``label``;
-    ``ranks``; ``t0``: its first event's time; ``verdict`` on the merged records.
+    ``ranks`` (as ``Attempt.ranks``); ``t0``: its first event's time; ``verdict`` and
+    ``overview`` on the merged records.
     """
 
     stem: str
@@ -69,6 +149,7 @@ class Drawn:
     ranks: Ranks
     t0: float
     verdict: _verdict.Verdict
+    overview: Overview
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,20 +197,7 @@ def job_of_each(records: Sequence[Record]) -> list[int]:
     walking a run id's ``RunStart`` records by start time, each such repeat begins the
     next job. A record belongs to the job of its rank's last ``RunStart`` before it.
     """
-    starts: dict[str, list[tuple[float, int, RunStart]]] = {}
-    for index, r in enumerate(records):
-        if isinstance(r, RunStart):
-            starts.setdefault(r.origin.run_id, []).append((r.start, index, r))
-    job_of_start: dict[int, int] = {}
-    for run_starts in starts.values():
-        job, seen = 0, set[tuple[int, int, int, str, int]]()
-        for _, index, r in sorted(run_starts, key=lambda s: (s[0], s[1])):
-            o = r.origin
-            key = (o.rank, o.restart_count, o.attempt, o.restart_mode, o.iteration)
-            if key in seen:
-                job, seen = job + 1, set()
-            seen.add(key)
-            job_of_start[index] = job
+    job_of_start = _jobs_of_starts((index, r) for index, r in enumerate(records) if isinstance(r, RunStart))
     if not any(job_of_start.values()):  # the usual case, one job per run id: skip the walk (show reads 1,000s of ranks)
         return [0] * len(records)
     jobs: list[int] = []
@@ -142,6 +210,24 @@ def job_of_each(records: Sequence[Record]) -> list[int]:
     return jobs
 
 
+def _jobs_of_starts(starts: Iterable[tuple[int, RunStart]]) -> dict[int, int]:
+    """``job_of_each``'s walk: the job of each ``RunStart``, by its position (its index in the records read)."""
+    by_run: dict[str, list[tuple[float, int, RunStart]]] = {}
+    for index, r in starts:
+        by_run.setdefault(r.origin.run_id, []).append((r.start, index, r))
+    job_of_start: dict[int, int] = {}
+    for run_starts in by_run.values():
+        job, seen = 0, set[tuple[int, int, int, str, int]]()
+        for _, index, r in sorted(run_starts, key=lambda s: (s[0], s[1])):
+            o = r.origin
+            key = (o.rank, o.restart_count, o.attempt, o.restart_mode, o.iteration)
+            if key in seen:
+                job, seen = job + 1, set()
+            seen.add(key)
+            job_of_start[index] = job
+    return job_of_start
+
+
 def _grouped(records: Sequence[Record], jobs: Sequence[int]) -> dict[AttemptKey, Ranks]:
     """Records grouped by attempt, then by rank: runs in order of first appearance, each run's attempts by
     (restart count, attempt number), then in order of first appearance (in-process iterations)."""
@@ -150,9 +236,15 @@ def _grouped(records: Sequence[Record], jobs: Sequence[int]) -> dict[AttemptKey,
         o = r.origin
         key = AttemptKey(RunKey(o.run_id, job), o.restart_count, o.attempt, o.restart_mode, o.iteration)
         grouped.setdefault(key, {}).setdefault(o.rank, []).append(r)
-    runs = {run_id: i for i, run_id in enumerate(dict.fromkeys(key.run.run_id for key in grouped))}
-    order = sorted(grouped, key=lambda k: (runs[k.run.run_id], k.run.job, k.restart_count, k.attempt))  # stable
-    return {key: dict(sorted(grouped[key].items())) for key in order}
+    return {key: dict(sorted(grouped[key].items())) for key in _ordered(grouped)}
+
+
+def _ordered(keys: Iterable[AttemptKey]) -> list[AttemptKey]:
+    """Attempt keys in show's order: runs in order of first appearance, each run's attempts by (restart count,
+    attempt number), then in order of first appearance (in-process iterations); ``keys`` in order of appearance."""
+    keys = list(keys)
+    runs = {run_id: i for i, run_id in enumerate(dict.fromkeys(key.run.run_id for key in keys))}
+    return sorted(keys, key=lambda k: (runs[k.run.run_id], k.run.job, k.restart_count, k.attempt))  # stable
 
 
 def _numbers(keys: Sequence[AttemptKey]) -> dict[AttemptKey, int]:
@@ -188,67 +280,233 @@ def _label(key: AttemptKey, number: int, restarted: bool) -> str:
     return f"attempt {number}" + (f" ({', '.join(notes)})" if notes else "")
 
 
-def _warnings(records: Sequence[Record], jobs: Sequence[int]) -> tuple[str, ...]:
-    """Journals of several runs, or of several jobs that shared a run id: each is shown on its own."""
-    ids = list(dict.fromkeys(r.origin.run_id for r in records))
+def _warnings(ids: Sequence[str], jobs_of: Mapping[str, int]) -> tuple[str, ...]:
+    """Journals of several runs (``ids``, in order of first appearance), or of several jobs that shared a run id
+    (``jobs_of``: run id → its number of jobs): each is shown on its own."""
     warnings = []
     if len(ids) > 1:
         warnings.append(
             f"these journals are of {len(ids)} different runs ({', '.join(ids)}): each is shown as a run of its own"
         )
-    of_run: dict[str, set[int]] = {}
-    for r, job in zip(records, jobs, strict=True):
-        of_run.setdefault(r.origin.run_id, set()).add(job)
-    for run_id, its_jobs in of_run.items():
-        if len(its_jobs) > 1:
+    for run_id, jobs in jobs_of.items():
+        if jobs > 1:
             warnings.append(
-                f"run id {run_id} was used by {len(its_jobs)} jobs (a rank started the same attempt again):"
+                f"run id {run_id} was used by {jobs} jobs (a rank started the same attempt again):"
                 " each is shown as a run of its own, in order of start time"
             )
     return tuple(warnings)
 
 
-def _t0(rank_lists: Sequence[Sequence[Record]]) -> float:
-    """The earliest time of any of these ranks' records (0.0 if none is timed)."""
-    return min((t for t in map(earliest, rank_lists) if t is not None), default=0.0)
+class _Gather:
+    """One attempt's overview and rank ends, gathered rank by rank: what is kept of its ranks once read."""
+
+    __slots__ = ("ends", "files", "first_event", "first_move", "paths", "t0", "world")
+
+    def __init__(self) -> None:
+        self.ends: dict[int, _verdict.RankEnd] = {}
+        self.files: dict[int, int] = {}  # rank → the index of the file its records were read from
+        self.world = 0
+        self.t0: float | None = None
+        self.first_move: float | None = None
+        self.first_event: float | None = None
+        self.paths: dict[Path_, list[int]] = {}
+
+    @classmethod
+    def of(cls, ranks: Ranks) -> _Gather:
+        """The gathering of every rank of ``ranks``."""
+        gather = cls()
+        for rank, records in ranks.items():
+            gather.add(rank, records)
+        return gather
+
+    def add(self, rank: int, records: Sequence[Record], file: int = -1) -> bool:
+        """Take in ``rank``'s records of this attempt (read from file number ``file``); False (nothing taken) if the
+        rank was taken in before: its records are in more than one file."""
+        if rank in self.ends:
+            return False
+        moves: list[tuple[str, str, str]] = []
+        first_move = first_event = None
+        last_step: TrainStep | None = None
+        for r in records:
+            if isinstance(r, Transition):
+                moves.append((r.source, r.trigger, r.dest))
+            elif isinstance(r, RunStart):
+                self.world = max(self.world, r.world_size)
+            elif isinstance(r, TrainStep):
+                last_step = r
+                continue
+            elif not isinstance(r, TeardownStep):
+                continue
+            start = r.start
+            first_event = start if first_event is None or start < first_event else first_event
+            if not isinstance(r, TeardownStep):
+                first_move = start if first_move is None or start < first_move else first_move
+        self.ends[rank] = _verdict.rank_end(rank, records)
+        self.files[rank] = file
+        self.paths.setdefault(tuple(moves), []).append(rank)
+        self.first_move = _least(self.first_move, first_move)
+        self.first_event = _least(self.first_event, first_event)
+        self.t0 = _least(self.t0, _least(first_event, last_step.end if last_step is not None else None))
+        return True
+
+    def verdict(self) -> _verdict.Verdict:
+        """The attempt's verdict (``verdict.judge``)."""
+        return _verdict.judge(self.ends, self.world)
+
+    def overview(self) -> Overview:
+        """The attempt's overview."""
+        paths = sorted((path, tuple(sorted(ranks))) for path, ranks in self.paths.items())
+        return Overview(
+            journaled=tuple(sorted(self.ends)),
+            t0=self.t0,
+            first_move=self.first_move,
+            first_event=self.first_event,
+            paths=tuple(sorted(paths, key=lambda item: item[1][0])),
+        )
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    """The smaller of two times, either of which may be None (unknown)."""
+    if a is None:
+        return b
+    return a if b is None or a <= b else b
 
 
 def build(records: Sequence[Record]) -> Model:
-    """The model of ``records`` (any journals' records, in file order): runs, jobs, attempts, verdicts, warnings."""
+    """The model of ``records`` (any journals' records, in file order): runs, jobs, attempts, verdicts, warnings.
+
+    Every rank's records are kept in its attempts (``Attempt.ranks``); ``scan`` builds the
+    same model from journal files, keeping only the ranks the views read.
+    """
     jobs = job_of_each(records)
     grouped = _grouped(records, jobs)
-    numbers = _numbers(list(grouped))
-    restarted = {key.run for key in grouped if key.restart_count > 0}
-    several = len({key.run.run_id for key in grouped}) > 1
-    shared = {key.run.run_id for key in grouped if key.run.job > 0}
-    jobs_of = {key.run.run_id: 1 + max(k.run.job for k in grouped if k.run.run_id == key.run.run_id) for key in grouped}
-    by_run: dict[RunKey, list[AttemptKey]] = {}
+    ids = list(dict.fromkeys(r.origin.run_id for r in records))
+    jobs_of: dict[str, int] = {}
     for key in grouped:
+        jobs_of[key.run.run_id] = max(jobs_of.get(key.run.run_id, 0), key.run.job + 1)
+    gathers = {key: _Gather.of(ranks) for key, ranks in grouped.items()}
+    return _assemble(gathers, grouped, _warnings(ids, jobs_of))
+
+
+def _assemble(
+    gathers: Mapping[AttemptKey, _Gather], kept: Mapping[AttemptKey, Ranks], warnings: tuple[str, ...]
+) -> Model:
+    """The model of the attempts gathered (in order: see ``_grouped``), with the records ``kept`` of their ranks."""
+    keys = list(gathers)
+    numbers = _numbers(keys)
+    restarted = {key.run for key in keys if key.restart_count > 0}
+    several = len({key.run.run_id for key in keys}) > 1
+    shared = {key.run.run_id for key in keys if key.run.job > 0}
+    jobs_of = {key.run.run_id: 1 + max(k.run.job for k in keys if k.run.run_id == key.run.run_id) for key in keys}
+    by_run: dict[RunKey, list[AttemptKey]] = {}
+    for key in keys:
         by_run.setdefault(key.run, []).append(key)
     runs = []
-    for run, keys in by_run.items():
+    for run, run_keys in by_run.items():
         attempts = []
-        parts: dict[int, list[Attempt]] = {}  # the attempts of each number (in-process iterations: several)
-        for key in keys:
-            ranks, number = grouped[key], numbers[key]
-            attempt = Attempt(key, number, _label(key, number, run in restarted), ranks, _verdict.analyse(ranks))
+        parts: dict[int, list[tuple[Attempt, _Gather]]] = {}  # the attempts of each number (in-process iterations)
+        for key in run_keys:
+            number, gather = numbers[key], gathers[key]
+            label = _label(key, number, run in restarted)
+            attempt = Attempt(key, number, label, kept.get(key, {}), gather.verdict(), gather.overview())
             attempts.append(attempt)
-            parts.setdefault(number, []).append(attempt)
+            parts.setdefault(number, []).append((attempt, gather))
         drawn = []
         for number, its in parts.items():
             stem = re.sub(r"[^A-Za-z0-9._-]", "_", run.run_id) + "-" if several else ""
             stem += f"job{run.job + 1}-" if run.run_id in shared else ""
-            shown = (f"run {run.run_id}: " if several or run.run_id in shared else "") + its[0].label
+            shown_as = (f"run {run.run_id}: " if several or run.run_id in shared else "") + its[0][0].label
             if len(its) == 1:
-                ranks, verdict = its[0].ranks, its[0].verdict
+                ranks, verdict, overview = its[0][0].ranks, its[0][0].verdict, its[0][0].overview
             else:
                 into: Ranks = {}
-                for part in its:
+                for part, _ in its:
                     for rank, rank_records in part.ranks.items():
                         into.setdefault(rank, []).extend(rank_records)
                 ranks = dict(sorted(into.items()))
-                verdict = _verdict.analyse(ranks)
-            drawn.append(Drawn(f"{stem}attempt{number}", shown, ranks, _t0(list(ranks.values())), verdict))
-        t0 = _t0([rs for key in keys for rs in grouped[key].values()])
-        runs.append(Run(run, jobs_of[run.run_id], t0, tuple(attempts), tuple(drawn)))
-    return Model(tuple(runs), _warnings(records, jobs))
+                merged = _Gather.of(ranks)
+                verdict, overview = merged.verdict(), merged.overview()
+            t0 = overview.t0 if overview.t0 is not None else 0.0
+            drawn.append(Drawn(f"{stem}attempt{number}", shown_as, ranks, t0, verdict, overview))
+        times = [a.overview.t0 for a in attempts if a.overview.t0 is not None]
+        runs.append(Run(run, jobs_of[run.run_id], min(times, default=0.0), tuple(attempts), tuple(drawn)))
+    return Model(tuple(runs), warnings)
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """What ``scan`` read: the ``model``, the torn lines it skipped and the files it ignored (as ``journal.load``'s),
+    and how many ``records`` it read."""
+
+    model: Model
+    torn: tuple[str, ...]
+    ignored: tuple[str, ...]
+    records: int
+
+
+def scan(paths: Iterable[str | os.PathLike[str]], *, ranks: Iterable[int] = ()) -> Scanned:
+    """The model of the journals at ``paths`` (as ``journal.load`` reads them), read one file at a time.
+
+    Of each rank of each attempt only its ``RankEnd`` and its part in the attempt's
+    ``Overview`` are kept while the files are read; then the files of the ranks the views
+    read (``shown``: at most ``TIMELINE_RANKS`` an attempt, ``MAX_ROWS`` and a few beyond)
+    and of the ``ranks`` asked for are read again for their records. One journal file is open at a time, and memory
+    holds one file's records and about a kilobyte a rank and attempt, however many
+    ranks. Where that cannot tell the story (jobs that shared a run id, in-process
+    iterations drawn together, a rank's records of one attempt in two files) every
+    record is read into memory and ``build`` decides, as before. ``ValueError`` and
+    ``OSError`` as ``journal.load``'s.
+    """
+    paths, asked = list(paths), set(ranks)
+    gathers: dict[AttemptKey, _Gather] = {}
+    files: list[pathlib.Path] = []
+    starts: list[tuple[int, RunStart]] = []
+    ids: dict[str, None] = {}
+    torn: list[str] = []
+    ignored: list[str] = []
+    count, whole = 0, False
+    for path, loaded in _journal.load_each(paths):
+        torn += loaded.torn
+        ignored += loaded.ignored
+        if not loaded.records:
+            continue
+        here = len(files)
+        files.append(path)
+        of_rank: dict[tuple[AttemptKey, int], list[Record]] = {}
+        keys: dict[Origin, AttemptKey] = {}
+        for r in loaded.records:
+            o = r.origin
+            key = keys.get(o)
+            if key is None:
+                key = keys[o] = AttemptKey(RunKey(o.run_id, 0), o.restart_count, o.attempt, o.restart_mode, o.iteration)
+                ids.setdefault(o.run_id)
+            if isinstance(r, RunStart):
+                starts.append((count, r))
+            count += 1
+            of_rank.setdefault((key, o.rank), []).append(r)
+        for (key, rank), records in of_rank.items():
+            gather = gathers.get(key)
+            if gather is None:
+                gather = gathers[key] = _Gather()
+            whole = not gather.add(rank, records, here) or whole
+    whole = whole or any(_jobs_of_starts(starts).values())
+    numbered = {(key.run, key.restart_count, key.attempt) for key in gathers}
+    whole = whole or len(numbered) < len(gathers)  # in-process iterations: drawn together, from their records
+    if whole:
+        loaded = _journal.load(paths)
+        return Scanned(build(loaded.records), loaded.torn, loaded.ignored, len(loaded.records))
+    wanted: dict[int, set[tuple[AttemptKey, int]]] = {}
+    for key, gather in gathers.items():
+        for rank in {*shown(gather.overview(), gather.verdict()), *(r for r in asked if r in gather.files)}:
+            wanted.setdefault(gather.files[rank], set()).add((key, rank))
+    kept: dict[AttemptKey, Ranks] = {}
+    for index in sorted(wanted):
+        for _, again in _journal.load_each([files[index]]):
+            for r in again.records:
+                o = r.origin
+                key = AttemptKey(RunKey(o.run_id, 0), o.restart_count, o.attempt, o.restart_mode, o.iteration)
+                if (key, o.rank) in wanted[index]:
+                    kept.setdefault(key, {}).setdefault(o.rank, []).append(r)
+    kept = {key: dict(sorted(ranks.items())) for key, ranks in kept.items()}
+    model = _assemble({key: gathers[key] for key in _ordered(gathers)}, kept, _warnings(list(ids), {}))
+    return Scanned(model, tuple(torn), tuple(ignored), count)

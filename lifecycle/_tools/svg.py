@@ -21,13 +21,12 @@ grows with the rows drawn (at most 16 + a few), not with the number of ranks.
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
 
 from lifecycle._core.states import State
 from lifecycle._tools import gantt
+from lifecycle._tools import show_model as _model
+from lifecycle._tools.cause import compact
 from lifecycle._tools.show_model import Drawn
-from lifecycle._tools.verdict import compact
-from lifecycle.journal import Record, RunStart, TeardownStep, Transition
 
 WIDTH = 1200
 """The pictures' width in pixels at full size (a 1,400-pixel window shows them whole)."""
@@ -79,10 +78,11 @@ def _tick_step(span: float) -> float:
 def timeline(drawn: Drawn) -> str:
     """The timeline of one attempt as an ``<svg>`` element (see the module doc)."""
     ranks, verdict = drawn.ranks, drawn.verdict
-    drawn_rows, left_out = gantt.rows(ranks, verdict)
+    rows, left_out = _model.chart_rows(drawn.overview.journaled, verdict)
+    drawn_rows = [(row.name, row.rank) for row in rows]
     per_rank = {rank: gantt.bars(ranks[rank], detail=True) for _, rank in drawn_rows}
-    starts = [r.start for rs in ranks.values() for r in rs if isinstance(r, RunStart | Transition | TeardownStep)]
-    t0 = min(starts, default=drawn.t0)
+    first_event = drawn.overview.first_event
+    t0 = first_event if first_event is not None else drawn.t0
     ends = [end for bars in per_rank.values() for _, _, _, end in bars]
     first = verdict.first
     if first is not None and first.failed_at is not None:
@@ -168,11 +168,6 @@ def _tick_label(tick: float, step: float) -> str:
     return f"+{tick:.0f} s"
 
 
-def _path_of(records: Sequence[Record]) -> tuple[tuple[str, str, str], ...]:
-    """A rank's path: its moves as (source, trigger, dest), in order."""
-    return tuple((r.source, r.trigger, r.dest) for r in records if isinstance(r, Transition))
-
-
 _BOX_W = 124
 _BOX_H = 34
 _GAP = 84
@@ -181,14 +176,11 @@ _PER_LINE = 6
 
 def path(drawn: Drawn) -> str:
     """The path each rank took through the states, as an ``<svg>`` element (ranks with the same path drawn once)."""
-    paths: dict[tuple[tuple[str, str, str], ...], list[int]] = {}
-    for rank, records in drawn.ranks.items():
-        paths.setdefault(_path_of(records), []).append(rank)
     finals = {s.value for s in State if s.is_final}
     arrow = f"arrow-{drawn.stem}"  # one page holds many pictures: each its own marker id
     blocks: list[str] = []
     y = 8
-    for moves, members in sorted(paths.items(), key=lambda item: item[1][0]):
+    for moves, members in drawn.overview.paths:
         who = f"rank {members[0]}" if len(members) == 1 else f"ranks {compact(members)}"
         states = [moves[0][0]] + [dest for _, _, dest in moves] if moves else [State.UNINITIALIZED.value]
         blocks.append(f'<text x="6" y="{y + 12}" font-weight="bold">{_e(_cut(who, 120))}</text>')

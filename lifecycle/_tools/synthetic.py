@@ -143,25 +143,35 @@ def failing_run(
 
     The others fail 60-80 ms later with a peer's connection error (the port differs per
     rank), their notices naming ``first``; each attempt starts a second after the last
-    ended. Returns rank → records, in the order each rank's journal holds them.
+    ended. Returns rank → records, in the order each rank's journal holds them
+    (``failing_rank`` of each rank).
     """
-    ranks: dict[int, list[Record]] = {rank: [] for rank in range(world_size)}
+    return {
+        rank: failing_rank(run_id, world_size, attempts, rank, first=first, steps=steps, start=start)
+        for rank in range(world_size)
+    }
+
+
+def failing_rank(
+    run_id: str, world_size: int, attempts: int, rank: int, *, first: int = 1, steps: int = 20, start: float = 1_000.0
+) -> list[Record]:
+    """``rank``'s records of ``failing_run``: one rank's journal at a time, for runs too large to hold at once."""
+    records: list[Record] = []
     t = start
     for attempt in range(attempts):
         fail_at = t + 0.015 + steps * STEP_S
-        for rank in range(world_size):
-            origin = Origin(run_id, rank, attempt, "ordinary", 0)
-            if rank == first:
-                error, seq, named, at = f"InjectedFault: injected at step {steps + 1}", 1, None, fail_at
-            else:
-                delay = 0.060 + 0.020 * ((rank * 7919) % world_size) / max(world_size - 1, 1)
-                error = f"RuntimeError: Connection closed by peer [10.0.0.2]:{20000 + rank}"
-                seq, named, at = 2 + (rank if rank < first else rank - 1), first, fail_at + delay
-            ranks[rank] += rank_call(
-                origin, world_size, t, steps=steps, end="failed", fail_at=at, error=error, seq=seq, first_rank=named
-            )
+        origin = Origin(run_id, rank, attempt, "ordinary", 0)
+        if rank == first:
+            error, seq, named, at = f"InjectedFault: injected at step {steps + 1}", 1, None, fail_at
+        else:
+            delay = 0.060 + 0.020 * ((rank * 7919) % world_size) / max(world_size - 1, 1)
+            error = f"RuntimeError: Connection closed by peer [10.0.0.2]:{20000 + rank}"
+            seq, named, at = 2 + (rank if rank < first else rank - 1), first, fail_at + delay
+        records += rank_call(
+            origin, world_size, t, steps=steps, end="failed", fail_at=at, error=error, seq=seq, first_rank=named
+        )
         t = fail_at + 1.0
-    return ranks
+    return records
 
 
 def write(folder: Path, ranks: dict[int, Iterable[Record]]) -> list[Path]:

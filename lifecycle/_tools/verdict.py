@@ -19,7 +19,7 @@ Ranks that ended alike are grouped (``ranks 0, 2-1023: failed 60-80 ms after ran
 
 from __future__ import annotations
 
-import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -27,13 +27,23 @@ from enum import Enum
 from lifecycle import journal as _journal
 from lifecycle._core.plans import Outcome as PlanOutcome
 from lifecycle._core.states import State
+from lifecycle._tools.cause import (
+    FIRST_NOTE,
+    LIVENESS,
+    VERDICT_ERROR,
+    Cause,
+    Decided,
+    compact,
+    consequence_error,
+    kind_of,
+    liveness_cause,
+    ranks_text,
+)
 from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
 MAX_LINES = 24
 """The most lines a verdict takes, whatever the number of ranks."""
 
-VERDICT_ERROR = "LivenessVerdict: "
-"""How the error of a liveness monitor's failure notice begins (``lifecycle._torch.notice.VERDICT_ERROR``)."""
 
 INDEPENDENT_S = 0.005
 """Two failures at most this far apart by wall time are taken as independent: neither can have caused the other."""
@@ -53,17 +63,6 @@ class Outcome(Enum):
     """It ended without failing (its end record's state, ``closed`` usually)."""
     MISSING = "missing"
     """A rank of the world with no journal."""
-
-
-class Decided(Enum):
-    """How the verdict found the cause: the rank whose failure came first."""
-
-    NO_FAILURE = "no rank failed"
-    BY_SEQUENCE = "first in the store's order of failure notices"
-    BY_NOTICE = "named by its peers' failure notices"
-    BY_VERDICT = "named by its liveness monitor's verdict, in its journal (the store did not number it)"
-    BY_CONSEQUENCE = "no failure notice of its own: its peers' connection errors are consequences of its death"
-    BY_WALL_TIME = "by wall time, a fallback: no failure notice was journaled (hosts' clocks may differ)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +188,7 @@ class Verdict:
             kept = [g for g in kept if g.failed][: room - 1 - len(others)] + others
             dropped = [g for g in self.groups if g not in kept]
             more = f"… and {len(dropped)} more groups ({sum(len(g.ranks) for g in dropped)} ranks)"
-        groups = [f"{_ranks(g.ranks)}: {g.text}" for g in kept]
+        groups = [f"{ranks_text(g.ranks)}: {g.text}" for g in kept]
         if len(kept) < len(self.groups):
             groups.append(more)
         return (head + groups)[:limit]
@@ -199,35 +198,13 @@ def _all(group: Group, world: int) -> str:
     """``all 4 ranks closed`` for the one group of a world where no rank failed."""
     if len(group.ranks) == 1:
         return f"rank {group.ranks[0]}: {group.text}"
-    return f"all {world} ranks {group.text}" if len(group.ranks) == world else f"{_ranks(group.ranks)}: {group.text}"
+    return (
+        f"all {world} ranks {group.text}" if len(group.ranks) == world else f"{ranks_text(group.ranks)}: {group.text}"
+    )
 
 
 def _time(end: RankEnd) -> float:
     return end.failed_at if end.failed_at is not None else 0.0
-
-
-def compact(ranks: Iterable[int]) -> str:
-    """Ranks as compact ranges: ``0, 2-1023``."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ", ".join(parts)
-
-
-def _ranks(ranks: Sequence[int], limit: int = 80) -> str:
-    """``rank 3`` or ``ranks 0, 2-1023``; ranges past ``limit`` characters are cut, the count said."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    ranges = compact(ranks)
-    if len(ranges) > limit:
-        ranges = ranges[:limit].rsplit(", ", 1)[0] + f", … ({len(ranks)} ranks)"
-    return f"ranks {ranges}"
 
 
 def _ms(seconds: float) -> str:
@@ -252,14 +229,6 @@ def _short(text: str, limit: int = 120) -> str:
     """The first line of ``text``, cut to ``limit`` characters."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-_NUMBER = re.compile(r"\d+")
-
-
-def _kind_of(error: str) -> str:
-    """What errors that differ only in their numbers (ports, pids, ranks, addresses) share."""
-    return _NUMBER.sub("#", error)
 
 
 def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
@@ -307,10 +276,10 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
     failed = bool(evidence) or (end is not None and end.state == State.FAILED)
     failed_at = min(evidence) if evidence else (last_time if failed else None)
     if failure is not None:
-        phase, step, error = f"phase {failure.phase}", failure.step, failure.error
+        phase, step, error = sys.intern(f"phase {failure.phase}"), failure.step, failure.error
     else:
         source = into_failed.source if into_failed is not None else last_move.dest if last_move is not None else "?"
-        phase, step = f"state {source}", None
+        phase, step = sys.intern(f"state {source}"), None
         error = (end.error if end is not None else None) or (into_failed.detail if into_failed else "") or ""
         error = error or teardown_error
     if failure is None and judged is not None:
@@ -330,7 +299,7 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
         last_state=last_move.dest if last_move is not None else State.UNINITIALIZED.value,
         last_time=last_time,
         error=_short(error) or "(no error recorded)",
-        note=failure.note if failure is not None else "",
+        note=sys.intern(failure.note) if failure is not None else "",  # the same few words on thousands of ranks
     )
 
 
@@ -381,137 +350,19 @@ def _missing(rank: int) -> RankEnd:
     )
 
 
-CONNECTION = re.compile(
-    r"connection (?:reset|closed|refused|lost)|closed by peer|broken pipe|read error|write error|ECONNRESET|EPIPE"
-    r"|socket (?:timeout|closed)|timed out waiting|the store is gone|is unreachable|^StoppedByLauncher:",
-    re.IGNORECASE,
-)
-"""What a peer's error says when its connection to a rank that failed broke, a receive from it timed out, or the
-launcher stopped it after that rank's death (``StoppedByLauncher``): a consequence, never a cause."""
-
-
-def consequence_error(error: str) -> bool:
-    """Whether ``error`` is a broken connection (reset, closed by peer, ...): the mark of a peer's failure."""
-    return CONNECTION.search(error) is not None
-
-
-_LIVENESS = re.compile(
-    r"rank (?P<rank>\d+) (?P<kind>died|is stopped|is spinning|is waiting|is unresponsive)"
-    r"(?: at (?:step (?P<step>\d+), )?phase (?P<phase>\w+))?"
-)
-_LAST_AT = re.compile(r"last at (?:step (?P<step>\d+), )?phase (?P<phase>\w+)")
-_NO_PROGRESS = re.compile(r"no progress for (?P<age>[\d.]+) s")
-_SILENT = re.compile(r"has not beaten for (?P<age>[\d.]+) s")
-_PROC_STATE = re.compile(r"\(state (?P<state>\w)\)")
-_FIRST_NOTE = re.compile(r"^lifecycle: rank (?P<rank>\d+) failed first \([^)]*\): (?P<error>.*)$")
-
-PHASE_WORDS = {
-    "batch": "in the batch provider",
-    "step": "in the training step",
-    "eval": "in an evaluation",
-    "checkpoint": "in a checkpoint save",
-    "callback": "in a step callback",
-    "finalize": "in finalize",
-    "setup": "in setup",
-    "dist": "in init_distributed",
-    "globals": "in init_globals",
-}
-"""How the cause's line says a phase (``Session.progress``'s and the failure notice's names)."""
-
-KINDS = ("raised", "died", "stopped", "hung", "spinning", "unresponsive", "failed")
-"""The kinds of cause the first line names: an exception, a death, a stop, a hang, a spin, a silent host, other."""
-
-
-@dataclass(frozen=True, slots=True)
-class Cause:
-    """The cause of an attempt: the rank whose failure came first, what kind, where, and how it was found.
-
-    ``kind`` is one of ``KINDS``; ``phase`` a phase name (``step``, ``batch``) or ``state
-    <name>``; ``step`` the step it failed at (None: unknown, ``after`` the last it
-    recorded); ``detail`` the error or the liveness monitor's evidence.
-    """
-
-    rank: int
-    kind: str
-    phase: str
-    step: int | None
-    after: int | None
-    detail: str
-    decided: Decided
-
-    def where(self) -> str:
-        """``in the training step at step 50``, ``in state training after step 49``."""
-        if self.phase.startswith("state "):
-            place = f"in {self.phase}"
-        else:
-            place = PHASE_WORDS.get(self.phase, f"in phase {self.phase}") if self.phase else ""
-        if self.step is not None:
-            at = f"at step {self.step}"
-        elif self.after is not None:
-            at = f"after step {self.after}"
-        else:
-            at = ""
-        return " ".join(part for part in (place, at) if part)
-
-    def words(self) -> str:
-        """The cause in plain words: ``rank 1 died in the training step at step 80 (killed: no end record, ...)``."""
-        verb = {"spinning": "was spinning", "unresponsive": "went silent"}.get(self.kind, self.kind)
-        where = self.where()
-        head = f"rank {self.rank} {verb}" + (f" {where}" if where else "")
-        if self.kind in ("raised", "failed"):
-            return f"{head}: {self.detail}"
-        return f"{head} ({self.detail})"
-
-    def line(self) -> str:
-        """The verdict's first line: the cause's words, then how it was found."""
-        return f"{self.words()} — the cause, {self.decided.value}"
-
-
-def _liveness_cause(end: RankEnd, text: str, decided: Decided) -> Cause | None:
-    """The cause a liveness monitor's words in ``text`` (a peer's note or error) give for ``end``'s rank, if any."""
-    found = _LIVENESS.search(text)
-    if found is None or int(found["rank"]) != end.rank:
-        return None
-    kind = {"died": "died", "is stopped": "stopped", "is spinning": "spinning", "is waiting": "hung"}.get(
-        found["kind"], "unresponsive"
-    )
-    step, phase = found["step"], found["phase"]
-    last = _LAST_AT.search(text)
-    if kind == "unresponsive" and last is not None:
-        step, phase = last["step"], last["phase"]
-    age = _NO_PROGRESS.search(text)
-    silent = age["age"] if age is not None else ""
-    killed = "killed by its liveness monitor" if "stacks are in" in text else "named by its liveness monitor"
-    if kind == "died":
-        detail = "killed: no end record, its process gone, its heartbeat stopped"
-    elif kind == "stopped":
-        state = _PROC_STATE.search(text)
-        detail = (
-            f"its process stopped in state {state['state'] if state else 'T'}, no progress for {silent} s; {killed}"
-        )
-    elif kind == "hung":
-        detail = f"alive, no progress for {silent} s while its peers went on; {killed}"
-    elif kind == "spinning":
-        detail = f"running, no progress for {silent} s; {killed}"
-    else:
-        beat = _SILENT.search(text)
-        detail = f"its monitor stopped beating for {beat['age'] if beat else '?'} s: its host or monitor is gone"
-    return Cause(end.rank, kind, phase or "", int(step) if step is not None else None, end.last_step, detail, decided)
-
-
 def _cause_of(end: RankEnd, decided: Decided, named_by: RankEnd | None = None) -> Cause:
     """``end``'s failure as the cause: from its own record, or (``named_by``) from the peer's note that names it."""
     if named_by is not None:
         for text in (named_by.note, named_by.error):
-            cause = _liveness_cause(end, text, decided)
+            cause = liveness_cause(end.rank, end.last_step, text, decided)
             if cause is not None:
                 return cause
-        said = _FIRST_NOTE.match(named_by.note)
+        said = FIRST_NOTE.match(named_by.note)
         if said is not None and not end.failed:
             error = said["error"]
             return Cause(end.rank, "failed", "", None, end.last_step, error, decided)
     if end.error.startswith(VERDICT_ERROR):
-        cause = _liveness_cause(end, end.note or end.error, decided)
+        cause = liveness_cause(end.rank, end.last_step, end.note or end.error, decided)
         if cause is not None:
             return cause
     if not end.failed:  # killed without a word: no failure record, no end record
@@ -577,7 +428,7 @@ def _placed(named: RankEnd, by: RankEnd) -> RankEnd:
     """The named rank, placed where the notice that names it puts it: no later than that notice's own failure."""
     if named.failed:
         return named
-    error = _FIRST_NOTE.sub(r"\g<error>", by.note).removeprefix("lifecycle: ")
+    error = FIRST_NOTE.sub(r"\g<error>", by.note).removeprefix("lifecycle: ")
     return replace(named, failed_at=_time(by), error=_short(error))
 
 
@@ -596,7 +447,7 @@ def claim(rank: int, error: str, *, time: float | None, note: str = "", killed: 
     or liveness note names the first rank), or ``killed`` (it died without a word)."""
     first_rank = None
     for line in note.splitlines():
-        found = _FIRST_NOTE.match(line) or _LIVENESS.search(line)
+        found = FIRST_NOTE.match(line) or LIVENESS.search(line)
         if found is not None and int(found["rank"]) != rank:
             first_rank = int(found["rank"])
             break
@@ -650,7 +501,7 @@ def _describe(end: RankEnd, first: RankEnd | None) -> tuple[_Alike, str]:
         if end.first_rank is not None and (first is None or end.first_rank != first.rank):
             named = f" (its note names rank {end.first_rank} as first)"
         consequence = "a consequence, " if _consequence(first, end) else ""
-        alike = (end.phase, _kind_of(end.error), named, cut, consequence)
+        alike = (end.phase, kind_of(end.error), named, cut, consequence)
         return (outcome, alike), f"{consequence}{end.where()}: {end.error}{named}{cut}"
     if outcome is Outcome.CUT:
         after = f", last step {end.last_step}" if end.last_step is not None else ""
@@ -667,7 +518,14 @@ def analyse(ranks: Mapping[int, Sequence[Record]]) -> Verdict:
     have no records are reported as having no journal.
     """
     world = max((r.world_size for rs in ranks.values() for r in rs if isinstance(r, RunStart)), default=0)
-    ends = {rank: rank_end(rank, records) for rank, records in ranks.items()}
+    return judge({rank: rank_end(rank, records) for rank, records in ranks.items()}, world)
+
+
+def judge(known: Mapping[int, RankEnd], world: int) -> Verdict:
+    """``analyse``'s verdict from each journaled rank's end (``known``: rank → its ``rank_end``) and the world size
+    (the largest ``RunStart.world_size``): what a reader that keeps one ``RankEnd`` per rank, not its records,
+    decides on."""
+    ends = dict(known)
     for rank in range(world):
         ends.setdefault(rank, _missing(rank))
     ends = dict(sorted(ends.items()))

@@ -2,8 +2,8 @@
 
 ``pretrain`` (with ``journal_dir``) writes a rank's records to ``<dir>/rank<R>.jsonl``
 as they happen; ``python -m lifecycle show`` reads them, and so can anyone: ``read``
-(or ``load``, which also reports torn lines) returns typed, frozen records, version 1
-and 2 files included; ``JournalWriter`` appends them. The record types:
+(or ``load``, which also reports torn lines; ``load_each``, a file at a time) returns typed,
+frozen records, version 1 and 2 files included; ``JournalWriter`` appends them. The record types:
 
 - ``RunStart`` (``run``): a ``pretrain`` call started; a writer's first record.
 - ``Transition`` (``transition``): the session moved between states.
@@ -25,6 +25,7 @@ from lifecycle.journal._files import (
     journal_files,
     journal_path,
     load,
+    load_each,
     parse,
     read,
     restart_count,
@@ -67,6 +68,7 @@ __all__ = [
     "journal_files",
     "journal_path",
     "load",
+    "load_each",
     "parse",
     "read",
     "restart_count",

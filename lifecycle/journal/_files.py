@@ -13,7 +13,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -289,8 +289,9 @@ def journal_files(folder: str | os.PathLike[str]) -> list[Path]:
 def _journals_in(folder: Path, ignored: list[str]) -> list[Path]:
     """``journal_files(folder)``, with a note in ``ignored`` on each other journal-like ``*.jsonl`` file."""
     journals = journal_files(folder)
+    read = set(journals)  # a set: a folder may hold 16,384 journals (a list made this check quadratic)
     for path in sorted(folder.iterdir()):
-        if path.suffix == ".jsonl" and path not in journals and path.is_file() and _looks_like_a_journal(path):
+        if path.suffix == ".jsonl" and path not in read and path.is_file() and _looks_like_a_journal(path):
             ignored.append(
                 f"{path}: ignored: it looks like a journal, but only rank<R>.jsonl files of a folder are read"
                 " (name the file to read it)"
@@ -315,11 +316,39 @@ def load(paths: Iterable[str | os.PathLike[str]]) -> Loaded:
     torn: list[str] = []
     ignored: list[str] = []
     shared: Shared = {}
+    for path in _files_of(paths, ignored):
+        _load_file(path, records, torn, shared)
+    return Loaded(tuple(records), tuple(torn), tuple(ignored))
+
+
+def _files_of(paths: Iterable[str | os.PathLike[str]], ignored: list[str]) -> Iterator[Path]:
+    """The journal files ``load`` reads for ``paths``, in its order (each folder listed when reached)."""
     for given in paths:
         given = Path(given)
-        for path in _journals_in(given, ignored) if given.is_dir() else [given]:
-            _load_file(path, records, torn, shared)
-    return Loaded(tuple(records), tuple(torn), tuple(ignored))
+        yield from _journals_in(given, ignored) if given.is_dir() else [given]
+
+
+def load_each(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[Path, Loaded]]:
+    """``load(paths)`` one journal file at a time: for each file, in ``load``'s order, its path and a ``Loaded`` of
+    its records, its torn lines and the notes on the files of its folder that were not read (given with the first
+    file read after a folder was listed; a folder that holds no journal comes as its own path with no records).
+
+    At most one journal file is open at a time and nothing of a file is kept once the
+    next is read, so a tool can read any number of ranks' journals in the memory of one
+    (``show`` does). Errors as ``load``'s, raised when the file that has them is reached.
+    """
+    for given in paths:
+        given = Path(given)
+        ignored: list[str] = []
+        files = _journals_in(given, ignored) if given.is_dir() else [given]
+        if not files and ignored:  # a folder of no rank<R>.jsonl: its notes still said
+            yield given, Loaded((), (), tuple(ignored))
+        for path in files:
+            records: list[Record] = []
+            torn: list[str] = []
+            _load_file(path, records, torn, {})
+            yield path, Loaded(tuple(records), tuple(torn), tuple(ignored))
+            ignored = []
 
 
 def read(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
