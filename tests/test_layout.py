@@ -173,3 +173,17 @@ def test_importing_the_package_loads_no_torch(module: str) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"import {module} loaded {done.stdout.strip()} {done.stderr[-500:]}"
+
+
+MAX_MODULE_LINES = 600
+"""The longest a module of the package may be (issue 24: code a newcomer can read in one sitting)."""
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    """Every module of lifecycle/ has at most MAX_MODULE_LINES lines (writer.py had grown to 637 unnoticed)."""
+    long = {
+        str(path.relative_to(PACKAGE)): count
+        for path in PACKAGE.rglob("*.py")
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, long

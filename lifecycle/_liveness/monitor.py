@@ -55,32 +55,22 @@ from dataclasses import dataclass, field
 
 if __package__:
     from lifecycle._liveness.deadlines import LOOP_PHASES, Deadlines
-    from lifecycle._liveness.page import PAGE_SIZE, Position, read_marks, write_verdict
+    from lifecycle._liveness.page import PAGE_SIZE, Position, kind_words, process_state, read_marks, write_verdict
     from lifecycle._liveness.wire import StoreClient, StoreError
 else:  # run as a script (python -S -E -s monitor.py): its folder is on the path; never import the package (torch)
     from deadlines import LOOP_PHASES, Deadlines  # type: ignore[import-not-found,no-redef]
-    from page import PAGE_SIZE, Position, read_marks, write_verdict  # type: ignore[import-not-found,no-redef]
+    from page import (  # type: ignore[import-not-found,no-redef]
+        PAGE_SIZE,
+        Position,
+        kind_words,
+        process_state,
+        read_marks,
+        write_verdict,
+    )
     from wire import StoreClient, StoreError  # type: ignore[import-not-found,no-redef]
 
 JOURNAL_VERSION = 3
 """The ``lifecycle.journal`` schema version of the verdict records this monitor writes (a test keeps it equal)."""
-
-# -- /proc -------------------------------------------------------------------------------
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of ``pid``'s main thread in ``/proc/<pid>/stat`` (``R``, ``S``, ``T``…), None if gone.
-
-    A zombie (``Z``, dead and not yet reaped) counts as gone.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    state = text.rsplit(b")", 1)[1].split()[0].decode()
-    return None if state in ("Z", "X") else state
-
 
 # -- the monitor -------------------------------------------------------------------------
 
@@ -534,12 +524,6 @@ class Monitor:
             now = _size(self.s.stacks)
             steady = steady + 1 if now > before and now == size else 0
             size = now
-
-
-def kind_words(kind: str, position: Position) -> str:
-    """How a verdict says ``kind``: ``"is stopped at step 3, phase step"``."""
-    words = {"stopped": "is stopped", "spinning": "is spinning", "waiting": "is waiting"}[kind]
-    return f"{words} at {position.where()}"
 
 
 def _size(path: str) -> int:

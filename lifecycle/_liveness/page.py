@@ -1,4 +1,4 @@
-"""The marks page a rank shares with its monitor: the rank's position, and the first verdict the monitor saw.
+"""What a monitor reads of its rank: the marks page (its position, the first verdict seen) and ``/proc``.
 
 Standard library only: imported by ``lifecycle._liveness.rank`` (the writer) and by the
 monitor, which runs as a script and imports it from its own folder (see ``monitor``).
@@ -66,3 +66,23 @@ def read_marks(page: mmap.mmap) -> Position:
                 name = phase.rstrip(b"\0").decode("utf-8", "replace")
                 return Position(count // 2, attempt, None if step == NO_STEP else step, name, bool(done))
         time.sleep(0)
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``pid``'s main thread in ``/proc/<pid>/stat`` (``R``, ``S``, ``T``…), None if gone.
+
+    A zombie (``Z``, dead and not yet reaped) counts as gone.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    state = text.rsplit(b")", 1)[1].split()[0].decode()
+    return None if state in ("Z", "X") else state
+
+
+def kind_words(kind: str, position: Position) -> str:
+    """How a verdict says ``kind``: ``"is stopped at step 3, phase step"``."""
+    words = {"stopped": "is stopped", "spinning": "is spinning", "waiting": "is waiting"}[kind]
+    return f"{words} at {position.where()}"

@@ -21,7 +21,6 @@ rank's record.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import secrets
@@ -29,8 +28,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from collections.abc import Callable
 from concurrent.futures import wait as wait_for
 from pathlib import Path
 from typing import Any
@@ -69,6 +67,20 @@ from lifecycle.checkpoint.layout import (
     write_atomic,
 )
 from lifecycle.checkpoint.loader import collective_device, latest_checkpoint, load_checkpoint
+from lifecycle.checkpoint.parts import (
+    REPLICA,
+    ROW,
+    VERDICT,
+    WAKE_S,
+    WROTE,
+    Pending,
+    Shard,
+    decode_text,
+    encode_text,
+    group_timeout_s,
+    stage,
+    write_bound,
+)
 
 __all__ = [
     "AsyncCheckpointer",
@@ -78,103 +90,6 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
 ]
-
-_TEXT_WORDS = 64
-"""int64 words of error text each rank carries in the commit's collectives (512 bytes)."""
-ROW = 8 + _TEXT_WORDS
-"""Length of the int64 row each rank contributes to finalize's all_gather."""
-VERDICT = 1 + _TEXT_WORDS
-"""Length of the int64 verdict rank 0 broadcasts: committed or not, and why not."""
-
-
-def _encode(text: str) -> torch.Tensor:
-    raw = text.encode()[: _TEXT_WORDS * 8]
-    buf = bytearray(_TEXT_WORDS * 8)
-    buf[: len(raw)] = raw
-    return torch.frombuffer(buf, dtype=torch.int64).clone()
-
-
-def _decode(words: torch.Tensor) -> str:
-    return words.numpy().tobytes().rstrip(b"\0").decode(errors="replace")
-
-
-class _Shard:
-    """What the writer thread reports for one rank's written file (``written`` False: a replica wrote none)."""
-
-    def __init__(self, size: int, sha256: bytes, *, written: bool = True) -> None:
-        self.size, self.sha256, self.written = size, sha256, written
-
-
-_WROTE, _REPLICA = 1, 2
-"""Row status words: this rank wrote its shard; this rank is a replica and wrote none (0: it failed)."""
-
-
-class _Pending:
-    """One in-flight save: its step, its file (None: a replica writes none), the future the writer thread resolves."""
-
-    def __init__(self, step: int, token: int, file: Path | None) -> None:
-        self.step = step
-        self.token = token
-        self.file = file
-        self.future: Future[_Shard] = Future()
-        self.abandoned = threading.Event()
-
-
-WAKE_S = 0.05
-"""How often a finalize() waiting for its local write looks for an abort() from another thread."""
-
-
-def group_timeout_s(group: dist.ProcessGroup | None, device: torch.device) -> float:
-    """The timeout of ``group``'s collectives on ``device``, in seconds; torch's default when it cannot be read.
-
-    Reads ``ProcessGroup._get_backend(device).options._timeout`` (private; there is no
-    public getter in torch 2.13 or 2.15; tested on both stacks). None: torch's default
-    (``torch.distributed.default_pg_timeout``).
-    """
-    if group is not None:
-        try:
-            timeout = group._get_backend(device).options._timeout
-            if isinstance(timeout, datetime.timedelta):
-                return timeout.total_seconds()
-        except (AttributeError, RuntimeError, ValueError):
-            pass
-    return float(dist.default_pg_timeout.total_seconds())
-
-
-def _write_bound(requested: float | None, group_timeout: float) -> float:
-    """``write_timeout_s`` as given (validated: above 0, below the group timeout), or half the group timeout."""
-    if requested is None:
-        return group_timeout / 2
-    if isinstance(requested, bool) or not isinstance(requested, (int, float)) or not 0 < requested < group_timeout:
-        raise ValueError(
-            f"write_timeout_s must be a number above 0 and below the group timeout ({group_timeout:g} s), "
-            f"got {requested!r}: peers wait for this rank's commit report only that long"
-        )
-    return float(requested)
-
-
-def _stage(value: Any, where: str, copy: bool) -> Any:
-    """The state with its tensors on the CPU: copies when ``copy``, so training may mutate its tensors meanwhile.
-
-    Without ``copy`` a CPU tensor is taken as it is (detached): for a save the caller
-    waits for. Only types that ``torch.load(weights_only=True)`` accepts are allowed, so
-    a save never produces a checkpoint that the safe loader would refuse later.
-    """
-    if isinstance(value, torch.Tensor):
-        return value.detach().to(device="cpu", copy=copy)
-    if isinstance(value, Mapping):
-        out: dict[Any, Any] = {}
-        for k, v in value.items():
-            if not isinstance(k, (str, int)):
-                raise TypeError(f"checkpoint key {where}[{k!r}] must be str or int")
-            out[k] = _stage(v, f"{where}[{k!r}]", copy)
-        return out
-    if value is None or isinstance(value, (bool, int, float, str, torch.Size, torch.dtype)):
-        return value
-    if isinstance(value, (list, tuple)):
-        items = [_stage(v, f"{where}[{i}]", copy) for i, v in enumerate(value)]
-        return items if isinstance(value, list) else tuple(items)
-    raise TypeError(f"checkpoint value {where} has unsupported type {type(value).__name__}")
 
 
 class AsyncCheckpointer:
@@ -239,11 +154,11 @@ class AsyncCheckpointer:
             )
         self.layout = layout
         self._device = collective_device(process_group) if process_group is not None else torch.device("cpu")
-        self.write_timeout_s = _write_bound(write_timeout_s, group_timeout_s(process_group, self._device))
+        self.write_timeout_s = write_bound(write_timeout_s, group_timeout_s(process_group, self._device))
         probe_directory(self.directory, self._rank)
         self._lock = threading.Lock()  # orders abort() (any thread) against save()/finalize()
-        self._pending: _Pending | None = None
-        self._finalizing: _Pending | None = None
+        self._pending: Pending | None = None
+        self._finalizing: Pending | None = None
         self._aborted = False
         self._owner: str | None = None  # the directory's owner run id, once rank 0 read or wrote it
         # Test seam: called in the writer thread before writing (e.g. to hold a save in flight).
@@ -290,13 +205,13 @@ class AsyncCheckpointer:
             self.finalize()
         if self.layout is not None and not self.layout.writes:
             # A replica: the slice's first replica writes the same state. Nothing to stage.
-            replica = _Pending(step, 0, None)
-            replica.future.set_result(_Shard(0, bytes(32), written=False))
+            replica = Pending(step, 0, None)
+            replica.future.set_result(Shard(0, bytes(32), written=False))
             with self._lock:
                 self._refuse_if_aborted()
                 self._pending = replica
             return
-        staged = _stage(state_dict, "state_dict", copy)
+        staged = stage(state_dict, "state_dict", copy)
         folder = step_dir(self.directory, step)
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -305,7 +220,7 @@ class AsyncCheckpointer:
         if self._rank == 0 and self._owner is None:
             self._owner = hygiene.claim(self.directory, journal.run_id())
         token = secrets.randbits(62)
-        pending = _Pending(step, token, folder / record_name(self._rank, token))
+        pending = Pending(step, token, folder / record_name(self._rank, token))
         # Planned here, on the caller's thread: DCP's planner for this rank's keys alone, no collective.
         planned = plan_save(
             staged, slice_key(self.layout, self._rank, self._world), data_name(self._rank, token), pending.abandoned
@@ -335,7 +250,7 @@ class AsyncCheckpointer:
 
     def _write(
         self,
-        pending: _Pending,
+        pending: Pending,
         planned: Planned,
         folder: Path,
         hook: Callable[[], object] | None,
@@ -360,7 +275,7 @@ class AsyncCheckpointer:
                 ) from exc
             if pending.abandoned.is_set():
                 raise CheckpointError(f"save of {record} was aborted")
-            pending.future.set_result(_Shard(record.stat().st_size, sha256(record)))
+            pending.future.set_result(Shard(record.stat().st_size, sha256(record)))
         except BaseException as exc:  # noqa: BLE001 - always resolve the future, or finalize() waits forever
             # Nobody will ever list them in a manifest: the record and this attempt's data files.
             for leftover in (record, *folder.glob(f"{planned.prefix}*.distcp")):
@@ -421,7 +336,7 @@ class AsyncCheckpointer:
             with self._lock:
                 self._finalizing = None
 
-    def _await_write(self, pending: _Pending) -> _Shard:
+    def _await_write(self, pending: Pending) -> Shard:
         """This rank's write result, waited for at most ``write_timeout_s``; an abort() ends the wait.
 
         Local disk only, never a peer. A write still running at the bound, or abandoned by
@@ -445,8 +360,8 @@ class AsyncCheckpointer:
                     f"within {self.write_timeout_s:g} s (write_timeout_s)"
                 )
 
-    def _finalize(self, pending: _Pending, group_ref: weakref.ref[dist.ProcessGroup] | None) -> int:
-        shard: _Shard | None = None
+    def _finalize(self, pending: Pending, group_ref: weakref.ref[dist.ProcessGroup] | None) -> int:
+        shard: Shard | None = None
         local_error: Exception | None = None
         try:
             shard = self._await_write(pending)
@@ -476,7 +391,7 @@ class AsyncCheckpointer:
         everyone = [row.cpu() for row in out]
         failed = [r for r, row in enumerate(everyone) if not row[0]]
         if failed:
-            why = "; ".join(_decode(everyone[r][8:]) or f"rank {r}: no report" for r in failed)
+            why = "; ".join(decode_text(everyone[r][8:]) or f"rank {r}: no report" for r in failed)
             raise CheckpointError(
                 f"checkpoint step {pending.step} in {self.directory} not committed: "
                 f"ranks {failed} failed to write their shard: {why}"
@@ -493,17 +408,17 @@ class AsyncCheckpointer:
                 self._commit(pending.step, everyone)
             except Exception as exc:  # noqa: BLE001 - peers learn of it by the broadcast
                 verdict[0] = 0
-                verdict[1:] = _encode(str(exc)).to(self._device)
+                verdict[1:] = encode_text(str(exc)).to(self._device)
                 commit_error = exc
         if group_ref is not None:
             dist.broadcast(verdict, group_src=0, group=self._group_of(group_ref))
         if not verdict[0].item():
             raise CheckpointError(
-                f"rank 0 could not commit step {pending.step} in {self.directory}: {_decode(verdict[1:].cpu())}"
+                f"rank 0 could not commit step {pending.step} in {self.directory}: {decode_text(verdict[1:].cpu())}"
             ) from commit_error
         return pending.step
 
-    def _report(self, pending: _Pending, shard: _Shard | None, error: Exception | None) -> torch.Tensor:
+    def _report(self, pending: Pending, shard: Shard | None, error: Exception | None) -> torch.Tensor:
         """This rank's row of the commit's all_gather, on the group's device: its shard, or ``error``'s text.
 
         Without a group (a world of one, never a larger one) the row is all there is.
@@ -511,12 +426,12 @@ class AsyncCheckpointer:
         mine = torch.zeros(ROW, dtype=torch.int64)
         mine[1], mine[2] = pending.step, pending.token
         if shard is not None:
-            mine[0] = _WROTE if shard.written else _REPLICA
+            mine[0] = WROTE if shard.written else REPLICA
             mine[3] = shard.size
             mine[4:8] = torch.frombuffer(bytearray(shard.sha256), dtype=torch.int64)
             mine[8] = self.layout.shard if self.layout is not None else self._rank  # where the text goes otherwise
         else:
-            mine[8:] = _encode(str(error))
+            mine[8:] = encode_text(str(error))
         return mine.to(self._device)
 
     def _group_of(self, group_ref: weakref.ref[dist.ProcessGroup]) -> dist.ProcessGroup:
@@ -562,7 +477,7 @@ class AsyncCheckpointer:
             if self._aborted:
                 raise CheckpointError(f"rank 0 aborted the save of step {step} while finalizing it")
         folder = step_dir(self.directory, step)
-        writers = [r for r, row in enumerate(everyone) if int(row[0]) == _WROTE]
+        writers = [r for r, row in enumerate(everyone) if int(row[0]) == WROTE]
         shards: list[dict[str, Any]] = [
             {
                 "rank": r,
