@@ -38,7 +38,7 @@ from _harness import median, paired_ratio, table
 
 STEPS = 400
 """Steps per run of the first table (about 2 s a run on one CPU thread here)."""
-REPEATS = 7
+REPEATS = 11
 """Rounds of the first table."""
 START_RUNS = 10
 """Monitors started for the second table."""
@@ -104,6 +104,7 @@ def cost_table() -> str:
                 f"{paired_ratio(monitor, hand):.3f}",
                 f"{paired_ratio(off, hand):.3f}",
                 f"{paired_ratio(again, hand):.3f}",
+                f"{paired_ratio(monitor, off):.3f}",
                 f"{median(monitor):.3f} / {median(hand):.3f}",
             ]
         )
@@ -112,6 +113,7 @@ def cost_table() -> str:
         "pretrain, monitor on ÷ by hand (target ≤ 1.01)",
         "pretrain, monitor off ÷ by hand",
         "by hand again ÷ by hand (noise floor)",
+        "pretrain, monitor on ÷ monitor off (the monitor alone)",
         "median s: monitor on / by hand",
     ]
     title = (
