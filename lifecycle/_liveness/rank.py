@@ -35,7 +35,7 @@ from lifecycle._liveness import page as _page
 DUMP_SIGNAL = signal.SIGRTMIN + 6
 """The signal this process's ``faulthandler`` answers with every thread's Python stack (the monitor sends it)."""
 LOST_SIGNAL = signal.SIGRTMIN + 7
-"""The signal the monitor sends when the store's host has stopped answering (``store_lost`` reads why)."""
+"""The signal the monitor sends its rank when the store's host has stopped answering (its words are in the page)."""
 
 STOP_WAIT_S = 1.0
 """How long a stopped monitor has to exit, at interpreter exit, before it is killed (``reap``)."""

@@ -89,7 +89,8 @@ def _raise_when_store_lost(session: Session, monitor: RankMonitor) -> None:
     def lost(signum: int, frame: FrameType | None, previous: Handler) -> None:
         if session.state not in _LIVE or monitor.marks.is_done:
             return
-        found = monitor.marks.verdict() or {}
+        verdict = monitor.marks.verdict() or {}
+        found = verdict if verdict.get("kind") == "store" else {}  # another verdict may have been seen first
         host = str(found.get("host") or "the store's host")
         detail = str(found.get("note") or f"{host} has stopped answering this rank's liveness monitor")
         raise StoreHostLost(host, detail)
