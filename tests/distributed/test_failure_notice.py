@@ -9,8 +9,6 @@ single-process ones fail for want of ``lifecycle._torch.notice``.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from typing import Any
 
 import pytest
 from support.launch import run_demo, run_workers
+from support.processes import stop_process
 
 from lifecycle import Announcement
 from lifecycle._torch.notice import DEADLINE_S, publish, store_name
@@ -166,7 +165,7 @@ def test_publishing_through_a_store_whose_server_is_frozen_gives_up_at_the_deadl
     try:
         assert host.stdout is not None
         client = _client(int(host.stdout.readline()))
-        os.kill(host.pid, signal.SIGSTOP)
+        stop_process(host.pid)
         took, told = _publish_to(client)
     finally:
         host.kill()  # its death releases the notice's thread, left waiting on it

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from support.processes import stop_process
 
 from lifecycle import journal
 from lifecycle._liveness import monitor
@@ -82,8 +82,7 @@ def test_process_state_reads_proc() -> None:
     assert monitor.process_state(os.getpid()) == "R"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        os.kill(child.pid, signal.SIGSTOP)
-        time.sleep(0.2)
+        stop_process(child.pid)
         assert monitor.process_state(child.pid) == "T"
     finally:
         child.kill()
@@ -127,7 +126,7 @@ def test_every_store_call_is_bounded_against_a_frozen_server() -> None:
         client = monitor.StoreClient("127.0.0.1", port, 0.5)
         client.set("k", b"v")
         assert client.get("k") == b"v"
-        os.kill(host.pid, signal.SIGSTOP)
+        stop_process(host.pid)
         started = time.monotonic()
         with pytest.raises(monitor.StoreError):
             client.get("k")
