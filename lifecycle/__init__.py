@@ -81,6 +81,20 @@ _LAZY = {
 }
 
 
+def _public_names_for_errors() -> None:
+    """Give each exported exception the module users import it from, so a traceback reads ``lifecycle.InjectedFault``.
+
+    Pickling stays exact (``lifecycle`` has every one of them as an attribute); the class is the
+    same object, so ``except`` clauses and ``isinstance`` are unaffected.
+    """
+    for value in list(globals().values()):
+        if isinstance(value, type) and issubclass(value, BaseException) and value.__module__.startswith("lifecycle._"):
+            value.__module__ = "lifecycle"
+
+
+_public_names_for_errors()
+
+
 def __getattr__(name: str) -> Any:
     """Load the names that need torch (or their configuration) on first use."""
     module = _LAZY.get(name)

@@ -182,3 +182,21 @@ def test_pretrain_takes_the_public_provider_protocols() -> None:
         assert hints["batch_provider"] == lifecycle.BatchProvider | None, function
     for protocol in (lifecycle.ModelProvider, lifecycle.BatchProvider, lifecycle.ForwardStepFunc):
         assert getattr(protocol, "_is_protocol", False), protocol
+
+
+def test_exported_errors_print_under_the_public_module() -> None:
+    """A traceback names ``lifecycle.InjectedFault``, not its private module; the error pickles by that name."""
+    import pickle
+    import traceback
+
+    import lifecycle
+
+    errors = [getattr(lifecycle, name) for name in lifecycle.__all__ if name not in ("pretrain", "PretrainResult")]
+    errors = [value for value in errors if isinstance(value, type) and issubclass(value, BaseException)]
+    assert len(errors) >= 10 and all(error.__module__ == "lifecycle" for error in errors), errors
+    try:
+        raise lifecycle.InjectedFault(lifecycle.Phase.STEP, 1, 3)
+    except lifecycle.InjectedFault as exc:
+        printed = "".join(traceback.format_exception(exc))
+        assert type(pickle.loads(pickle.dumps(exc))) is lifecycle.InjectedFault
+    assert "\nlifecycle.InjectedFault: injected failure at phase 'step' on rank 1, step 3" in printed, printed

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import copy
 import pickle
-import sys
 from collections.abc import Callable
 
 import pytest
+from support.internals import errors
 
 from lifecycle import (
     AlreadyHeld,
@@ -71,12 +71,7 @@ def test_every_error_pickles_and_copies_with_its_fields_and_notes(error: Lifecyc
 
 def test_every_error_type_in_the_module_has_a_pickling_example() -> None:
     """Each LifecycleError subclass defined in lifecycle._core.errors is among the pickling examples."""
-    errors = sys.modules[LifecycleError.__module__]
-    defined = {
-        obj
-        for obj in vars(errors).values()
-        if isinstance(obj, type) and issubclass(obj, LifecycleError) and obj.__module__ == errors.__name__
-    }
+    defined = {obj for obj in vars(errors).values() if isinstance(obj, type) and issubclass(obj, LifecycleError)}
     assert defined - {LifecycleError} == {type(error) for error in EXAMPLES}
 
 
