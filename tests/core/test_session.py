@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 from typing import Any
 
@@ -279,7 +278,7 @@ def test_sigterm_becomes_a_requested_exit_and_the_handler_is_restored() -> None:
     with Session(actions) as session:
         run_to_training(session, actions)
         session.install_signal_handlers()
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
         assert session.exit_requested == "SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is previous
     assert session.state is State.CLOSED
@@ -300,7 +299,7 @@ def test_on_signal_replaces_the_requested_exit() -> None:
     with pytest.raises(Stop), Session(RecordingActions()) as session:
         run_to_training(session, RecordingActions())
         session.install_signal_handlers(on_signal=on_signal)
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
     assert seen == [signal.SIGTERM] and session.exit_requested is None and session.state is State.FAILED
 
 
@@ -485,7 +484,7 @@ def test_a_requested_exit_during_a_failure_is_carried_by_the_exception() -> None
     with pytest.raises(RuntimeError) as info, Session(RecordingActions()) as session:
         run_to_training(session, RecordingActions())
         session.install_signal_handlers()
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
         raise error
     assert info.value is error and error.requested_exit == "SIGTERM"  # type: ignore[attr-defined]
     assert any("do not retry" in note for note in error.__notes__)

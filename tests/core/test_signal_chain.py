@@ -9,7 +9,6 @@ signal to this process: the handler from before must run, once.
 from __future__ import annotations
 
 import gc
-import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -77,7 +76,7 @@ def close(session: Session) -> None:
 def sigterm_reaches(preemption: Preemption) -> bool:
     """Send SIGTERM to this process; True if the preemption handler ran exactly once for it."""
     before = preemption.received
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.raise_signal(signal.SIGTERM)
     return preemption.received == before + 1
 
 
@@ -111,10 +110,10 @@ def test_a_sigterm_while_both_overlapping_sessions_live_is_a_requested_exit_of_t
     """While both live, SIGTERM is the inner session's requested exit; after the inner closes, the outer's."""
     outer = start()
     inner = start()
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.raise_signal(signal.SIGTERM)
     assert inner.exit_requested == "SIGTERM" and outer.exit_requested is None
     close(inner)
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.raise_signal(signal.SIGTERM)
     assert outer.exit_requested == "SIGTERM"
     close(outer)
 

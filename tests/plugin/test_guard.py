@@ -333,7 +333,7 @@ def test_handlers_put_back_by_other_code_after_their_session_ended_are_no_leak(p
             session.fail(RuntimeError("boom"))
             for signum, handler in saved.items():
                 signal.signal(signum, handler)
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
             assert RECEIVED == [signal.SIGTERM] and session.exit_requested is None
             with pytest.raises(KeyboardInterrupt):
                 signal.raise_signal(signal.SIGINT)
