@@ -24,8 +24,10 @@ Every ``interval_s`` it
 - classifies its own rank when stale, from ``/proc/<pid>/stat``: ``T`` stopped, ``R``
   spinning (two ticks in a row), ``S``/``D`` waiting in its phase, but only when its
   count of marks is the lowest of all ranks and below another's (behind: a rank waiting
-  in a collective for a peer is ahead of it, or level with it, never named); one rank
-  per count reads all positions (``behind``), never all ranks;
+  in a collective for a peer is ahead of it, or level with it, never named), no rank is
+  done (a peer that failed first is no evidence), and no verdict is out yet (the ranks
+  a culprit leaves waiting are its victims); one rank per count reads all positions
+  (``behind``), never all ranks;
 - watches the store itself: silent (every read failing or timing out) for longer than
   the phase's deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
   ``kill`` mode, the rank is told (``check_store``).
@@ -116,7 +118,7 @@ class Settings:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """All positions against one count of marks: ranks below it, missing (or in another attempt), above it."""
+    """All positions against one count of marks: ranks below it, missing (done, or in another attempt), above it."""
 
     below: int
     missing: int
@@ -295,9 +297,28 @@ class Monitor:
                 self.judge("spinning", position, age, deadline, "its process runs without progress")
         else:
             self.running_ticks = 0
-            behind = self.behind(position, age)
-            if behind:
+            behind = "" if self.seen else self.behind(position, age)
+            if behind and not self.verdict_out():
                 self.judge("waiting", position, age, deadline, f"it sleeps in {position.where()}; {behind}")
+
+    def verdict_out(self) -> bool:
+        """Whether the attempt has a verdict already (then copied to the page and acknowledged, as ``look`` does).
+
+        Asked before judging this rank *waiting*: once a culprit is named (and maybe
+        killed), the ranks waiting for it fall behind the peers that fail first, and this
+        rank is one of its victims, not a second culprit. A store that fails: True (judge
+        nothing on what cannot be checked).
+        """
+        try:
+            verdict = self.store.get(f"{self.s.prefix}/liveness/verdict/1")
+            if verdict in (None, NO_VERDICT):
+                return False
+            write_verdict(self.page, verdict)
+            self.seen = True
+            self.store.add(f"{self.s.prefix}/liveness/seen/1", 1)
+        except StoreError:
+            pass
+        return True
 
     def behind(self, position: Position, age: float) -> str:
         """Why this rank is behind every other (a reason), or "" when it is not (or not known yet).
@@ -307,8 +328,11 @@ class Monitor:
         ``<prefix>/liveness/lowest/<count>/<round>/ask`` returns 1 reads every beat in one
         ``multi_get`` and publishes a summary under ``…/lowest/<count>/<round>``; the other
         ranks at that count read the summary (a few hundred bytes) once it is there, once
-        a round. A rank is behind when no rank is below its count, none is missing or in
-        another attempt, and one is above it.
+        a round. A rank is behind when no rank is below its count, none is missing, done or in
+        another attempt, and one is above it. A done rank (finished, or failing on its own:
+        its count moved one past its last mark) is no evidence: when a culprit is killed,
+        the first peer to fail would put the peers still waiting for it behind it. Nor is
+        anything once a verdict is out (``verdict_out``).
         """
         key = (position.count, int(age // self.gather_round_s))
         if self.lowest is None or self.lowest[0] != key:
@@ -346,7 +370,7 @@ class Monitor:
             if rank == self.s.rank:
                 continue
             fields = json.loads(beat) if beat is not None else None
-            if fields is None or fields[2] != position.attempt:
+            if fields is None or fields[2] != position.attempt or fields[5:] == ["done"]:
                 missing += 1
             elif fields[1] < position.count:
                 below += 1

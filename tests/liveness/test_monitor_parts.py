@@ -204,3 +204,61 @@ def test_the_monitor_writes_verdicts_in_the_journal_version_lifecycle_reads() ->
     """The standard-library monitor's verdict records carry ``lifecycle.journal.VERSION`` (it cannot import it)."""
     assert monitor.JOURNAL_VERSION == journal.VERSION
     assert "verdict" in journal.KINDS
+
+
+def _middle(port: int, marks: Marks, pid: int) -> monitor.Monitor:
+    """Rank 1's monitor of a 3-rank world on the store at ``port``, watching ``pid``, a 1 s deadline on ``step``."""
+    with open(marks.path, "r+b") as file:
+        page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
+    settings = monitor.Settings(
+        rank=1, world_size=3, pid=pid, marks=marks.path, host="127.0.0.1", port=port, prefix="p",
+        interval_s=0.25, floor_s=1.0, default_s=600.0, explicit={"step": 1.0}, mode="report", dump_signal=0,
+        stacks="/dev/null", store_timeout_s=0.5,
+    )  # fmt: skip
+    return monitor.Monitor(settings, page, wake=-1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("rank2", "verdict", "judged"),
+    [("ahead", False, True), ("done", False, False), ("ahead", True, False)],
+    ids=["a-peer-went-on", "the-peer-ahead-is-done", "a-verdict-is-out"],
+)
+def test_a_rank_is_judged_waiting_only_behind_a_peer_that_went_on_and_never_once_a_culprit_is_named(
+    rank2: str, verdict: bool, judged: bool
+) -> None:
+    """Asleep past its deadline: waiting behind a peer that went on; never behind a done one, nor after a verdict."""
+    # A done peer: the first to fail once the culprit is killed (a CI run named and killed a victim that way).
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    marks = Marks()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for step in (59, 60):
+            marks.mark("step", step)
+        watcher = _middle(server.port, marks, sleeper.pid)
+        position = monitor.read_marks(watcher.page)
+        watcher.observe(position, now=0.0)
+        level = [5, position.count, position.attempt, 60, "step"]
+        server.set("p/liveness/hb/0", json.dumps(level))
+        ahead = [5, position.count + 1, position.attempt, 60, "step"]
+        server.set("p/liveness/hb/2", json.dumps([*ahead, "done"] if rank2 == "done" else ahead))
+        if verdict:
+            server.set("p/liveness/verdict/1", json.dumps({"rank": 2, "kind": "stopped", "note": "rank 2 is stopped"}))
+        deadline = time.monotonic() + 5.0
+        while monitor.process_state(sleeper.pid) != "S" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        watcher.classify(position, now=3.0)
+        assert watcher.judged is judged
+        notices = server.add("p/failures/count", 0)
+        assert notices == (1 if judged else 0)
+        if judged:
+            assert "rank 1 is waiting at step 60, phase step" in json.loads(server.get("p/failures/1"))["error"]
+        if verdict:  # copied to the page, acknowledged: the rank's failure path names rank 2
+            assert watcher.seen and server.add("p/liveness/seen/1", 0) == 1
+        watcher.page.close()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        marks.close()

@@ -52,7 +52,10 @@ class MonitorModes(Callback):
 
     def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
         for child in psutil.Process().children():
-            command = child.cmdline()
+            try:
+                command = child.cmdline()
+            except psutil.Error:  # a child that exited (a zombie until reaped: the previous run's monitor)
+                continue
             if len(command) > 1 and command[-2].endswith("monitor.py"):
                 self.modes.append(json.loads(command[-1])["mode"])
 
