@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 if __package__:
     from lifecycle._liveness.deadlines import LOOP_PHASES, Deadlines
     from lifecycle._liveness.page import PAGE_SIZE, Position, kind_words, process_state, read_marks, write_verdict
+    from lifecycle._liveness.summary import Summary, summarize
     from lifecycle._liveness.wire import StoreClient, StoreError
 else:  # run as a script (python -S -E -s monitor.py): its folder is on the path; never import the package (torch)
     from deadlines import LOOP_PHASES, Deadlines  # type: ignore[import-not-found,no-redef]
@@ -69,6 +70,7 @@ else:  # run as a script (python -S -E -s monitor.py): its folder is on the path
         read_marks,
         write_verdict,
     )
+    from summary import Summary, summarize  # type: ignore[import-not-found,no-redef]
     from wire import StoreClient, StoreError  # type: ignore[import-not-found,no-redef]
 
 JOURNAL_VERSION = 3
@@ -81,8 +83,6 @@ NO_VERDICT = b"-"
 """What ``<prefix>/liveness/verdict/1`` holds until the attempt's first verdict is published."""
 STORE_MARGIN = 4
 """Intervals past the phase's deadline before a silent store's host is reported (``check_store``)."""
-AHEAD_NAMED = 8
-"""How many of the ranks ahead of a rank judged behind its verdict names (it counts the rest)."""
 DUMP_WAIT_S = 0.5
 """The longest the monitor waits for a wedged rank's stack dump before it kills the rank."""
 
@@ -114,17 +114,6 @@ class Settings:
     """Who hosts the store, in words ("torchrun's agent"; "": say its address only)."""
     lost_signal: int = 0
     """The signal that tells the rank its store's host stopped answering (``kill`` mode; 0: none)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Summary:
-    """All positions against one count of marks: ranks below it, missing (done, or in another attempt), above it."""
-
-    below: int
-    missing: int
-    above: int
-    ahead: list[int]
-    """The first ``AHEAD_NAMED`` ranks above it."""
 
 
 class Monitor:
@@ -352,33 +341,13 @@ class Monitor:
                 return ""
             if summary is None:
                 return ""  # the gathering rank has not published it yet: next tick
-            below, missing, above, ahead = json.loads(summary)
-            self.lowest = key, Summary(below, missing, above, ahead)
-        found = self.lowest[1]
-        if found.below or found.missing or not found.above:
-            return ""
-        if found.above <= len(found.ahead):
-            return f"rank(s) {', '.join(map(str, found.ahead))} went on past it"
-        return f"{found.above} ranks went on past it ({', '.join(map(str, found.ahead))}, …)"
+            self.lowest = key, Summary.decode(summary)
+        return self.lowest[1].reason()
 
     def gather(self, position: Position) -> bytes:
-        """Every rank's beat, read in one request, summed up against ``position``'s count (JSON)."""
+        """Every rank's beat, read in one request, summed up against ``position``'s count (``summarize``)."""
         keys = [f"{self.s.prefix}/liveness/hb/{rank}" for rank in range(self.s.world_size)]
-        below = missing = above = 0
-        ahead: list[int] = []
-        for rank, beat in enumerate(self.store.multi_get(keys)):
-            if rank == self.s.rank:
-                continue
-            fields = json.loads(beat) if beat is not None else None
-            if fields is None or fields[2] != position.attempt or fields[5:] == ["done"]:
-                missing += 1
-            elif fields[1] < position.count:
-                below += 1
-            elif fields[1] > position.count:
-                above += 1
-                if len(ahead) < AHEAD_NAMED:
-                    ahead.append(rank)
-        return json.dumps([below, missing, above, ahead]).encode()
+        return summarize(self.store.multi_get(keys), self.s.rank, position.count, position.attempt).encode()
 
     def watch(self, beat: bytes, now: float) -> None:
         """Follow the neighbour's ``beat`` (just read); confirm and publish one that stopped (one rank, by ``add``)."""
