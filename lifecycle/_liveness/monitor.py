@@ -229,9 +229,7 @@ class Monitor:
                 beat = self.store.get(beat_key) if watching else None
                 verdict = None if self.seen else self.store.get(verdict_key)
             if verdict not in (None, NO_VERDICT):
-                write_verdict(self.page, verdict)
-                self.seen = True
-                self.store.add(f"{prefix}/liveness/seen/1", 1)
+                self.take(verdict)
         except StoreError:
             return False
         if watching and beat is not None:
@@ -302,12 +300,16 @@ class Monitor:
             verdict = self.store.get(f"{self.s.prefix}/liveness/verdict/1")
             if verdict in (None, NO_VERDICT):
                 return False
-            write_verdict(self.page, verdict)
-            self.seen = True
-            self.store.add(f"{self.s.prefix}/liveness/seen/1", 1)
+            self.take(verdict)
         except StoreError:
             pass
         return True
+
+    def take(self, verdict: bytes) -> None:
+        """Copy the attempt's first ``verdict`` into the page (the rank's failure path reads it) and acknowledge it."""
+        write_verdict(self.page, verdict)
+        self.seen = True
+        self.store.add(f"{self.s.prefix}/liveness/seen/1", 1)
 
     def behind(self, position: Position, age: float) -> str:
         """Why this rank is behind every other (a reason), or "" when it is not (or not known yet).
