@@ -3,11 +3,12 @@
 ``start_monitor`` (``pretrain`` calls it once the default group exists) creates the
 marks page, registers the stack-dump signal with ``faulthandler``, and starts the
 monitor (``lifecycle._liveness.monitor``, standard library only) with ``subprocess``
-(no fork of the training process). From then on every ``Session.progress`` call, or
-``mark``, writes the position into the page: a few hundred nanoseconds, no system
-call, no store call. ``RankMonitor.stop`` tells the monitor the rank is done and to end,
-without waiting: the monitor beats once more and exits by itself; ``reap`` collects it
-(at the next start, or at interpreter exit, bounded).
+(no fork of the training process). From then on ``Marks.mark`` writes the position into
+the page: a few hundred nanoseconds, no system call, no store call (``pretrain`` makes it
+its session's ``progress_sink``, so every ``Session.progress`` marks). ``RankMonitor.stop``
+tells the monitor the rank is done and to end, without waiting: the monitor beats once
+more and exits by itself; ``reap`` collects it (at the next start, or at interpreter
+exit, bounded).
 """
 
 from __future__ import annotations
@@ -120,10 +121,6 @@ class RankMonitor:
         self.on_stop: list[Callable[[], object]] = []
         """Called by ``stop``, last first, before the page is closed (e.g. to put a signal handler back)."""
 
-    def mark(self, phase: str, step: int | None) -> None:
-        """Record the rank's position (``Marks.mark``)."""
-        self.marks.mark(phase, step)
-
     def stop(self) -> None:
         """Tell the monitor the rank is done and to end (SIGTERM); idempotent. Returns at once.
 
@@ -168,13 +165,6 @@ def reap(wait_s: float = STOP_WAIT_S) -> None:
 def current() -> RankMonitor | None:
     """The monitor running for this process, if any."""
     return _CURRENT
-
-
-def mark(phase: str, step: int | None) -> None:
-    """Record this rank's position for its monitor, if one runs (``Session.progress`` calls it); never raises."""
-    running = _CURRENT
-    if running is not None:
-        running.marks.mark(phase, step)
 
 
 def start_monitor(

@@ -70,9 +70,21 @@ def start_liveness(
         store_host="torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "",
         lost_signal=int(LOST_SIGNAL),
     )
+    _mark_progress(session, monitor)
     session.add_observer(lambda event: monitor.marks.done() if isinstance(event, FailureEvent) else None)
     _raise_when_store_lost(session, monitor)
     return monitor
+
+
+def _mark_progress(session: Session, monitor: RankMonitor) -> None:
+    """Make ``session.progress`` write the rank's marks for ``monitor`` until the monitor stops (the core's seam)."""
+
+    def unplug() -> None:
+        if session.progress_sink == monitor.marks.mark:
+            session.progress_sink = None
+
+    session.progress_sink = monitor.marks.mark
+    monitor.on_stop.append(unplug)
 
 
 _LIVE = (State.DIST_READY, State.GLOBALS_READY, State.TRAINING)
