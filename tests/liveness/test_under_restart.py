@@ -56,8 +56,9 @@ class MonitorModes(Callback):
                 command = child.cmdline()
             except psutil.Error:  # a child that exited (a zombie until reaped: the previous run's monitor)
                 continue
-            if len(command) > 1 and command[-2].endswith("monitor.py"):
-                self.modes.append(json.loads(command[-1])["mode"])
+            script = next((i for i, part in enumerate(command) if part.endswith("monitor.py")), None)
+            if script is not None:  # monitor.py '<json settings>' <marks page>
+                self.modes.append(json.loads(command[script + 1])["mode"])
 
 
 def _modes(tmp_path: Path, restart_mode: RestartMode) -> list[str]:
