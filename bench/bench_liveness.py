@@ -138,6 +138,7 @@ def start_table() -> str:
     import torch.distributed as dist
 
     from lifecycle._liveness.rank import start_monitor
+    from lifecycle._liveness.settings import Settings
 
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10), wait_for_workers=False)
     starts, rss, pss = [], [], []
@@ -146,17 +147,18 @@ def start_table() -> str:
             prefix = f"bench{run}"
             began = time.perf_counter()
             monitor = start_monitor(
-                rank=0,
-                world_size=1,
-                host="127.0.0.1",
-                port=store.port,
-                prefix=prefix,
-                interval_s=0.05,
-                floor_s=2.0,
-                default_s=60.0,
-                explicit={},
-                mode="report",
-                stacks=Path(folder) / "stacks.txt",
+                Settings(
+                    rank=0,
+                    world_size=1,
+                    host="127.0.0.1",
+                    port=store.port,
+                    prefix=prefix,
+                    mode="report",
+                    interval_s=0.05,
+                    floor_s=2.0,
+                    default_deadline_s=60.0,
+                    stacks=str(Path(folder) / "stacks.txt"),
+                )
             )
             try:
                 key = f"{prefix}/liveness/hb/0"

@@ -120,6 +120,7 @@ def worker(port: int, world: int, first: int, count: int, proc: int, events: tup
     from torch.distributed.elastic.utils.store import _barrier_nonblocking, store_timeout
 
     from lifecycle._liveness import monitor
+    from lifecycle._liveness.settings import Settings
     from lifecycle._torch import notice
     from lifecycle._torch.store import agree_attempt
 
@@ -214,10 +215,10 @@ def worker(port: int, world: int, first: int, count: int, proc: int, events: tup
     start = float(bytes(control.get("h/go/monitor")).decode())
     monitors = [
         monitor.Monitor(
-            monitor.Settings(
-                rank=first + i, world_size=world, pid=os.getpid(), marks="", host="127.0.0.1", port=port,
-                prefix="h/live", interval_s=MONITOR_INTERVAL_S, floor_s=1.0, default_s=600.0, explicit={},
-                mode="report", dump_signal=0, stacks="/dev/null", store_timeout_s=30.0,
+            Settings(
+                rank=first + i, world_size=world, pid=os.getpid(), host="127.0.0.1", port=port,
+                prefix="h/live", interval_s=MONITOR_INTERVAL_S, floor_s=1.0, default_deadline_s=600.0,
+                mode="report", stacks="/dev/null", store_timeout_s=30.0,
             ),
             page=None,  # type: ignore[arg-type]  # never read here: the ticks below take the position given
             wake=-1,

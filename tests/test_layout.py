@@ -16,13 +16,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lifecycle"
 
-LAYERS = ("journal", "_liveness", "_core", "_torch", "checkpoint", "_training", "restart", "_tools", "testing")
+LAYERS = ("journal", "_core", "_liveness", "_torch", "checkpoint", "_training", "restart", "_tools", "testing")
 """Bottom-up: a module may import its own layer and the ones before it, never a later one.
 
 ``journal`` (public: a file format any tool may read) is the lowest: it imports no other
 layer, so the core, the training loop and ``show`` all use it and it needs none of them.
-``_liveness`` (the rank's monitor process and its marks, standard library only) is next:
-``Session.progress`` writes its marks."""
+``_liveness`` (the rank's monitor process and its marks, standard library only) is a
+feature above the core: the core never imports it (``Session.progress`` calls the
+session's ``progress_sink``, a seam the core declares, which ``pretrain`` sets to the
+rank's marks); ``_torch`` (a failure notice waits for the monitor's verdict) and
+``_training`` (which starts the monitor) use it."""
 
 HEAVY = ("torch", "megatron", "nvidia_resiliency_ext")
 """What ``_core`` must not import, and ``import lifecycle`` must not load."""
@@ -113,7 +116,7 @@ def test_the_import_graph_has_no_cycle() -> None:
 
 
 def test_no_module_imports_a_later_layer() -> None:
-    """Imports go down the layers (journal → core → torch → checkpoint → training → restart → tools → testing)."""
+    """Imports go down the layers, in the order of ``LAYERS``: never from a later one."""
     upward = [
         f"{name} (layer {LAYERS[layer(name)]}) imports {dep}"
         for name, deps in graph().items()

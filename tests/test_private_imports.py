@@ -32,8 +32,12 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "distributed/test_nccl_settings.py": frozenset({"lifecycle._torch.config", "lifecycle._torch.megatron"}),
     "distributed/test_store_ops.py": frozenset({"lifecycle._torch.notice", "lifecycle._torch.store"}),
     "liveness/test_fault_kinds.py": frozenset({"lifecycle._liveness.monitor"}),
-    "liveness/test_monitor_load.py": frozenset({"lifecycle._liveness.monitor", "lifecycle._liveness.rank"}),
-    "liveness/test_monitor_parts.py": frozenset({"lifecycle._liveness.monitor", "lifecycle._liveness.rank"}),
+    "liveness/test_monitor_load.py": frozenset(
+        {"lifecycle._liveness.monitor", "lifecycle._liveness.rank", "lifecycle._liveness.settings"}
+    ),
+    "liveness/test_monitor_parts.py": frozenset(
+        {"lifecycle._liveness.monitor", "lifecycle._liveness.rank", "lifecycle._liveness.settings"}
+    ),
     "journal/test_schema.py": frozenset({"lifecycle.journal._records", "lifecycle.journal._schema"}),
     "restart/test_nvml.py": frozenset({"lifecycle.restart._nvml"}),
     "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo", "lifecycle._tools.demo_options"}),

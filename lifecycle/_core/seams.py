@@ -3,6 +3,9 @@
 ``lifecycle._torch.actions.TorchActions`` implements ``DistributedActions`` on torch.distributed
 and megatron-core (and ``AnnouncesFailures``), ``lifecycle.checkpoint.AsyncCheckpointer``
 implements ``CheckpointWriter``; ``lifecycle.testing`` ships recording doubles of them.
+``ProgressSink`` is where a session's progress marks go: ``pretrain`` plugs in the rank's
+liveness marks (``lifecycle._liveness``, a layer above the core), so the core needs no
+feature to say where it is.
 """
 
 from __future__ import annotations
@@ -40,6 +43,20 @@ class CheckpointWriter(Protocol):
 
     def abort(self) -> None:
         """Rank-local: abandon in-flight saves; never a collective, never commits."""
+
+
+class ProgressSink(Protocol):
+    """Where a session's progress marks go, besides its own record (``Session.progress_sink``).
+
+    Called by ``Session.progress`` on the caller's thread, every time, with the phase
+    given and the step the session holds (None until one is given). It is on the
+    per-step path: it must be cheap (no system call, no allocation it can avoid) and
+    never raise. ``pretrain`` sets it to the rank's liveness marks
+    (``lifecycle._liveness.rank.Marks.mark``) while the rank's monitor runs.
+    """
+
+    def __call__(self, phase: str, step: int | None, /) -> None:
+        """Record that the caller is at ``step`` in ``phase``; never raises."""
 
 
 @dataclass(frozen=True, slots=True)

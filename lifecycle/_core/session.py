@@ -27,12 +27,11 @@ from lifecycle._core.machine import Driver
 from lifecycle._core.ownership import Ledger, caller_site
 from lifecycle._core.plans import Outcome, RestartMode
 from lifecycle._core.resources import Resource, StepKind
-from lifecycle._core.seams import BoundsReleases, CheckpointWriter, DistributedActions, announce
+from lifecycle._core.seams import BoundsReleases, CheckpointWriter, DistributedActions, ProgressSink, announce
 from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.teardown import STEP_CODES, TeardownRunner
 from lifecycle._core.worker import POOL
-from lifecycle._liveness import rank as _liveness
 
 logger = logging.getLogger("lifecycle.session")
 
@@ -93,6 +92,8 @@ class Session:
         self._observers: list[Callable[[SessionEvent], object]] = []
         self._phase: tuple[str, State] | None = None  # (phase, the state it was given in)
         self._step: int | None = None
+        self.progress_sink: ProgressSink | None = None
+        """Where ``progress`` also sends each mark (None: nowhere); ``pretrain``'s while its monitor runs."""
         if release_timeout_s is None and isinstance(actions, BoundsReleases):
             release_timeout_s = actions.release_timeout_s
         if release_timeout_s is not None and not release_timeout_s > 0:
@@ -365,15 +366,16 @@ class Session:
         A failure is reported (``FailureEvent``, the notice to the other ranks) in the
         phase given last, or in the state's name once a transition was taken since
         (so ``progress`` need not be called again to leave a phase); at the step given
-        last (``step`` None keeps it; None until one is given). It is also this rank's
-        progress mark for its liveness monitor, if one runs (``lifecycle._liveness``: a
-        write to a shared page, no system call). Cheap (see docs/benchmarks.md,
-        progress-mark): call it as often as you like. Never raises.
+        last (``step`` None keeps it; None until one is given). Then ``progress_sink``, if
+        set, gets the phase and that step (``pretrain``'s writes this rank's mark for its
+        liveness monitor into a shared page: no system call). Cheap (docs/benchmarks.md,
+        progress-mark): call it as often as you like. Never raises (a sink never does).
         """
         self._phase = (phase, self.state)
         if step is not None:
             self._step = step
-        _liveness.mark(phase, self._step)  # this rank's monitor reads it from memory, if one runs
+        if (sink := self.progress_sink) is not None:
+            sink(phase, self._step)
 
     def add_observer(self, observer: Callable[[SessionEvent], object]) -> None:
         """Call ``observer`` right after each transition and each teardown step, with what happened.

@@ -17,16 +17,16 @@ CALIBRATED_AFTER = 3
 
 @dataclass
 class Deadlines:
-    """Deadline per phase: ``max(factor × slowest sample, floor_s)`` once calibrated; else ``default_s``.
+    """Deadline per phase: ``max(factor × slowest sample, floor_s)`` once calibrated; else ``default_deadline_s``.
 
-    ``explicit`` (phase → seconds) overrides. The training loop's phases share the
-    ``loop`` deadline, sampled per step; other phases are sampled per occurrence
-    (``evaluation``, ``checkpoint``, ``finalize`` apart).
+    ``deadlines`` (phase → seconds) override (the names are ``LivenessConfig``'s). The
+    training loop's phases share the ``loop`` deadline, sampled per step; other phases
+    are sampled per occurrence (``evaluation``, ``checkpoint``, ``finalize`` apart).
     """
 
     floor_s: float
-    default_s: float
-    explicit: dict[str, float]
+    default_deadline_s: float
+    deadlines: dict[str, float]
     factor: float = 5.0
     samples: dict[str, list[float]] = field(default_factory=dict)
     seen: dict[str, int] = field(default_factory=dict)  # occurrences (steps, for the loop) seen, warm-up included
@@ -53,9 +53,9 @@ class Deadlines:
 
     def of(self, phase: str) -> tuple[float, str]:
         """``phase``'s deadline and how it was set (``explicit``, ``calibrated``, ``default``)."""
-        if phase in self.explicit:
-            return self.explicit[phase], "explicit"
+        if phase in self.deadlines:
+            return self.deadlines[phase], "explicit"
         found = self.samples.get(self.key(phase), [])
         if self.covered.get(self.key(phase), 0) >= CALIBRATED_AFTER:
             return max(self.factor * max(found), self.floor_s), "calibrated"
-        return self.default_s, "default"
+        return self.default_deadline_s, "default"

@@ -1,12 +1,12 @@
 """A rank's liveness monitor: its own process, standard library only, that tells a wedged rank apart and ends it.
 
-Runs as ``python -S -E -s monitor.py '<json settings>'``, started by the rank it watches
-(``lifecycle._liveness.rank``). It imports nothing of lifecycle, torch or site-packages,
-so it starts fast and small (see docs/benchmarks.md, monitor-cost). It reads the rank's
-progress marks from a shared page (``Marks``; its layout: ``lifecycle._liveness.page``),
-speaks the ``TCPStore`` wire protocol itself (``StoreClient``: every call bounded by a
-socket timeout), and dies with its rank (``PR_SET_PDEATHSIG``, after which it reports
-the death).
+Runs as ``python -S -E -s monitor.py '<json settings>' <marks page>``, started by the rank
+it watches (``lifecycle._liveness.rank``; the settings: ``lifecycle._liveness.settings``).
+It imports nothing of lifecycle, torch or site-packages, so it starts fast and small (see
+docs/benchmarks.md, monitor-cost). It reads the rank's progress marks from a shared page
+(``Marks``; its layout: ``lifecycle._liveness.page``), speaks the ``TCPStore`` wire
+protocol itself (``StoreClient``: every call bounded by a socket timeout), and dies with
+its rank (``PR_SET_PDEATHSIG``, after which it reports the death).
 
 Every ``interval_s`` it
 
@@ -53,11 +53,11 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 
 if __package__:
     from lifecycle._liveness.deadlines import LOOP_PHASES, Deadlines
     from lifecycle._liveness.page import PAGE_SIZE, Position, kind_words, process_state, read_marks, write_verdict
+    from lifecycle._liveness.settings import Settings
     from lifecycle._liveness.summary import Summary, summarize
     from lifecycle._liveness.wire import StoreClient, StoreError
 else:  # run as a script (python -S -E -s monitor.py): its folder is on the path; never import the package (torch)
@@ -70,6 +70,7 @@ else:  # run as a script (python -S -E -s monitor.py): its folder is on the path
         read_marks,
         write_verdict,
     )
+    from settings import Settings  # type: ignore[import-not-found,no-redef]
     from summary import Summary, summarize  # type: ignore[import-not-found,no-redef]
     from wire import StoreClient, StoreError  # type: ignore[import-not-found,no-redef]
 
@@ -87,35 +88,6 @@ DUMP_WAIT_S = 0.5
 """The longest the monitor waits for a wedged rank's stack dump before it kills the rank."""
 
 
-@dataclass
-class Settings:
-    """What the rank passes its monitor (JSON on the command line)."""
-
-    rank: int
-    world_size: int
-    pid: int
-    marks: str
-    host: str
-    port: int
-    prefix: str
-    interval_s: float
-    floor_s: float
-    default_s: float
-    explicit: dict[str, float]
-    mode: str
-    dump_signal: int
-    stacks: str
-    store_timeout_s: float
-    journal: str = ""
-    """The rank's journal file, which a verdict is appended to ("" if it keeps none)."""
-    origin: dict[str, object] = field(default_factory=dict)
-    """The rank's journal ``Origin`` fields (``lifecycle.journal``), written in each verdict record."""
-    store_host: str = ""
-    """Who hosts the store, in words ("torchrun's agent"; "": say its address only)."""
-    lost_signal: int = 0
-    """The signal that tells the rank its store's host stopped answering (``kill`` mode; 0: none)."""
-
-
 class Monitor:
     """One rank's monitor; ``run`` loops until the rank says it is done, dies, or is judged."""
 
@@ -124,7 +96,7 @@ class Monitor:
         self.page = page
         self.wake = wake
         self.store = StoreClient(settings.host, settings.port, settings.store_timeout_s)
-        self.deadlines = Deadlines(settings.floor_s, settings.default_s, dict(settings.explicit))
+        self.deadlines = Deadlines(settings.floor_s, settings.default_deadline_s, dict(settings.deadlines))
         self.beats = 0
         self.last: Position | None = None
         self.changed = time.monotonic()
@@ -537,21 +509,21 @@ def _log(line: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Run the monitor with the JSON settings in ``argv[1]``; exit code 0, or 2 when started wrongly."""
-    settings = Settings(**json.loads(argv[1]))
+    """Run the monitor with the JSON settings in ``argv[1]`` on the marks page ``argv[2]``; exit code 0."""
+    settings, marks = Settings.from_json(argv[1]), argv[2]
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
     try:
         if os.getppid() != settings.pid:  # the rank died before prctl took effect
             return 0
-        return _watch(settings)
+        return _watch(settings, marks)
     finally:
         # The rank unlinks its page when it stops the monitor; a rank killed never does. Its mapping outlives this.
         with contextlib.suppress(OSError):
-            os.unlink(settings.marks)
+            os.unlink(marks)
 
 
-def _watch(settings: Settings) -> int:
+def _watch(settings: Settings, marks: str) -> int:
     """Watch the rank until it is done or gone (``Monitor.run``); its exit code."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -567,7 +539,7 @@ def _watch(settings: Settings) -> int:
     # SIGTERM (the rank's stop()) wakes the loop, which sees the rank done and says so before it exits.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the rank's to handle
-    with open(settings.marks, "r+b") as file:
+    with open(marks, "r+b") as file:
         page = mmap.mmap(file.fileno(), PAGE_SIZE)
     monitor = Monitor(settings, page, wake_read)
     if os.getppid() != settings.pid:

@@ -3,11 +3,12 @@
 ``start_monitor`` (``pretrain`` calls it once the default group exists) creates the
 marks page, registers the stack-dump signal with ``faulthandler``, and starts the
 monitor (``lifecycle._liveness.monitor``, standard library only) with ``subprocess``
-(no fork of the training process). From then on every ``Session.progress`` call, or
-``mark``, writes the position into the page: a few hundred nanoseconds, no system
-call, no store call. ``RankMonitor.stop`` tells the monitor the rank is done and to end,
-without waiting: the monitor beats once more and exits by itself; ``reap`` collects it
-(at the next start, or at interpreter exit, bounded).
+(no fork of the training process). From then on ``Marks.mark`` writes the position into
+the page: a few hundred nanoseconds, no system call, no store call (``pretrain`` makes it
+its session's ``progress_sink``, so every ``Session.progress`` marks). ``RankMonitor.stop``
+tells the monitor the rank is done and to end, without waiting: the monitor beats once
+more and exits by itself; ``reap`` collects it (at the next start, or at interpreter
+exit, bounded).
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
-import json
 import mmap
 import os
-import signal
 import struct
 import subprocess
 import sys
@@ -31,11 +30,7 @@ from typing import IO
 
 from lifecycle._liveness import monitor as _monitor
 from lifecycle._liveness import page as _page
-
-DUMP_SIGNAL = signal.SIGRTMIN + 6
-"""The signal this process's ``faulthandler`` answers with every thread's Python stack (the monitor sends it)."""
-LOST_SIGNAL = signal.SIGRTMIN + 7
-"""The signal the monitor sends its rank when the store's host has stopped answering (its words are in the page)."""
+from lifecycle._liveness.settings import Settings
 
 STOP_WAIT_S = 1.0
 """How long a stopped monitor has to exit, at interpreter exit, before it is killed (``reap``)."""
@@ -111,18 +106,11 @@ class Marks:
 class RankMonitor:
     """A running monitor of this rank: its marks, its process, the stacks file; ``stop`` ends it."""
 
-    def __init__(
-        self, marks: Marks, process: subprocess.Popen[bytes], stacks: IO[str], mode: str, interval_s: float
-    ) -> None:
-        """Hold what ``start_monitor`` made."""
-        self.marks, self.process, self.stacks, self.mode = marks, process, stacks, mode
-        self.interval_s = interval_s
+    def __init__(self, marks: Marks, process: subprocess.Popen[bytes], stacks: IO[str], settings: Settings) -> None:
+        """Hold what ``start_monitor`` made, and the settings it was started with."""
+        self.marks, self.process, self.stacks, self.settings = marks, process, stacks, settings
         self.on_stop: list[Callable[[], object]] = []
         """Called by ``stop``, last first, before the page is closed (e.g. to put a signal handler back)."""
-
-    def mark(self, phase: str, step: int | None) -> None:
-        """Record the rank's position (``Marks.mark``)."""
-        self.marks.mark(phase, step)
 
     def stop(self) -> None:
         """Tell the monitor the rank is done and to end (SIGTERM); idempotent. Returns at once.
@@ -139,7 +127,7 @@ class RankMonitor:
         if self.process.poll() is None:
             self.process.terminate()
             _EXITING.append(self.process)
-        faulthandler.unregister(DUMP_SIGNAL)
+        faulthandler.unregister(self.settings.dump_signal)
         while self.on_stop:
             self.on_stop.pop()()
         self.stacks.close()
@@ -170,43 +158,12 @@ def current() -> RankMonitor | None:
     return _CURRENT
 
 
-def mark(phase: str, step: int | None) -> None:
-    """Record this rank's position for its monitor, if one runs (``Session.progress`` calls it); never raises."""
-    running = _CURRENT
-    if running is not None:
-        running.marks.mark(phase, step)
+def start_monitor(settings: Settings) -> RankMonitor:
+    """Start this rank's monitor with ``settings`` (see the module docstring), after stopping one still running here.
 
-
-def start_monitor(
-    *,
-    rank: int,
-    world_size: int,
-    host: str,
-    port: int,
-    prefix: str,
-    interval_s: float,
-    floor_s: float,
-    default_s: float,
-    explicit: dict[str, float],
-    mode: str,
-    stacks: Path,
-    attempt: int = 0,
-    store_timeout_s: float | None = None,
-    journal: Path | None = None,
-    origin: dict[str, object] | None = None,
-    store_host: str = "",
-    lost_signal: int = 0,
-) -> RankMonitor:
-    """Start this rank's monitor (see the module docstring), after stopping one still running here.
-
-    ``host``/``port``: the rendezvous store's server; ``prefix``: the attempt's store
-    prefix (failure notices and beats go under it). ``mode``: ``kill`` or ``report``.
-    ``stacks``: the side file the Python stacks are dumped into (appended to).
-    ``journal``: the rank's journal file, which the monitor appends a verdict to, with
-    ``origin`` (the journal ``Origin``'s fields) as its writer (None: no record).
-    ``store_host``: who hosts the store, in words; ``lost_signal``: the signal the monitor
-    sends this process (``kill`` mode) when the store's host has stopped answering
-    (0: none; see ``lifecycle._liveness.monitor.Monitor.check_store``).
+    The settings go to the monitor whole; this adds the marks page (their ``attempt``
+    written in it), opens ``settings.stacks`` (appended to) and registers
+    ``settings.dump_signal`` with ``faulthandler`` to dump every thread's stack there.
     """
     global _CURRENT
     if _CURRENT is not None:
@@ -214,32 +171,11 @@ def start_monitor(
     for process in [p for p in _EXITING if p.poll() is not None]:  # the ones exited since: reaped now
         _EXITING.remove(process)
     marks = Marks()
-    marks.attempt = attempt
-    stacks.parent.mkdir(parents=True, exist_ok=True)
-    dump = open(stacks, "a")  # noqa: SIM115 - kept open for faulthandler until stop()
-    faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
-    settings = _monitor.Settings(
-        rank=rank,
-        world_size=world_size,
-        pid=os.getpid(),
-        marks=marks.path,
-        host=host,
-        port=port,
-        prefix=prefix,
-        interval_s=interval_s,
-        floor_s=floor_s,
-        default_s=default_s,
-        explicit=explicit,
-        mode=mode,
-        dump_signal=int(DUMP_SIGNAL),
-        stacks=str(stacks),
-        store_timeout_s=store_timeout_s if store_timeout_s is not None else interval_s / 2,
-        journal="" if journal is None else str(journal),
-        origin=dict(origin or {}),
-        store_host=store_host,
-        lost_signal=lost_signal,
-    )
-    command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, json.dumps(settings.__dict__)]
+    marks.attempt = settings.attempt
+    Path(settings.stacks).parent.mkdir(parents=True, exist_ok=True)
+    dump = open(settings.stacks, "a")  # noqa: SIM115 - kept open for faulthandler until stop()
+    faulthandler.register(settings.dump_signal, file=dump, all_threads=True, chain=False)
+    command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, settings.to_json(), marks.path]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    _CURRENT = RankMonitor(marks, process, dump, mode, interval_s)
+    _CURRENT = RankMonitor(marks, process, dump, settings)
     return _CURRENT

@@ -147,7 +147,7 @@ def publish(
     # notice's text, never ``error``: a worker left behind must not keep the failure's frames
     # (and the process groups they reference) alive.
     monitor = liveness.current()
-    verdict_wait = min(2 * monitor.interval_s, VERDICT_WAIT_MAX_S) if monitor is not None else 0.0
+    verdict_wait = min(2 * monitor.settings.interval_s, VERDICT_WAIT_MAX_S) if monitor is not None else 0.0
     bound = deadline_s + verdict_wait
     deadline = time.monotonic() + deadline_s
     read_page = monitor.marks.verdict if monitor is not None else None

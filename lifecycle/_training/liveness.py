@@ -19,7 +19,8 @@ from lifecycle._core.plans import RestartMode
 from lifecycle._core.session import Session
 from lifecycle._core.signals import Handler, Link
 from lifecycle._core.states import State
-from lifecycle._liveness.rank import LOST_SIGNAL, RankMonitor, start_monitor
+from lifecycle._liveness.rank import RankMonitor, start_monitor
+from lifecycle._liveness.settings import LOST_SIGNAL, Settings
 from lifecycle._training.config import LivenessMode, PretrainConfig
 from lifecycle._training.journaling import RunJournal
 
@@ -52,27 +53,41 @@ def start_liveness(
         logger.warning("rank %d: no liveness monitor: the default group's store is not a TCPStore", rank)
         return None
     folder = Path(config.journal_dir) if config.journal_dir is not None else Path(tempfile.gettempdir())
-    monitor = start_monitor(
+    journal_file = "" if config.journal_dir is None else str(_journal.journal_path(folder, journal.origin.rank))
+    settings = Settings(
         rank=rank,
         world_size=world_size,
         host=server[0],
         port=server[1],
         prefix=prefix,
+        mode=mode.value,
         interval_s=live.interval_s,
         floor_s=live.floor_s,
-        default_s=live.default_deadline_s,
-        explicit=dict(live.deadlines),
-        mode=mode.value,
-        stacks=folder / f"rank{rank}.stacks.txt",
+        default_deadline_s=live.default_deadline_s,
+        deadlines=live.deadlines,
+        stacks=str(folder / f"rank{rank}.stacks.txt"),
         attempt=journal.origin.attempt,
-        journal=None if config.journal_dir is None else _journal.journal_path(config.journal_dir, journal.origin.rank),
+        journal=journal_file,
         origin=dataclasses.asdict(journal.origin),
         store_host="torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "",
         lost_signal=int(LOST_SIGNAL),
     )
+    monitor = start_monitor(settings)
+    _mark_progress(session, monitor)
     session.add_observer(lambda event: monitor.marks.done() if isinstance(event, FailureEvent) else None)
     _raise_when_store_lost(session, monitor)
     return monitor
+
+
+def _mark_progress(session: Session, monitor: RankMonitor) -> None:
+    """Make ``session.progress`` write the rank's marks for ``monitor`` until the monitor stops (the core's seam)."""
+
+    def unplug() -> None:
+        if session.progress_sink == monitor.marks.mark:
+            session.progress_sink = None
+
+    session.progress_sink = monitor.marks.mark
+    monitor.on_stop.append(unplug)
 
 
 _LIVE = (State.DIST_READY, State.GLOBALS_READY, State.TRAINING)

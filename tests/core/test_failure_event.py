@@ -46,6 +46,20 @@ def test_a_failure_is_announced_and_observed_once_before_anything_is_released() 
     assert event.announcement == actions.announcement and event.announcement.seq is None
 
 
+def test_progress_sends_each_mark_to_the_sink_set_with_the_step_it_keeps() -> None:
+    """Every ``progress`` call reaches ``progress_sink`` (the liveness seam) with the phase and the kept step."""
+    session = Session(RecordingActions())
+    session.progress("setup")  # no sink yet: nowhere
+    marks: list[tuple[str, int | None]] = []
+    session.progress_sink = lambda phase, step: marks.append((phase, step))
+    session.progress("setup")
+    session.progress("step", 3)
+    session.progress("callback")  # no step: keeps 3
+    session.progress_sink = None
+    session.progress("step", 4)
+    assert marks == [("setup", None), ("step", 3), ("callback", 3)]
+
+
 def test_progress_names_phase_and_step_until_the_next_transition_then_the_state_is_the_phase() -> None:
     """The phase given holds in its state only; the step holds until another is given."""
     session = Session(RecordingActions())

@@ -20,6 +20,7 @@ from support.counting_store import server as store_server
 
 from lifecycle._liveness import monitor
 from lifecycle._liveness.rank import Marks
+from lifecycle._liveness.settings import Settings
 
 
 @contextmanager
@@ -32,10 +33,10 @@ def _monitors(world: int) -> Iterator[tuple[list[monitor.Monitor], Marks, mmap.m
         page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
     try:
         for rank in range(world):
-            settings = monitor.Settings(
-                rank=rank, world_size=world, pid=os.getpid(), marks=marks.path, host="127.0.0.1",
-                port=server.port, prefix="p", interval_s=1.0, floor_s=1.0, default_s=600.0, explicit={},
-                mode="report", dump_signal=0, stacks="/dev/null", store_timeout_s=5.0,
+            settings = Settings(
+                rank=rank, world_size=world, pid=os.getpid(), host="127.0.0.1",
+                port=server.port, prefix="p", interval_s=1.0, floor_s=1.0, default_deadline_s=600.0,
+                mode="report", stacks="/dev/null", store_timeout_s=5.0,
             )  # fmt: skip
             monitors.append(monitor.Monitor(settings, page, wake=-1))
         yield monitors, marks, page

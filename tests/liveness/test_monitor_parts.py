@@ -15,6 +15,7 @@ from support.processes import stop_process
 from lifecycle import journal
 from lifecycle._liveness import monitor
 from lifecycle._liveness.rank import Marks
+from lifecycle._liveness.settings import Settings
 
 
 def test_marks_written_by_the_rank_are_read_by_the_monitor() -> None:
@@ -51,9 +52,20 @@ def test_a_mark_costs_about_a_microsecond() -> None:
         marks.close()
 
 
+def test_settings_cross_to_the_monitor_whole_and_derive_the_store_bound_once() -> None:
+    """What the rank sends its monitor reads back equal on the other side; the store bound is half the interval."""
+    settings = Settings(
+        rank=1, world_size=2, host="127.0.0.1", port=29500, prefix="p", mode="kill", interval_s=0.5, floor_s=2.0,
+        default_deadline_s=600.0, stacks="/tmp/stacks", deadlines=(("checkpoint", 50.0),), attempt=2,
+        origin={"rank": 1, "run_id": "r"},
+    )  # fmt: skip
+    assert Settings.from_json(settings.to_json()) == settings
+    assert (settings.store_timeout_s, settings.pid) == (0.25, os.getpid())
+
+
 def test_deadlines_default_until_calibrated_then_five_times_the_slowest_with_a_floor() -> None:
     """Warm-up samples are skipped; three samples calibrate; the floor and an explicit deadline win."""
-    deadlines = monitor.Deadlines(floor_s=2.0, default_s=600.0, explicit={"checkpoint": 50.0})
+    deadlines = monitor.Deadlines(floor_s=2.0, default_deadline_s=600.0, deadlines={"checkpoint": 50.0})
     for seconds in (9.0, 9.0, 0.1, 0.3):  # two warm-up steps, then two samples
         deadlines.sample("step", seconds)
     assert deadlines.of("batch") == (600.0, "default")
@@ -67,12 +79,12 @@ def test_deadlines_default_until_calibrated_then_five_times_the_slowest_with_a_f
 
 def test_a_look_over_many_short_steps_calibrates_the_loop_at_once() -> None:
     """Steps shorter than a look: one look past warm-up that stands for three steps calibrates (not three looks)."""
-    deadlines = monitor.Deadlines(floor_s=2.0, default_s=600.0, explicit={})
+    deadlines = monitor.Deadlines(floor_s=2.0, default_deadline_s=600.0, deadlines={})
     deadlines.sample("step", 0.01, 2)  # the warm-up steps alone: dropped
     assert deadlines.of("step") == (600.0, "default")
     deadlines.sample("step", 0.012, 18)  # steps 3..20, one look
     assert deadlines.of("step") == (2.0, "calibrated")
-    slow = monitor.Deadlines(floor_s=2.0, default_s=600.0, explicit={})
+    slow = monitor.Deadlines(floor_s=2.0, default_deadline_s=600.0, deadlines={})
     slow.sample("step", 1.0, 3)  # steps 1..3: one past warm-up
     assert slow.of("step") == (600.0, "default")
 
@@ -142,9 +154,9 @@ def test_steps_shorter_than_a_look_calibrate_on_their_mean() -> None:
     try:
         with open(marks.path, "r+b") as file:
             page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
-        settings = monitor.Settings(
-            rank=0, world_size=1, pid=os.getpid(), marks=marks.path, host="127.0.0.1", port=1, prefix="p",
-            interval_s=0.25, floor_s=0.05, default_s=600.0, explicit={}, mode="report", dump_signal=0,
+        settings = Settings(
+            rank=0, world_size=1, pid=os.getpid(), host="127.0.0.1", port=1, prefix="p",
+            interval_s=0.25, floor_s=0.05, default_deadline_s=600.0, mode="report",
             stacks="/dev/null", store_timeout_s=0.1,
         )  # fmt: skip
         watcher = monitor.Monitor(settings, page, wake=-1)
@@ -162,9 +174,9 @@ def _watcher(port: int, marks: Marks) -> monitor.Monitor:
     """Rank 0's monitor of a 2-rank world on the store at ``port``, 0.25 s interval, 1 s floor (not started)."""
     with open(marks.path, "r+b") as file:
         page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
-    settings = monitor.Settings(
-        rank=0, world_size=2, pid=os.getpid(), marks=marks.path, host="127.0.0.1", port=port, prefix="p",
-        interval_s=0.25, floor_s=1.0, default_s=600.0, explicit={}, mode="report", dump_signal=0,
+    settings = Settings(
+        rank=0, world_size=2, pid=os.getpid(), host="127.0.0.1", port=port, prefix="p",
+        interval_s=0.25, floor_s=1.0, default_deadline_s=600.0, mode="report",
         stacks="/dev/null", store_timeout_s=0.5,
     )  # fmt: skip
     return monitor.Monitor(settings, page, wake=-1)
@@ -210,9 +222,9 @@ def _middle(port: int, marks: Marks, pid: int) -> monitor.Monitor:
     """Rank 1's monitor of a 3-rank world on the store at ``port``, watching ``pid``, a 1 s deadline on ``step``."""
     with open(marks.path, "r+b") as file:
         page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
-    settings = monitor.Settings(
-        rank=1, world_size=3, pid=pid, marks=marks.path, host="127.0.0.1", port=port, prefix="p",
-        interval_s=0.25, floor_s=1.0, default_s=600.0, explicit={"step": 1.0}, mode="report", dump_signal=0,
+    settings = Settings(
+        rank=1, world_size=3, pid=pid, host="127.0.0.1", port=port, prefix="p",
+        interval_s=0.25, floor_s=1.0, default_deadline_s=600.0, deadlines=(("step", 1.0),), mode="report",
         stacks="/dev/null", store_timeout_s=0.5,
     )  # fmt: skip
     return monitor.Monitor(settings, page, wake=-1)

@@ -45,22 +45,28 @@ def rank_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
 
 
 class MonitorModes(Callback):
-    """At each step end, the mode of every liveness monitor this process started (from its command line)."""
+    """At each step end, the mode of every liveness monitor this process started (from its command line), and
+    whether ``session``'s progress marks go somewhere (its ``progress_sink``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, session: Session) -> None:
         self.modes: list[str] = []
+        self.plugged: list[bool] = []
+        self.session = session
 
     def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+        self.plugged.append(self.session.progress_sink is not None)
         for child in psutil.Process().children():
             try:
                 command = child.cmdline()
             except psutil.Error:  # a child that exited (a zombie until reaped: the previous run's monitor)
                 continue
-            if len(command) > 1 and command[-2].endswith("monitor.py"):
-                self.modes.append(json.loads(command[-1])["mode"])
+            script = next((i for i, part in enumerate(command) if part.endswith("monitor.py")), None)
+            if script is not None:  # monitor.py '<json settings>' <marks page>
+                self.modes.append(json.loads(command[script + 1])["mode"])
 
 
-def _modes(tmp_path: Path, restart_mode: RestartMode) -> list[str]:
+def _run(tmp_path: Path, restart_mode: RestartMode) -> tuple[MonitorModes, Session]:
+    """One ``pretrain`` with a ``kill`` monitor under ``restart_mode``: what its callback saw, and its session."""
     actions = TorchActions(DistributedConfig(timeout_s=20), ParallelConfig(), store_prefix="iteration0")
     session = Session(actions, restart_mode=restart_mode)
     config = config_of_one(
@@ -69,13 +75,24 @@ def _modes(tmp_path: Path, restart_mode: RestartMode) -> list[str]:
         liveness=LivenessConfig(mode="kill"),
         checkpoint=CheckpointConfig(),
     )
-    peek = MonitorModes()
+    peek = MonitorModes(session)
     pretrain(config, callbacks=[peek], session=session)
-    return peek.modes
+    return peek, session
 
 
 @pytest.mark.timeout(120)
 def test_under_an_in_process_restart_a_kill_monitor_only_reports(tmp_path: Path, rank_of_one: int) -> None:
     """``mode="kill"`` under ``RestartMode.INPROCESS``: the monitor runs in ``report`` mode; ordinary runs kill."""
-    assert set(_modes(tmp_path / "inprocess", RestartMode.INPROCESS)) == {"report"}
-    assert set(_modes(tmp_path / "ordinary", RestartMode.ORDINARY)) == {"kill"}
+    assert set(_run(tmp_path / "inprocess", RestartMode.INPROCESS)[0].modes) == {"report"}
+    assert set(_run(tmp_path / "ordinary", RestartMode.ORDINARY)[0].modes) == {"kill"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("restart_mode", [RestartMode.INPROCESS, RestartMode.ORDINARY], ids=lambda m: m.value)
+def test_pretrain_plugs_the_marks_into_its_session_while_the_monitor_runs(
+    tmp_path: Path, rank_of_one: int, restart_mode: RestartMode
+) -> None:
+    """Every step marks through the session's ``progress_sink`` (the core's seam); unplugged once the monitor stops."""
+    peek, session = _run(tmp_path, restart_mode)
+    assert peek.plugged and all(peek.plugged)
+    assert session.progress_sink is None
