@@ -16,13 +16,28 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lifecycle"
 
-LAYERS = ("journal", "_liveness", "_core", "_torch", "checkpoint", "_training", "restart", "_tools", "testing")
+LAYERS = (
+    "journal",
+    "_liveness",
+    "_core",
+    "_torch",
+    "checkpoint",
+    "_training",
+    "restart",
+    "_launch",
+    "_tools",
+    "testing",
+)
 """Bottom-up: a module may import its own layer and the ones before it, never a later one.
 
 ``journal`` (public: a file format any tool may read) is the lowest: it imports no other
 layer, so the core, the training loop and ``show`` all use it and it needs none of them.
 ``_liveness`` (the rank's monitor process and its marks, standard library only) is next:
-``Session.progress`` writes its marks."""
+``Session.progress`` writes its marks. ``_launch`` (starting processes that die with
+their starter) sits below the two that launch ranks, the demo and ``lifecycle.testing``."""
+
+PRODUCTS = "_tools"
+"""The one layer whose modules sit a level deeper, in a folder per product (``_tools/demo/``, ``_tools/show/``)."""
 
 HEAVY = ("torch", "megatron", "nvidia_resiliency_ext")
 """What ``_core`` must not import, and ``import lifecycle`` must not load."""
@@ -98,12 +113,17 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_layers_are_the_sub_packages_one_level_deep() -> None:
-    """Every module sits in a layer sub-package (or is the top package), never deeper than one level."""
-    for name in modules():
+    """Every module sits in a layer sub-package (or is the top package), never deeper than one level.
+
+    ``_tools`` alone holds a folder per product, and every one of its modules is in one."""
+    for name, path in modules().items():
         parts = name.split(".")
-        assert len(parts) <= 3, f"{name} is nested deeper than one sub-package"
+        depth = 4 if parts[1:2] == [PRODUCTS] else 3
+        assert len(parts) <= depth, f"{name} is nested deeper than one sub-package"
         if len(parts) == 3:
             assert parts[1] in LAYERS, f"{name} is in a sub-package that is not a layer"
+            folder = path.name == "__init__.py"
+            assert parts[1] != PRODUCTS or folder, f"{name} is a module of {PRODUCTS} outside a product folder"
 
 
 def test_the_import_graph_has_no_cycle() -> None:
@@ -162,7 +182,7 @@ def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     assert layer("lifecycle._core.session") < layer("lifecycle._training.pretrain")
 
 
-@pytest.mark.parametrize("module", ["lifecycle", "lifecycle.journal", "lifecycle._tools.cli", "lifecycle.testing"])
+@pytest.mark.parametrize("module", ["lifecycle", "lifecycle.journal", "lifecycle._tools.cli.main", "lifecycle.testing"])
 def test_importing_the_package_loads_no_torch(module: str) -> None:
     """In a fresh interpreter, importing ``module`` leaves torch, megatron-core and NVRx out of ``sys.modules``."""
     code = (

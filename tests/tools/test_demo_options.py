@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.launch import REPO, free_port, run_demo
 
-from lifecycle._tools.demo_options import FLAGS, OPTIONS, UsageError, check_options, demo_config, parser
+from lifecycle._tools.demo.options import FLAGS, OPTIONS, UsageError, check_options, demo_config, parser
 
 STARTED = " steps, rendezvous "
 """Printed by the launcher right before it starts torchrun."""
@@ -111,7 +111,7 @@ def test_a_checkpoint_folder_of_another_tensor_parallel_size_is_refused_before_t
 
 def test_a_checkpoint_folder_of_the_same_tensor_size_is_accepted_whatever_the_data_size(tmp_path: Path) -> None:
     """The same TP1 checkpoint fits --tp 1 on any number of ranks (the data-parallel size may change)."""
-    from lifecycle._tools.demo import check_checkpoint_layout
+    from lifecycle._tools.demo.main import check_checkpoint_layout
 
     _tp1_checkpoint(tmp_path / "ckpt")
     check_checkpoint_layout(tmp_path / "ckpt", 1)  # no refusal

@@ -15,7 +15,7 @@ from support.configs import config_of_one
 from support.journals import v1_failed_call
 
 from lifecycle import FaultInjection, InjectedFault, Phase, pretrain
-from lifecycle._tools.show import final_states, show_main, timeline_lines, write_diagrams
+from lifecycle._tools.show.main import final_states, show_main, timeline_lines, write_diagrams
 from lifecycle.journal import Origin, Record, RunEnd, RunStart, TrainStep, Transition, read
 
 

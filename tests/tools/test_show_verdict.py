@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from lifecycle import journal
-from lifecycle._tools import gantt, show_model, svg, synthetic, verdict
-from lifecycle._tools.show import show_main, timeline_lines, write_diagrams, write_page
+from lifecycle._tools.show import gantt, svg, synthetic, verdict
+from lifecycle._tools.show import model as show_model
+from lifecycle._tools.show.main import show_main, timeline_lines, write_diagrams, write_page
 from lifecycle.journal import Origin, Record
 
 T0 = 1_000.0

@@ -25,7 +25,7 @@ commands:
 
 
 def _diagrams(argv: list[str]) -> int:
-    from lifecycle._tools import diagrams as _diagrams
+    from lifecycle._tools.diagrams import draw as _diagrams
 
     check = "--check" in argv
     rest = [a for a in argv if a != "--check"]
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _run(sys.argv[1:] if argv is None else argv)
         sys.stdout.flush()
     except BrokenPipeError:  # the reader of stdout has gone: end quietly
-        from lifecycle._tools import show as _show
+        from lifecycle._tools.show import main as _show
 
         _show.drop_stdout()
         return _show.CLOSED_PIPE
@@ -67,11 +67,11 @@ def _run(args: list[str]) -> int:
     if command == "diagrams":
         return _diagrams(rest)
     if command == "demo":
-        from lifecycle._tools.demo import demo_main
+        from lifecycle._tools.demo.main import demo_main
 
         return demo_main(rest)
     if command == "show":
-        from lifecycle._tools.show import show_main
+        from lifecycle._tools.show.main import show_main
 
         return show_main(rest)
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)

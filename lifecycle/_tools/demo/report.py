@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from lifecycle import journal as _journal
-from lifecycle._tools import show as _show
-from lifecycle._tools import show_model as _model
-from lifecycle._tools.console import TORCHRUN_LOG
+from lifecycle._tools.demo.console import TORCHRUN_LOG
+from lifecycle._tools.show import main as _show
+from lifecycle._tools.show import model as _model
 
 
 @dataclasses.dataclass(slots=True)

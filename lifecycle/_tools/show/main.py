@@ -1,10 +1,10 @@
 """``python -m lifecycle show JOURNAL...``: a run's timeline, and the diagram of the path it took.
 
-What is shown comes from the model of the journals (``lifecycle._tools.show_model``:
+What is shown comes from the model of the journals (``lifecycle._tools.show.model``:
 runs, jobs, attempts and their verdicts); this module and ``gantt`` and ``page`` are its
 views (the text, the charts, the HTML page) and read only the model.
 
-Per attempt, a verdict comes first (``lifecycle._tools.verdict``): which rank failed
+Per attempt, a verdict comes first (``lifecycle._tools.show.verdict``): which rank failed
 first, by the store's sequence number where the ranks journaled their failure notices,
 otherwise by wall time, and how every other rank ended, grouped, in at most 24 lines.
 Then the timeline lists, per attempt and per rank, every transition and teardown step
@@ -16,11 +16,11 @@ of the attempt's overview, so 16,384 ranks' journals take the memory of a few. T
 torchrun's restart count, then by ``pretrain``'s attempt number: the workers torchrun
 restarts count their attempts from 0 again, and show numbers them on from the
 attempts before (``attempt 2 (torchrun restart 1)``). The diagrams are the lifecycle diagrams of
-``lifecycle._tools.diagrams`` (generated from ``TRANSITIONS``) with the edges the run took
+``lifecycle._tools.diagrams.draw`` (generated from ``TRANSITIONS``) with the edges the run took
 highlighted: one Mermaid and one Graphviz file per attempt, rendered to SVG and PNG
 when Graphviz's ``dot`` is installed; next to them, a Mermaid gantt chart of each
-attempt (``lifecycle._tools.gantt``), and with ``--html PATH`` one self-contained page
-of it all (``lifecycle._tools.page``).
+attempt (``lifecycle._tools.show.gantt``), and with ``--html PATH`` one self-contained page
+of it all (``lifecycle._tools.show.page``).
 
 Real-world journals: torn lines are skipped with a note naming file and line; a line
 that breaks the schema ends ``show`` with ``file:line: field 'x' ...`` (exit 2), never a
@@ -43,13 +43,13 @@ from pathlib import Path
 
 from lifecycle._core.states import State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge
-from lifecycle._tools import diagrams as _diagrams
-from lifecycle._tools import gantt as _gantt
-from lifecycle._tools import page as _page
-from lifecycle._tools import show_model as _model
-from lifecycle._tools import svg as _svg
-from lifecycle._tools import verdict as _verdict
-from lifecycle._tools.cause import ranks_text
+from lifecycle._tools.diagrams import draw as _diagrams
+from lifecycle._tools.show import gantt as _gantt
+from lifecycle._tools.show import model as _model
+from lifecycle._tools.show import page as _page
+from lifecycle._tools.show import svg as _svg
+from lifecycle._tools.show import verdict as _verdict
+from lifecycle._tools.show.cause import ranks_text
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER, StoppedByLauncher
 from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
@@ -146,7 +146,7 @@ def _split_calls(records: list[Record]) -> list[list[Record]]:
 
 
 def verdict_lines(ranks: dict[int, list[Record]]) -> list[str]:
-    """One attempt's verdict (``lifecycle._tools.verdict``), at most 24 lines, each indented: ``  verdict: ...``."""
+    """One attempt's verdict (``show.verdict``), at most 24 lines, each indented: ``  verdict: ...``."""
     return _verdict_lines(_verdict.analyse(ranks))
 
 
@@ -271,7 +271,7 @@ def write_diagrams(records: list[Record], out: Path) -> list[Path]:
 
     ``N`` is the attempt's number in the timeline (torchrun's restarts numbered on);
     each state diagram highlights the edges any rank took in that attempt (in any of its
-    in-process iterations); the gantt chart (``lifecycle._tools.gantt``) draws its ranks'
+    in-process iterations); the gantt chart (``lifecycle._tools.show.gantt``) draws its ranks'
     states and teardown steps on one time axis, the first failure marked. With several
     run ids the names start ``<run id>-``; where jobs shared a run id, then ``job<J>-``
     (1, 2, ...). Returns the paths written.
@@ -310,10 +310,10 @@ def draw(model: _model.Model, out: Path) -> list[Path]:
 
 
 def write_page(records: list[Record], path: Path) -> Path:
-    """Write the self-contained HTML page of ``records`` to ``path`` (``lifecycle._tools.page``); return ``path``.
+    """Write the self-contained HTML page of ``records`` to ``path`` (``lifecycle._tools.show.page``); return ``path``.
 
     Per attempt: its verdict, its timeline and path through the states drawn as SVG
-    (``lifecycle._tools.svg``), the Mermaid sources folded, and the timeline (timed from
+    (``lifecycle._tools.show.svg``), the Mermaid sources folded, and the timeline (timed from
     the attempt's first event, where the printed timeline times from the run's). The
     page loads nothing and runs no script. ``OSError`` if it cannot be written.
     """
