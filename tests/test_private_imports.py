@@ -39,7 +39,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo.main", "lifecycle._tools.demo.options"}),
     "tools/test_diagrams.py": frozenset({"lifecycle._tools.diagrams.draw"}),
     "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.show.main"}),
-    "tools/test_show.py": frozenset({"lifecycle._tools.show.main"}),
+    "tools/test_show.py": frozenset({"lifecycle._tools.show.main", "lifecycle._tools.show.model"}),
     "tools/test_show_model.py": frozenset({"lifecycle._tools.show.model", "lifecycle._tools.show.verdict"}),
     "tools/test_show_scale.py": frozenset(
         {

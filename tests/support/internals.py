@@ -31,6 +31,7 @@ from lifecycle._core import (
 from lifecycle._launch import launcher
 from lifecycle._tools.diagrams import draw as diagrams
 from lifecycle._tools.show import main as show
+from lifecycle._tools.show import model as show_model
 from lifecycle._tools.show import page, synthetic
 from lifecycle._training import journaling
 
@@ -53,14 +54,15 @@ __all__ = [
     "marked",
     "page",
     "process_environments",
+    "render_timeline",
     "resolve",
     "serve_code",
     "session",
     "shield",
     "show_main",
+    "show_model",
     "synthetic",
     "teardown",
-    "timeline_lines",
     "worker",
     "wrapper_plan",
 ]
@@ -84,7 +86,7 @@ process_environments = processes.process_environments
 RunJournal = journaling.RunJournal
 final_states = show.final_states
 show_main = show.show_main
-timeline_lines = show.timeline_lines
+render_timeline = show.render_timeline
 kill_group = launcher.kill_group
 kill_marked = launcher.kill_marked
 marked = launcher.marked

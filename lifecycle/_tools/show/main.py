@@ -1,8 +1,10 @@
 """``python -m lifecycle show JOURNAL...``: a run's timeline, and the diagram of the path it took.
 
 What is shown comes from the model of the journals (``lifecycle._tools.show.model``:
-runs, jobs, attempts and their verdicts); this module and ``gantt`` and ``page`` are its
-views (the text, the charts, the HTML page) and read only the model.
+runs, jobs, attempts and their verdicts), built once (``model.build`` of records,
+``model.scan`` of files); every view takes that model and reads nothing else:
+``render_timeline`` (the text), ``write_diagrams`` (the state diagrams and gantt
+charts), ``write_page`` (the HTML page, with ``svg``'s drawings).
 
 Per attempt, a verdict comes first (``lifecycle._tools.show.verdict``): which rank failed
 first, by the store's sequence number where the ranks journaled their failure notices,
@@ -127,14 +129,6 @@ def _summary(call: list[Record]) -> str:
     return head
 
 
-def run_warnings(records: list[Record]) -> list[str]:
-    """What to warn of before a timeline: journals of several runs, or of several jobs that shared a run id.
-
-    Either way each run (job) is shown on its own, never as attempts of one run.
-    """
-    return list(_model.build(records).warnings)
-
-
 def _split_calls(records: list[Record]) -> list[list[Record]]:
     """One rank's records of one attempt, split into ``pretrain`` calls (each starts with a ``RunStart``)."""
     calls: list[list[Record]] = []
@@ -145,21 +139,9 @@ def _split_calls(records: list[Record]) -> list[list[Record]]:
     return calls
 
 
-def verdict_lines(ranks: dict[int, list[Record]]) -> list[str]:
-    """One attempt's verdict (``show.verdict``), at most 24 lines, each indented: ``  verdict: ...``."""
-    return _verdict_lines(_verdict.analyse(ranks))
-
-
 def _verdict_lines(verdict: _verdict.Verdict) -> list[str]:
     lines = verdict.lines()
     return [f"  verdict: {line}" if i == 0 else f"  {'':9}{line}" for i, line in enumerate(lines)]
-
-
-def timeline_lines(records: list[Record], *, verdicts: bool = False) -> list[str]:
-    """The timeline of ``records`` (``render_timeline`` of their model)."""
-    if not records:
-        return ["(no journal records)"]
-    return render_timeline(_model.build(records), verdicts=verdicts)
 
 
 def render_timeline(model: _model.Model, *, verdicts: bool = False, ranks: Iterable[int] = ()) -> list[str]:
@@ -170,7 +152,7 @@ def render_timeline(model: _model.Model, *, verdicts: bool = False, ranks: Itera
 
     Each rank's line says how its call ended, or, without an end record (a killed or
     hung rank), the state it reached and the last training step it recorded. With
-    ``verdicts``, each attempt's verdict (``verdict_lines``) comes first, before its ranks.
+    ``verdicts``, each attempt's verdict (at most 24 lines, under ``  verdict:``) comes first, before its ranks.
     An attempt of more than ``show_model.TIMELINE_RANKS`` journaled ranks lists the rows
     its charts draw (``show_model.chart_rows``): the cause's rank, those that failed
     independently, then one rank of each group of ranks that ended alike, under a line
@@ -242,11 +224,6 @@ def final_states(records: list[Record]) -> dict[int, str]:
     return dict(sorted(states.items()))
 
 
-def taken_edges(records: Iterable[Record]) -> frozenset[Edge]:
-    """The declared edges the transition records took (a record naming no declared edge is ignored)."""
-    return _declared({(r.trigger, r.source, r.dest) for r in records if isinstance(r, Transition)})
-
-
 def _taken(overview: _model.Overview) -> frozenset[Edge]:
     """The declared edges the ranks of an overview took."""
     return _declared(overview.moves)
@@ -265,9 +242,9 @@ def _declared(named: Iterable[tuple[str, str, str]]) -> frozenset[Edge]:
     return frozenset(taken)
 
 
-def write_diagrams(records: list[Record], out: Path) -> list[Path]:
-    """Write, per attempt, ``attempt<N>.mmd``, ``attempt<N>.dot`` (plus ``.svg``, ``.png`` if ``dot`` exists) and
-    ``attempt<N>-gantt.mermaid``.
+def write_diagrams(model: _model.Model, out: Path) -> list[Path]:
+    """Write, per attempt of ``model``, ``attempt<N>.mmd``, ``attempt<N>.dot`` (plus ``.svg``, ``.png`` if ``dot``
+    exists) and ``attempt<N>-gantt.mermaid``.
 
     ``N`` is the attempt's number in the timeline (torchrun's restarts numbered on);
     each state diagram highlights the edges any rank took in that attempt (in any of its
@@ -277,11 +254,6 @@ def write_diagrams(records: list[Record], out: Path) -> list[Path]:
     (1, 2, ...). Returns the paths written.
     A rendering failure is reported on stderr and skipped: the sources are still written.
     """
-    return draw(_model.build(records), out)
-
-
-def draw(model: _model.Model, out: Path) -> list[Path]:
-    """``write_diagrams`` of a model."""
     out.mkdir(parents=True, exist_ok=True)
     dot_exe = shutil.which("dot")
     written: list[Path] = []
@@ -309,17 +281,6 @@ def draw(model: _model.Model, out: Path) -> list[Path]:
     return written
 
 
-def write_page(records: list[Record], path: Path) -> Path:
-    """Write the self-contained HTML page of ``records`` to ``path`` (``lifecycle._tools.show.page``); return ``path``.
-
-    Per attempt: its verdict, its timeline and path through the states drawn as SVG
-    (``lifecycle._tools.show.svg``), the Mermaid sources folded, and the timeline (timed from
-    the attempt's first event, where the printed timeline times from the run's). The
-    page loads nothing and runs no script. ``OSError`` if it cannot be written.
-    """
-    return page_of(_model.build(records), path)
-
-
 def _page_timeline(drawn: _model.Drawn) -> list[str]:
     """The page's textual timeline of one attempt: every rank's, up to ``gantt.MAX_ROWS`` ranks; beyond, only the
     ranks the chart draws (the cause's, one of each group), and where to read every rank's."""
@@ -335,8 +296,14 @@ def _page_timeline(drawn: _model.Drawn) -> list[str]:
     return [head, *_rank_lines(kept, drawn.t0)]
 
 
-def page_of(model: _model.Model, path: Path) -> Path:
-    """``write_page`` of a model."""
+def write_page(model: _model.Model, path: Path) -> Path:
+    """Write the self-contained HTML page of ``model`` to ``path`` (``lifecycle._tools.show.page``); return ``path``.
+
+    Per attempt: its verdict, its timeline and path through the states drawn as SVG
+    (``lifecycle._tools.show.svg``), the Mermaid sources folded, and the timeline (timed from
+    the attempt's first event, where the printed timeline times from the run's). The
+    page loads nothing and runs no script. ``OSError`` if it cannot be written.
+    """
     sections = []
     for drawn in (drawn for run in model.runs for drawn in run.drawn):
         taken = _taken(drawn.overview)
@@ -405,7 +372,7 @@ def show_main(argv: list[str]) -> int:
     """``show JOURNAL... [--out DIR] [--ranks LIST] [--html PATH]``: print the verdicts and timeline, write the
     diagrams.
 
-    Returns the exit code. Per attempt, the verdict (``verdict_lines``: which rank failed
+    Returns the exit code. Per attempt, the verdict (which rank failed
     first, how the others ended) comes before its ranks' timelines (grouped past 64 ranks,
     see ``render_timeline``; ``--ranks 5,7-9`` adds those ranks' in full). ``--html PATH``
     also writes the self-contained page of ``write_page`` to ``PATH``. The journals are
@@ -473,14 +440,14 @@ def show_main(argv: list[str]) -> int:
     first = args.journals[0]
     out = args.out if args.out is not None else (first if first.is_dir() else first.parent)
     try:
-        written = draw(model, out)
+        written = write_diagrams(model, out)
     except OSError as exc:
         hint = "" if args.out is not None else " (next to the journal); write them elsewhere with --out DIR"
         print(f"cannot write the diagrams to {out}: {why_not_written(exc, out, folder=True)}{hint}", file=sys.stderr)
         return 2
     if args.html is not None:
         try:
-            written.append(page_of(model, args.html))
+            written.append(write_page(model, args.html))
         except OSError as exc:
             print(f"cannot write the page to {args.html}: {why_not_written(exc, args.html)}", file=sys.stderr)
             return 2
