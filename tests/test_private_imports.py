@@ -37,6 +37,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "journal/test_schema.py": frozenset({"lifecycle.journal._records", "lifecycle.journal._schema"}),
     "restart/test_nvml.py": frozenset({"lifecycle.restart._nvml"}),
     "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo.main", "lifecycle._tools.demo.options"}),
+    "tools/test_demo_report.py": frozenset({"lifecycle._tools.demo.report"}),
     "tools/test_diagrams.py": frozenset({"lifecycle._tools.diagrams.draw"}),
     "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.show.main"}),
     "tools/test_show.py": frozenset({"lifecycle._tools.show.main", "lifecycle._tools.show.model"}),
