@@ -38,6 +38,9 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "restart/test_nvml.py": frozenset({"lifecycle.restart._nvml"}),
     "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo.main", "lifecycle._tools.demo.options"}),
     "tools/test_demo_report.py": frozenset({"lifecycle._tools.demo.report"}),
+    "tools/test_usage.py": frozenset(
+        {"lifecycle._tools.cli.main", "lifecycle._tools.cli.usage", "lifecycle._tools.demo.options"}
+    ),
     "tools/test_diagrams.py": frozenset({"lifecycle._tools.diagrams.draw"}),
     "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.show.main"}),
     "tools/test_show.py": frozenset({"lifecycle._tools.show.main", "lifecycle._tools.show.model"}),

@@ -8,7 +8,6 @@ unusable, or (``--fail-step 0``, past ``--steps``) ran with another value than a
 from __future__ import annotations
 
 import os
-import re
 import socket
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.launch import REPO, free_port, run_demo
+from support.launch import free_port, run_demo
 
 from lifecycle._tools.demo.options import FLAGS, OPTIONS, UsageError, check_options, demo_config, parser
 
@@ -278,14 +277,6 @@ def test_every_flag_maps_from_its_field_and_every_config_field_error_names_a_fla
             if field is not None:
                 assert FLAGS[field] == option.flag
     assert set(vars(parser().parse_args([]))) == {option.dest for option in OPTIONS}
-
-
-def test_the_reference_lists_every_option_and_no_other() -> None:
-    """docs/reference.md's options table names exactly the declared flags (OPTIONS), each once."""
-    text = (REPO / "docs" / "reference.md").read_text()
-    table = text.split("Options (`python -m lifecycle demo --help`):", 1)[1].split("\n\n", 2)[1]
-    listed = [flag for row in table.splitlines()[2:] for flag in re.findall(r"`(--[a-z-]+)", row.split("|")[1])]
-    assert sorted(listed) == sorted(option.flag for option in OPTIONS)
 
 
 if __name__ == "__main__":

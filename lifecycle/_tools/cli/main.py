@@ -8,23 +8,50 @@ the rest of its output is dropped, no ``BrokenPipeError`` traceback, exit code 1
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
-USAGE = """usage: python -m lifecycle COMMAND [ARGS]
+from lifecycle._tools.cli import usage as _usage
 
-commands:
-  demo [OPTIONS]      train the demo model with 2 ranks on CPU/gloo (see `demo --help`)
-  show JOURNAL... [--out DIR] [--html PATH]
-                      print each attempt's verdict (who failed first, how every rank
-                      ended) and timeline; draw the path taken and a gantt chart, and
-                      with --html one self-contained page (see `show --help`)
-  diagrams [--check] [--out DIR]
-                      write the diagrams generated from the table into DIR (default:
-                      diagrams/); with --check, write nothing and exit 1 if any is stale
-"""
+DIAGRAMS_ARGS = ["[--check]", "[--out DIR]"]
+"""The ``diagrams`` command's arguments, as ``_diagrams`` reads them."""
+
+SUMMARIES = {
+    "demo": "train the demo model with 2 ranks on CPU/gloo (see `demo --help`, which lists the exit codes)",
+    "show": (
+        "print each attempt's verdict (who failed first, how every rank ended) and timeline; draw the path taken "
+        "and a gantt chart, and with --html one self-contained page (see `show --help`)"
+    ),
+    "diagrams": (
+        "write the diagrams generated from the table into DIR (default: diagrams/); with --check, write nothing "
+        "and exit 1 if any is stale"
+    ),
+}
+"""What each command does, in ``usage``'s words; the commands in its order."""
+
+WIDTH = 88
+"""The width ``usage`` wraps its lines to."""
+
+
+def usage() -> str:
+    """``python -m lifecycle --help``: every command with its arguments, each read from its parser, and what it does."""
+    from lifecycle._tools.demo import options as _demo_options
+    from lifecycle._tools.show import main as _show
+
+    arguments = {
+        "demo": _usage.synopsis(_demo_options.parser()),
+        "show": _usage.synopsis(_show.parser()),
+        "diagrams": DIAGRAMS_ARGS,
+    }
+    lines = ["usage: python -m lifecycle COMMAND [ARGS]", "", "commands:"]
+    for command, summary in SUMMARIES.items():
+        lines += _usage.wrap_items([command, *arguments[command]], WIDTH, "  ", " " * (len(command) + 3))
+        lines += textwrap.wrap(summary, WIDTH, initial_indent=" " * 22, subsequent_indent=" " * 22)
+    return "\n".join(lines) + "\n"
 
 
 def _diagrams(argv: list[str]) -> int:
+    """``diagrams [--check] [--out DIR]``: write the table's diagrams, or with ``--check`` name the stale ones."""
     from lifecycle._tools.diagrams import draw as _diagrams
 
     check = "--check" in argv
@@ -33,7 +60,7 @@ def _diagrams(argv: list[str]) -> int:
     if rest[:1] == ["--out"] and len(rest) == 2:
         out = Path(rest[1])
     elif rest:
-        print(USAGE, file=sys.stderr)
+        print(usage(), file=sys.stderr)
         return 2
     if check:
         stale = _diagrams.stale(out)
@@ -61,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: list[str]) -> int:
     """The command named by ``args[0]``, run; its exit code."""
     if not args or args[0] in ("-h", "--help"):
-        print(USAGE)
+        print(usage())
         return 0 if args else 2
     command, rest = args[0], args[1:]
     if command == "diagrams":
@@ -74,5 +101,5 @@ def _run(args: list[str]) -> int:
         from lifecycle._tools.show.main import show_main
 
         return show_main(rest)
-    print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    print(f"unknown command {command!r}\n\n{usage()}", file=sys.stderr)
     return 2

@@ -368,6 +368,35 @@ def _rank_list(text: str) -> list[int]:
     return ranks
 
 
+def parser() -> argparse.ArgumentParser:
+    """``show``'s argument parser: its options, declared once (``show --help``, ``python -m lifecycle --help``)."""
+    made = argparse.ArgumentParser(
+        prog="python -m lifecycle show",
+        description=(
+            "Print, per attempt, the verdict (which rank failed first, how every rank ended) and the timeline of a run"
+            " from its journals; draw the lifecycle path it took and a gantt chart of each attempt."
+        ),
+    )
+    made.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL", help="rank<R>.jsonl files or folders")
+    made.add_argument(
+        "--out", type=Path, metavar="DIR", help="where to write the diagrams (default: next to the journal)"
+    )
+    made.add_argument(
+        "--ranks",
+        type=_rank_list,
+        default=[],
+        metavar="LIST",
+        help=f"past {_model.TIMELINE_RANKS} ranks an attempt, also print these ranks' timelines in full (e.g. 5,7-9)",
+    )
+    made.add_argument(
+        "--html",
+        type=Path,
+        metavar="PATH",
+        help="also write one self-contained HTML page (verdicts, diagrams, timelines) to PATH; it opens offline",
+    )
+    return made
+
+
 def show_main(argv: list[str]) -> int:
     """``show JOURNAL... [--out DIR] [--ranks LIST] [--html PATH]``: print the verdicts and timeline, write the
     diagrams.
@@ -395,29 +424,7 @@ def show_main(argv: list[str]) -> int:
     closed pipe stopped) when stdout was closed early (``show ... | head``): the
     rest of the output is dropped quietly and the diagrams are still written.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m lifecycle show",
-        description=(
-            "Print, per attempt, the verdict (which rank failed first, how every rank ended) and the timeline of a run"
-            " from its journals; draw the lifecycle path it took and a gantt chart of each attempt."
-        ),
-    )
-    parser.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL", help="rank<R>.jsonl files or folders")
-    parser.add_argument("--out", type=Path, help="where to write the diagrams (default: next to the journal)")
-    parser.add_argument(
-        "--ranks",
-        type=_rank_list,
-        default=[],
-        metavar="LIST",
-        help="past 64 ranks an attempt, also print these ranks' timelines in full (e.g. 5,7-9)",
-    )
-    parser.add_argument(
-        "--html",
-        type=Path,
-        metavar="PATH",
-        help="also write one self-contained HTML page (verdicts, diagrams, timelines) to PATH; it opens offline",
-    )
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 must not end the report
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
