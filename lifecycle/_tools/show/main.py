@@ -10,10 +10,10 @@ Per attempt, a verdict comes first (``lifecycle._tools.show.verdict``): which ra
 first, by the store's sequence number where the ranks journaled their failure notices,
 otherwise by wall time, and how every other rank ended, grouped, in at most 24 lines.
 Then the timeline lists, per attempt and per rank, every transition and teardown step
-with its time relative to the start of the run; past ``show_model.TIMELINE_RANKS`` (64)
+with its time relative to the start of the run; past ``model.TIMELINE_RANKS`` (64)
 ranks an attempt, the cause's rank and one rank of each group of ranks that ended alike
 (the verdict's groups), each under a line naming its group. ``show`` reads the journals
-one file at a time (``show_model.scan``): what it keeps of a rank is its end and its part
+one file at a time (``model.scan``): what it keeps of a rank is its end and its part
 of the attempt's overview, so 16,384 ranks' journals take the memory of a few. The attempts of a run are ordered by
 torchrun's restart count, then by ``pretrain``'s attempt number: the workers torchrun
 restarts count their attempts from 0 again, and show numbers them on from the
@@ -153,8 +153,8 @@ def render_timeline(model: _model.Model, *, verdicts: bool = False, ranks: Itera
     Each rank's line says how its call ended, or, without an end record (a killed or
     hung rank), the state it reached and the last training step it recorded. With
     ``verdicts``, each attempt's verdict (at most 24 lines, under ``  verdict:``) comes first, before its ranks.
-    An attempt of more than ``show_model.TIMELINE_RANKS`` journaled ranks lists the rows
-    its charts draw (``show_model.chart_rows``): the cause's rank, those that failed
+    An attempt of more than ``model.TIMELINE_RANKS`` journaled ranks lists the rows
+    its charts draw (``model.chart_rows``): the cause's rank, those that failed
     independently, then one rank of each group of ranks that ended alike, under a line
     ``ranks 0, 2-1023 (1023 ranks), as rank 0:``; groups past ``MAX_ROWS`` are counted;
     then the ``ranks`` asked for (whose records the model holds: every rank's from
@@ -405,7 +405,7 @@ def show_main(argv: list[str]) -> int:
     first, how the others ended) comes before its ranks' timelines (grouped past 64 ranks,
     see ``render_timeline``; ``--ranks 5,7-9`` adds those ranks' in full). ``--html PATH``
     also writes the self-contained page of ``write_page`` to ``PATH``. The journals are
-    read one file at a time (``show_model.scan``).
+    read one file at a time (``model.scan``).
 
     A JOURNAL may be a journal file (read whatever its name) or a folder, which stands
     for its ``rank<R>.jsonl`` files (other ``*.jsonl`` files in it that look like
