@@ -18,7 +18,7 @@ rank, 80 MB in all. Rounds rotate through three sides, each in every position in
 (c) json: each file's lines read and decoded with ``json.loads``, nothing else: the
     floor for anything that reads these files in Python.
 (d) html: (a) with ``--html PATH`` as well: the page of all ten attempts, its pictures
-    drawn as SVG by ``lifecycle._tools.svg``; its size in bytes is reported.
+    drawn as SVG by ``lifecycle._tools.show.svg``; its size in bytes is reported.
 
 Times are CPU seconds of the process (``time.process_time``): every side is one thread,
 and on a shared machine CPU time is what other processes' load disturbs least.
@@ -83,7 +83,7 @@ def _show_here(folder: str, out: str, page: str = "") -> None:
     Printed: ``seconds`` (show_main alone), ``peak_mb`` (peak resident memory of the
     process) and ``grew_mb`` (that peak less the resident memory after the imports).
     """
-    from lifecycle._tools.show import show_main
+    from lifecycle._tools.show.main import show_main
 
     before = _peak_kib()
     os.environ["PATH"] = ""  # no Graphviz rendering: the same work on machines with and without `dot`
@@ -121,7 +121,7 @@ def _timed(fn: Callable[[], object]) -> float:
 def main() -> str:
     """Write the journals, time the three sides over ``ROUNDS`` rotating rounds; the Markdown table."""
     from lifecycle import journal
-    from lifecycle._tools import synthetic
+    from lifecycle._tools.show import synthetic
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "journals"

@@ -56,7 +56,7 @@ def _show_here(folder: str, out: str, nofile: int) -> None:
     """In this fresh process: ``show_main`` on ``folder`` (see the module doc, (a)); print its measures as JSON."""
     import contextlib
 
-    from lifecycle._tools.show import show_main
+    from lifecycle._tools.show.main import show_main
 
     if nofile:
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -118,7 +118,7 @@ def _fresh(args: list[str], code: Path | None = None) -> dict[str, Any]:
 
 def _write(folder: Path, world: int) -> tuple[int, float]:
     """Write ``world`` ranks' journals of ``ATTEMPTS`` attempts into ``folder``, one rank at a time; records, MB."""
-    from lifecycle._tools import synthetic
+    from lifecycle._tools.show import synthetic
 
     records = 0
     for rank in range(world):

@@ -2,6 +2,6 @@
 
 import sys
 
-from lifecycle._tools.cli import main
+from lifecycle._tools.cli.main import main
 
 sys.exit(main())

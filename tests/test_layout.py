@@ -16,7 +16,18 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lifecycle"
 
-LAYERS = ("journal", "_core", "_liveness", "_torch", "checkpoint", "_training", "restart", "_tools", "testing")
+LAYERS = (
+    "journal",
+    "_core",
+    "_liveness",
+    "_torch",
+    "checkpoint",
+    "_training",
+    "restart",
+    "_launch",
+    "_tools",
+    "testing",
+)
 """Bottom-up: a module may import its own layer and the ones before it, never a later one.
 
 ``journal`` (public: a file format any tool may read) is the lowest: it imports no other
@@ -25,7 +36,11 @@ layer, so the core, the training loop and ``show`` all use it and it needs none 
 feature above the core: the core never imports it (``Session.progress`` calls the
 session's ``progress_sink``, a seam the core declares, which ``pretrain`` sets to the
 rank's marks); ``_torch`` (a failure notice waits for the monitor's verdict) and
-``_training`` (which starts the monitor) use it."""
+``_training`` (which starts the monitor) use it. ``_launch`` (starting processes that die
+with their starter) sits below the two that launch ranks, the demo and ``lifecycle.testing``."""
+
+PRODUCTS = "_tools"
+"""The one layer whose modules sit a level deeper, in a folder per product (``_tools/demo/``, ``_tools/show/``)."""
 
 HEAVY = ("torch", "megatron", "nvidia_resiliency_ext")
 """What ``_core`` must not import, and ``import lifecycle`` must not load."""
@@ -101,12 +116,17 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_layers_are_the_sub_packages_one_level_deep() -> None:
-    """Every module sits in a layer sub-package (or is the top package), never deeper than one level."""
-    for name in modules():
+    """Every module sits in a layer sub-package (or is the top package), never deeper than one level.
+
+    ``_tools`` alone holds a folder per product, and every one of its modules is in one."""
+    for name, path in modules().items():
         parts = name.split(".")
-        assert len(parts) <= 3, f"{name} is nested deeper than one sub-package"
+        depth = 4 if parts[1:2] == [PRODUCTS] else 3
+        assert len(parts) <= depth, f"{name} is nested deeper than one sub-package"
         if len(parts) == 3:
             assert parts[1] in LAYERS, f"{name} is in a sub-package that is not a layer"
+            folder = path.name == "__init__.py"
+            assert parts[1] != PRODUCTS or folder, f"{name} is a module of {PRODUCTS} outside a product folder"
 
 
 def test_the_import_graph_has_no_cycle() -> None:
@@ -165,7 +185,7 @@ def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     assert layer("lifecycle._core.session") < layer("lifecycle._training.pretrain")
 
 
-@pytest.mark.parametrize("module", ["lifecycle", "lifecycle.journal", "lifecycle._tools.cli", "lifecycle.testing"])
+@pytest.mark.parametrize("module", ["lifecycle", "lifecycle.journal", "lifecycle._tools.cli.main", "lifecycle.testing"])
 def test_importing_the_package_loads_no_torch(module: str) -> None:
     """In a fresh interpreter, importing ``module`` leaves torch, megatron-core and NVRx out of ``sys.modules``."""
     code = (

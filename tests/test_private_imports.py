@@ -40,28 +40,32 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     ),
     "journal/test_schema.py": frozenset({"lifecycle.journal._records", "lifecycle.journal._schema"}),
     "restart/test_nvml.py": frozenset({"lifecycle.restart._nvml"}),
-    "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo", "lifecycle._tools.demo_options"}),
-    "tools/test_diagrams.py": frozenset({"lifecycle._tools.diagrams"}),
-    "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.show"}),
-    "tools/test_show.py": frozenset({"lifecycle._tools.show"}),
-    "tools/test_show_model.py": frozenset({"lifecycle._tools.show_model", "lifecycle._tools.verdict"}),
+    "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo.main", "lifecycle._tools.demo.options"}),
+    "tools/test_demo_report.py": frozenset({"lifecycle._tools.demo.report"}),
+    "tools/test_usage.py": frozenset(
+        {"lifecycle._tools.cli.main", "lifecycle._tools.cli.usage", "lifecycle._tools.demo.options"}
+    ),
+    "tools/test_diagrams.py": frozenset({"lifecycle._tools.diagrams.draw"}),
+    "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.show.main"}),
+    "tools/test_show.py": frozenset({"lifecycle._tools.show.main", "lifecycle._tools.show.model"}),
+    "tools/test_show_model.py": frozenset({"lifecycle._tools.show.model", "lifecycle._tools.show.verdict"}),
     "tools/test_show_scale.py": frozenset(
         {
-            "lifecycle._tools.gantt",
-            "lifecycle._tools.show",
-            "lifecycle._tools.show_model",
-            "lifecycle._tools.svg",
-            "lifecycle._tools.synthetic",
+            "lifecycle._tools.show.gantt",
+            "lifecycle._tools.show.main",
+            "lifecycle._tools.show.model",
+            "lifecycle._tools.show.svg",
+            "lifecycle._tools.show.synthetic",
         }
     ),
     "tools/test_show_verdict.py": frozenset(
         {
-            "lifecycle._tools.gantt",
-            "lifecycle._tools.show",
-            "lifecycle._tools.show_model",
-            "lifecycle._tools.svg",
-            "lifecycle._tools.synthetic",
-            "lifecycle._tools.verdict",
+            "lifecycle._tools.show.gantt",
+            "lifecycle._tools.show.main",
+            "lifecycle._tools.show.model",
+            "lifecycle._tools.show.svg",
+            "lifecycle._tools.show.synthetic",
+            "lifecycle._tools.show.verdict",
         }
     ),
 }
@@ -75,7 +79,7 @@ def _is_module(name: str) -> bool:
 
 
 def private_imports(path: Path) -> Iterator[str]:
-    """Every private lifecycle module ``path`` imports (``from lifecycle._tools import show`` names ``show``)."""
+    """Every private lifecycle module ``path`` imports (``from lifecycle._tools.show import model`` names ``model``)."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             modules = [alias.name for alias in node.names]
@@ -113,14 +117,14 @@ def test_the_guard_sees_a_private_import(tmp_path: Path) -> None:
     """A stray ``from lifecycle._core.session import Session`` in a test file is reported, in any import form."""
     (tmp_path / "test_stray.py").write_text(
         "import lifecycle._core.worker\nfrom lifecycle._core.session import Session\n"
-        "def f():\n    from lifecycle._tools import show\n"
+        "def f():\n    from lifecycle._tools.show import main\n"
         "from lifecycle import Session\nfrom lifecycle.journal import read\n",
         encoding="utf-8",
     )
     assert offences(tmp_path) == [
         "test_stray.py: lifecycle._core.session",
         "test_stray.py: lifecycle._core.worker",
-        "test_stray.py: lifecycle._tools.show",
+        "test_stray.py: lifecycle._tools.show.main",
     ]
 
 

@@ -29,25 +29,47 @@ NO_PROGRESS_LIMIT = 3
 class ExitCode(IntEnum):
     """What a training process's exit code tells whoever runs it (torchrun's caller, a job script, a scheduler).
 
-    torchrun itself reads none of them: with ``--max-restarts`` it restarts every
-    worker after any non-zero exit, until the restarts are spent (see docs/recovery.md).
+    Each member is declared once with its ``meaning`` and what to do next (``next_step``; Markdown:
+    code in backticks); the tables of docs/recovery.md and docs/reference.md and the
+    demo's ``--help`` are rendered from them (``lifecycle._tools.cli.usage``). torchrun
+    itself reads none of them: with ``--max-restarts`` it restarts every worker after any
+    non-zero exit, until the restarts are spent (see docs/recovery.md).
     """
 
-    SUCCESS = 0
-    """Every step done, the session ``closed``: nothing to do."""
-    RESTART = 1
-    """Failed, and a restart from the last committed checkpoint may get further: a lost peer, a crash, a hang, a
-    transient error (Python's own code for an uncaught exception, so a script that dies before ``exit_code``
-    runs asks for the same)."""
-    USAGE = 2
-    """The demo refused an option before starting anything (argparse's code): fix the command."""
-    STOPPED = 75
-    """A requested stop (SIGTERM forwarded by the launcher, ``exit.max_duration_s``, ``Session.request_exit``,
-    Ctrl-C): the stop was asked for, the last checkpoint holds the run; resubmit to continue (``EX_TEMPFAIL``)."""
-    DO_NOT_RESTART = 93
-    """Failed in a way a restart repeats: a bad configuration, a refused checkpoint layout, misuse of the session,
-    or ``NO_PROGRESS_LIMIT`` attempts in a row with no new committed step.
-    Fix it before running again (93: NVRx's launcher's own "do not restart" code)."""
+    meaning: str
+    """What happened, in one sentence (Markdown)."""
+    next_step: str
+    """What whoever runs the process should do next (Markdown)."""
+
+    def __new__(cls, value: int, meaning: str = "", next_step: str = "") -> ExitCode:
+        """A member: ``value``, its ``meaning`` and ``next_step``; a lookup (``ExitCode(75)``) never calls it."""
+        member = int.__new__(cls, value)
+        member._value_ = value
+        member.meaning, member.next_step = meaning, next_step
+        return member
+
+    SUCCESS = 0, "every step done, the session `closed`", "nothing"
+    RESTART = (
+        1,
+        "failed; a restart from the last committed checkpoint may get further: a lost peer, a crash, a hang, a "
+        "transient error, the launcher's stop after a peer died (Python's own code for an uncaught exception)",
+        "restart (torchrun `--max-restarts`, a scheduler's requeue)",
+    )
+    # 2: argparse's own code for a refused argument.
+    USAGE = 2, "the demo refused an option before starting anything", "fix the command"
+    STOPPED = (  # 75: EX_TEMPFAIL, "try again later"
+        75,
+        "a requested stop (SIGTERM forwarded by the launcher, `exit.max_duration_s`, `Session.request_exit`, "
+        "Ctrl-C), closed with a final checkpoint, or a failure after such a request",
+        "resubmit to continue",
+    )
+    DO_NOT_RESTART = (  # 93: NVRx's launcher's own "do not restart" code
+        93,
+        "failed in a way a restart repeats: a `ConfigError`, a refused checkpoint layout (`CheckpointMismatch`), "
+        f"misuse of a session, or {NO_PROGRESS_LIMIT} (`NO_PROGRESS_LIMIT`) attempts of this run in a row that "
+        "committed no step they trained",
+        "fix it first",
+    )
 
 
 class StoppedByLauncher(BaseException):

@@ -15,7 +15,7 @@
 ``import lifecycle.testing`` loads no torch: the probes import it when called.
 """
 
-from lifecycle._tools.launcher import torchrun_command
+from lifecycle._launch.launcher import torchrun_command
 from lifecycle.testing.doubles import COLLECTIVES, RecordingActions, RecordingCheckpoints
 from lifecycle.testing.launch import RankResult, launch_ranks, run_command
 from lifecycle.testing.leaks import LifecycleLeakWarning

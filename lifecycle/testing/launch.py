@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from lifecycle._core.errors import check_number
-from lifecycle._tools.launcher import child_env, kill_group, marked, torchrun_command, wait_gone
+from lifecycle._launch.launcher import child_env, kill_group, marked, torchrun_command, wait_gone
 from lifecycle.testing.ports import free_port
 
 LOOPBACK = "127.0.0.1"

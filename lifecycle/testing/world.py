@@ -40,7 +40,7 @@ from types import ModuleType, TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from lifecycle._core.errors import check_number
-from lifecycle._tools.launcher import kill_group, kill_marked, marked, set_parent_death_signal, wait_gone
+from lifecycle._launch.launcher import kill_group, kill_marked, marked, set_parent_death_signal, wait_gone
 from lifecycle.testing.launch import _KILL_WAIT_S, LOOPBACK, MARK, _base_env
 from lifecycle.testing.ports import free_port
 

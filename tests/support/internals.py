@@ -6,7 +6,7 @@ the meta-tests that break one piece (``Shield._restore``, ``LEFTOVERS.take``,
 ``Session._journal_move``) to show a checker catches it, the journal writer a session
 uses (``RunJournal``), and ``show``'s own functions that tests call in-process. A test
 of one private module (``tests/tools/test_show_model.py`` of
-``lifecycle._tools.show_model``, say) imports that module itself; everything else
+``lifecycle._tools.show.model``, say) imports that module itself; everything else
 imports it from here, so that what the suite reaches behind the public names is listed
 in one place. The torch-dependent ones are in ``support.torch_internals``.
 """
@@ -28,7 +28,11 @@ from lifecycle._core import (
     worker,
     wrapped,
 )
-from lifecycle._tools import diagrams, launcher, page, show, synthetic
+from lifecycle._launch import launcher
+from lifecycle._tools.diagrams import draw as diagrams
+from lifecycle._tools.show import main as show
+from lifecycle._tools.show import model as show_model
+from lifecycle._tools.show import page, synthetic
 from lifecycle._training import journaling
 
 __all__ = [
@@ -50,14 +54,15 @@ __all__ = [
     "marked",
     "page",
     "process_environments",
+    "render_timeline",
     "resolve",
     "serve_code",
     "session",
     "shield",
     "show_main",
+    "show_model",
     "synthetic",
     "teardown",
-    "timeline_lines",
     "worker",
     "wrapper_plan",
 ]
@@ -81,7 +86,7 @@ process_environments = processes.process_environments
 RunJournal = journaling.RunJournal
 final_states = show.final_states
 show_main = show.show_main
-timeline_lines = show.timeline_lines
+render_timeline = show.render_timeline
 kill_group = launcher.kill_group
 kill_marked = launcher.kill_marked
 marked = launcher.marked

@@ -8,7 +8,6 @@ unusable, or (``--fail-step 0``, past ``--steps``) ran with another value than a
 from __future__ import annotations
 
 import os
-import re
 import socket
 import sys
 import time
@@ -16,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.launch import REPO, free_port, run_demo
+from support.launch import free_port, run_demo
 
-from lifecycle._tools.demo_options import FLAGS, OPTIONS, UsageError, check_options, demo_config, parser
+from lifecycle._tools.demo.options import FLAGS, OPTIONS, UsageError, check_options, demo_config, parser
 
 STARTED = " steps, rendezvous "
 """Printed by the launcher right before it starts torchrun."""
@@ -111,7 +110,7 @@ def test_a_checkpoint_folder_of_another_tensor_parallel_size_is_refused_before_t
 
 def test_a_checkpoint_folder_of_the_same_tensor_size_is_accepted_whatever_the_data_size(tmp_path: Path) -> None:
     """The same TP1 checkpoint fits --tp 1 on any number of ranks (the data-parallel size may change)."""
-    from lifecycle._tools.demo import check_checkpoint_layout
+    from lifecycle._tools.demo.main import check_checkpoint_layout
 
     _tp1_checkpoint(tmp_path / "ckpt")
     check_checkpoint_layout(tmp_path / "ckpt", 1)  # no refusal
@@ -278,14 +277,6 @@ def test_every_flag_maps_from_its_field_and_every_config_field_error_names_a_fla
             if field is not None:
                 assert FLAGS[field] == option.flag
     assert set(vars(parser().parse_args([]))) == {option.dest for option in OPTIONS}
-
-
-def test_the_reference_lists_every_option_and_no_other() -> None:
-    """docs/reference.md's options table names exactly the declared flags (OPTIONS), each once."""
-    text = (REPO / "docs" / "reference.md").read_text()
-    table = text.split("Options (`python -m lifecycle demo --help`):", 1)[1].split("\n\n", 2)[1]
-    listed = [flag for row in table.splitlines()[2:] for flag in re.findall(r"`(--[a-z-]+)", row.split("|")[1])]
-    assert sorted(listed) == sorted(option.flag for option in OPTIONS)
 
 
 if __name__ == "__main__":

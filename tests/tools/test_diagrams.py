@@ -2,7 +2,7 @@
 
 The tests read the diagrams the public command writes (``python -m lifecycle diagrams``);
 only the path highlighting, which the command does not expose (``show`` does, from a
-journal), and the missing-``graphviz`` error pin the private ``lifecycle._tools.diagrams``
+journal), and the missing-``graphviz`` error pin the private ``lifecycle._tools.diagrams.draw``
 helpers on purpose. The ``.dot`` text is written by transitions' Graphviz engine, so it
 is read back statement by statement rather than matched line by line.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle import TRANSITIONS, State
-from lifecycle._tools.diagrams import dot, mermaid
+from lifecycle._tools.diagrams.draw import dot, mermaid
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support.internals import synthetic
 
-from lifecycle._tools.show import show_main
+from lifecycle._tools.show.main import show_main
 from lifecycle.journal import Origin, Record
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,8 @@ from support.configs import config_of_one
 from support.journals import v1_failed_call
 
 from lifecycle import FaultInjection, InjectedFault, Phase, pretrain
-from lifecycle._tools.show import final_states, show_main, timeline_lines, write_diagrams
+from lifecycle._tools.show.main import final_states, render_timeline, show_main, write_diagrams
+from lifecycle._tools.show.model import build
 from lifecycle.journal import Origin, Record, RunEnd, RunStart, TrainStep, Transition, read
 
 
@@ -103,7 +104,8 @@ def test_show_presents_torchrun_restarts_as_successive_attempts_of_one_run(tmp_p
         *(_restarted_call(rank, 1, 0, 20.0, killed=rank == 0) for rank in (0, 1)),
         *(_restarted_call(rank, 0, 1, 15.0, killed=rank == 1) for rank in (0, 1)),
     ]
-    lines = timeline_lines([r for call in calls for r in call])
+    model = build([r for call in calls for r in call])
+    lines = render_timeline(model)
     headers = [line for line in lines if not line.startswith(" ")]
     assert headers == [
         "run job",
@@ -116,7 +118,7 @@ def test_show_presents_torchrun_restarts_as_successive_attempts_of_one_run(tmp_p
     assert (
         third[1].startswith("  rank 0: no end record (killed?)") and "store prefix lifecycle/g1/attempt-0" in third[3]
     )
-    written = {path.name for path in write_diagrams([r for call in calls for r in call], tmp_path)}
+    written = {path.name for path in write_diagrams(model, tmp_path)}
     assert {name for name in written if name.endswith(".mmd")} == {f"attempt{n}.mmd" for n in range(4)}
 
 

@@ -9,8 +9,8 @@ import pytest
 from support.internals import synthetic
 
 from lifecycle import declared_resources
-from lifecycle._tools import show_model
-from lifecycle._tools.verdict import Decided, Outcome
+from lifecycle._tools.show import model as show_model
+from lifecycle._tools.show.verdict import Decided, Outcome
 from lifecycle.journal import Origin, Record, TeardownStep
 
 RunKey, AttemptKey = show_model.RunKey, show_model.AttemptKey  # the keys a view never indexes

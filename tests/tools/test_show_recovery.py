@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from support.internals import timeline_lines
+from support.internals import render_timeline, show_model
 
 from lifecycle.journal import Origin, RunEnd, RunStart
 
@@ -23,7 +23,7 @@ def _lines(error: str) -> str:
             end=2.0,
         ),
     ]
-    return "\n".join(timeline_lines(records))
+    return "\n".join(render_timeline(show_model.build(records)))
 
 
 def test_a_failure_the_launcher_stopped_says_so() -> None:

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from lifecycle import journal
-from lifecycle._tools import gantt, show_model, svg, synthetic
-from lifecycle._tools.show import render_timeline
+from lifecycle._tools.show import gantt, svg, synthetic
+from lifecycle._tools.show import model as show_model
+from lifecycle._tools.show.main import render_timeline
 from lifecycle.journal import Record
 
 WORLD = 300
@@ -30,7 +31,7 @@ _RUN = textwrap.dedent(
     import resource, sys
     resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     if sys.argv[1] == "show":
-        from lifecycle._tools.show import show_main
+        from lifecycle._tools.show.main import show_main
         sys.exit(show_main(sys.argv[2:]))
     from pathlib import Path
     held = [open(p, "rb") for p in sorted(Path(sys.argv[2]).glob("rank*.jsonl"))]  # every journal at once

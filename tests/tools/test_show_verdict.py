@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from lifecycle import journal
-from lifecycle._tools import gantt, show_model, svg, synthetic, verdict
-from lifecycle._tools.show import show_main, timeline_lines, write_diagrams, write_page
+from lifecycle._tools.show import gantt, svg, synthetic, verdict
+from lifecycle._tools.show import model as show_model
+from lifecycle._tools.show.main import render_timeline, show_main, write_diagrams, write_page
 from lifecycle.journal import Origin, Record
 
 T0 = 1_000.0
@@ -286,7 +287,7 @@ def test_show_prints_each_attempts_verdict_before_its_ranks(tmp_path: Path, caps
         assert out[at + 1].startswith("  verdict: rank 1 raised in the training step at step 21: InjectedFault")
         assert out[at + 2].strip().startswith("ranks 0, 2: failed")
         assert out[at + 3].startswith("  rank 0: ended failed")
-    assert "verdict" not in "\n".join(timeline_lines(synthetic.failing_run("r", 3, 1)[0]))
+    assert "verdict" not in "\n".join(render_timeline(show_model.build(synthetic.failing_run("r", 3, 1)[0])))
 
 
 def chart_of(ranks: dict[int, list[Record]]) -> str:
@@ -317,7 +318,7 @@ def test_the_gantt_has_a_row_per_rank_up_to_16_then_one_per_group(tmp_path: Path
     assert names[1].startswith("ranks 0, 2-4, 6-1023 (rank ") and names[2] == "rank 5 (rank 5 drawn)"
     assert "training (steps 1-18) - no end record :done" in chart  # the killed rank's bar runs to its last record
     assert len(chart) < 10_000
-    written = {p.name for p in write_diagrams([r for rs in big.values() for r in rs], tmp_path)}
+    written = {p.name for p in write_diagrams(show_model.build([r for rs in big.values() for r in rs]), tmp_path)}
     assert "attempt0-gantt.mermaid" in written and "attempt0.mmd" in written
 
 
@@ -349,7 +350,7 @@ def test_html_page_is_self_contained(tmp_path: Path) -> None:
     assert "<script" not in text and not re.search(r"(src|href)\s*=", text)
     assert "white-space:pre-wrap" in text
     one = synthetic.failing_run("r", 4, 1)
-    assert write_page([r for rs in one.values() for r in rs], page).read_text().count("<svg ") == 2
+    assert write_page(show_model.build([r for rs in one.values() for r in rs]), page).read_text().count("<svg ") == 2
 
 
 def test_the_timeline_svg_keeps_the_culprits_row_among_1024_ranks() -> None:

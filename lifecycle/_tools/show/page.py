@@ -2,7 +2,7 @@
 
 Per attempt: the verdict (its first line the cause, lines wrapped, never cut), the
 timeline and the path through the states as SVG that lifecycle draws itself
-(``lifecycle._tools.svg``: no npm, no Graphviz, no script, nothing loaded from
+(``lifecycle._tools.show.svg``: no npm, no Graphviz, no script, nothing loaded from
 anywhere), then the textual timeline. The Mermaid sources of both diagrams stay on the
 page, folded, for pasting into Markdown (GitHub draws them there); ``show`` writes them
 as files too. The page carries no script: the mermaid bundle that ``make mermaid``

@@ -1,4 +1,4 @@
-"""One demo rank, under torchrun: ``python -m lifecycle._tools.demo_worker ARGS`` with the user's own demo arguments.
+"""One demo rank, under torchrun: ``python -m lifecycle._tools.demo.worker ARGS`` with the user's own demo arguments.
 
 The rank parses them with the demo's parser and builds its config with ``demo_config``
 (torchrun's environment gives the world, the rank and the rendezvous), then runs
@@ -23,8 +23,8 @@ import warnings
 from pathlib import Path
 
 from lifecycle import journal as _journal
-from lifecycle._tools.demo_options import demo_config, parser
-from lifecycle._tools.launcher import set_parent_death_signal
+from lifecycle._launch.launcher import set_parent_death_signal
+from lifecycle._tools.demo.options import demo_config, parser
 from lifecycle._training.config import PretrainConfig
 from lifecycle._training.exits import ExitCode, StoppedByLauncher, exit_code
 

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from lifecycle import journal as _journal
-from lifecycle._tools import show as _show
-from lifecycle._tools import show_model as _model
-from lifecycle._tools.console import TORCHRUN_LOG
+from lifecycle._tools.demo.console import TORCHRUN_LOG
+from lifecycle._tools.show import main as _show
+from lifecycle._tools.show import model as _model
 
 
 @dataclasses.dataclass(slots=True)
@@ -68,13 +68,14 @@ def report(run: Run, ending: Ending, elapsed: float) -> int:
             print(f"demo: {where}: torn line skipped (its writer was killed mid-write?)", file=sys.stderr)
         for note in getattr(loaded, "ignored", ()):
             print(f"demo: {note}", file=sys.stderr)
+    model = _model.build(records) if records else None  # built once: every view below reads it
     print("\n=== timeline (seconds since the first rank started) ===")
-    print("\n".join(_show.timeline_lines(records, verdicts=True)))
-    if records and run.removed:
+    print("\n".join(_show.render_timeline(model, verdicts=True) if model is not None else ["(no journal records)"]))
+    if model is not None and run.removed:
         print(f"\ndemo: {journal_dir} is a temporary folder, removed at exit (--keep keeps it, for show and its page)")
-    elif records:
-        paths = _show.write_diagrams(records, journal_dir)
-        paths.append(_show.write_page(records, journal_dir / "show.html"))
+    elif model is not None:
+        paths = _show.write_diagrams(model, journal_dir)
+        paths.append(_show.write_page(model, journal_dir / "show.html"))
         print("\n=== lifecycle diagrams (path taken highlighted) ===")
         print("\n".join(f"  {p}" for p in paths))
         print(f"\ndemo: see it again with: {sys.executable} -m lifecycle show {journal_dir}")
@@ -96,29 +97,31 @@ def report(run: Run, ending: Ending, elapsed: float) -> int:
     elif ok:
         verdict = f"succeeded in {elapsed:.1f} s {facts}"
     else:
-        why = ending.killed or _why_failed(states, records, run)
+        why = ending.killed or _why_failed(states, model, run)
         verdict = f"FAILED in {elapsed:.1f} s: {why} {facts}"
     print(f"demo: {verdict}", flush=True)
     return 0 if ok else 1
 
 
-def _cause(records: list[_journal.Record]) -> str:
+def _cause(model: _model.Model | None) -> str:
     """The first line of the last failed attempt's verdict (its cause, in ``show``'s words); "" if none failed."""
-    if not records:
+    if model is None:
         return ""
-    for run in reversed(_model.build(records).runs):
+    for run in reversed(model.runs):
         for attempt in reversed(run.drawn):
             if attempt.verdict.cause is not None:
                 return attempt.verdict.cause.line()
     return ""
 
 
-def _why_failed(states: dict[int, str], records: list[_journal.Record], run: Run) -> str:
-    """The reason the verdict gives for a run where some rank's last attempt did not end ``closed``."""
-    cause = _cause(records)
+def _why_failed(states: dict[int, str], model: _model.Model | None, run: Run) -> str:
+    """The reason the verdict gives for a run where some rank's last attempt did not end ``closed``.
+
+    ``model``: the journals' (None: no record of this run)."""
+    cause = _cause(model)
     if cause:
         return cause
-    if not records:
+    if model is None:
         where = "" if run.local else ", not an address of this machine"
         return (
             f"no rank wrote a journal: torchrun ended before any rank started (see its output in "

@@ -1,6 +1,7 @@
 """The demo's options, each declared once (``OPTIONS``), and the configs every rank builds from them.
 
-One ``Option`` gives a flag everything: its argparse entry (``parser``), the config
+One ``Option`` gives a flag everything: its argparse entry (``parser``, whose ``--help``
+ends with the exit codes ``ExitCode`` declares), its row in the docs (``options_table``), the config
 field it sets (``demo_config``), the value it takes when not given (``derived``), the
 fields whose errors it answers for (``flag_of``), and the flag it needs. The ranks get
 the user's own arguments and parse them with the same parser, so a new option reaches
@@ -22,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle._core.errors import ConfigError, check_number
+from lifecycle._tools.cli import usage as _usage
 from lifecycle._training.config import STEPPED_PHASES, FaultKind, LivenessMode, Phase, PretrainConfig
+from lifecycle._training.exits import NO_PROGRESS_LIMIT, ExitCode
 
 DEFAULT_STEPS = 1000
 """Long enough to show training, short enough for a first look with 2 ranks on 2 CPU cores.
@@ -111,11 +114,21 @@ def _path(text: str) -> Path | str:
 
 _FAULT = ("--fail-at", "there is no failure to place")
 
+
+def _listed(words: list[str], last: str = "or") -> str:
+    """``a, b or c``."""
+    return f"{', '.join(words[:-1])} {last} {words[-1]}" if len(words) > 1 else "".join(words)
+
+
+_STEPPED = ", ".join(phase.value for phase in Phase if phase in STEPPED_PHASES)
+"""The phases ``--fail-step`` applies to, in ``Phase`` order (``batch`` first)."""
+
 OPTIONS: tuple[Option, ...] = (
     Option("--nproc", "ranks to launch (default 2)", "distributed.world_size", default=2, torchrun=True),
     Option(
         "--tp",
-        "tensor-parallel size: each rank holds 1/N of the model; must divide --nproc (default 1)",
+        "tensor-parallel size: each rank holds 1/N of the model; must divide --nproc and the demo model's "
+        "vocabulary and attention heads (default 1)",
         "parallel.tensor_model_parallel_size",
         default=1,
         answers_for=("model.vocab_size", "model.num_heads"),
@@ -123,10 +136,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--steps", f"training steps (default {DEFAULT_STEPS})", "training.iterations", default=DEFAULT_STEPS),
     Option(
         "--fail-at",
-        "inject a failure at this phase",
+        f"inject a failure at PHASE: {_listed([phase.value for phase in Phase])}",
         "fault.phase",
         type=str,
-        metavar=None,
+        metavar="PHASE",
         choices=tuple(p.value for p in Phase),
     ),
     Option(
@@ -139,8 +152,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--fail-step",
-        "for step, eval, checkpoint, callback: fire at the first such phase at or after step N, "
-        "1..--steps (default: half the steps)",
+        f"for {_STEPPED}: fire at the first such phase at or after step N, 1..--steps (default: half the steps)",
         "fault.step",
         derived=lambda options: max(1, options.steps // 2),
         needs=_FAULT,
@@ -151,7 +163,7 @@ OPTIONS: tuple[Option, ...] = (
         "stop (SIGSTOP itself), hang (sleep in the phase), spin (C code holding the GIL)",
         "fault.kind",
         type=str,
-        metavar=None,
+        metavar="KIND",
         choices=tuple(k.value for k in FaultKind),
         needs=_FAULT,
     ),
@@ -162,7 +174,7 @@ OPTIONS: tuple[Option, ...] = (
         "liveness.mode",
         type=str,
         default="kill",
-        metavar=None,
+        metavar="MODE",
         choices=tuple(m.value for m in LivenessMode),
     ),
     Option(
@@ -185,12 +197,14 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--fault-again",
         "inject the fault in every attempt, retries and restarts included (default: the first only); "
-        "after 3 attempts in a row without a new checkpoint the ranks exit 93, do not restart",
+        f"after {NO_PROGRESS_LIMIT} attempts in a row without a new checkpoint the ranks exit "
+        f"{ExitCode.DO_NOT_RESTART:d} (do not restart)",
         type=None,
     ),
     Option(
         "--checkpoint-dir",
-        "checkpoints (default: <journal dir>/checkpoints)",
+        "checkpoints (default: checkpoints/ in the journal dir); the demo resumes from the latest one there, "
+        "which must have been written at the same --tp",
         "checkpoint.dir",
         type=_path,
         metavar="DIR",
@@ -204,7 +218,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--journal-dir",
-        "where journals and diagrams go (default: a new temp dir, removed at exit unless --keep)",
+        "where journals and diagrams go; created if need be, it must hold no journals yet "
+        "(default: a new temp dir, removed at exit unless --keep)",
         "journal_dir",
         type=_path,
         metavar="DIR",
@@ -228,7 +243,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--master-addr",
-        "rendezvous address (default 127.0.0.1)",
+        "rendezvous address; it must resolve (default 127.0.0.1)",
         "distributed.master_addr",
         type=str,
         default="127.0.0.1",
@@ -245,7 +260,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "--timeout",
-        "process-group and rendezvous timeout in seconds (default 30)",
+        "process-group timeout, and how long torchrun waits for the rendezvous, in seconds (default 30)",
         "distributed.timeout_s",
         type=float,
         default=30.0,
@@ -266,10 +281,11 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m lifecycle demo",
         description=(
             "Train a tiny causal LM on synthetic data with torchrun on CPU/gloo, then print each rank's "
-            "lifecycle timeline and draw the path the run took. Exit code 0 when every rank's last attempt "
-            "ended closed (a stop asked for by Ctrl-C or SIGTERM included), 1 otherwise, 2 for a refused option. "
+            "lifecycle timeline and draw the path the run took. "
             "Ctrl-C once: every rank stops after the same step, saves and closes; twice: everything is killed."
         ),
+        epilog=_usage.exit_codes_text(),
+        formatter_class=_usage.LineFormatter,
     )
     for option in OPTIONS:
         if option.type is None:
@@ -284,6 +300,13 @@ def parser() -> argparse.ArgumentParser:
                 help=option.help,
             )
     return made
+
+
+def options_table() -> str:
+    """docs/reference.md's table of the demo's options, one row per option as ``--help`` lists it (Markdown)."""
+    actions = [action for action in parser()._actions if not isinstance(action, argparse._HelpAction)]
+    rows = [(f"`{_usage.option_label(action)}`", str(action.help)) for action in actions]
+    return _usage.markdown_table(("option", "meaning"), rows)
 
 
 def flag_of(field: str) -> str:

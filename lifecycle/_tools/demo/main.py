@@ -61,11 +61,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from lifecycle._tools.console import RANK_LOGS, TORCHRUN_LOG, RankOutput
-from lifecycle._tools.demo_options import UsageError, check_options, demo_config, max_restarts, parser
-from lifecycle._tools.demo_report import Ending, Run, rank_journals, report
-from lifecycle._tools.demo_worker import STOP_MARKER
-from lifecycle._tools.launcher import child_env, die_with, kill_group, kill_marked, torchrun_command
+from lifecycle._launch.launcher import child_env, die_with, kill_group, kill_marked, torchrun_command
+from lifecycle._tools.demo.console import RANK_LOGS, TORCHRUN_LOG, RankOutput
+from lifecycle._tools.demo.options import UsageError, check_options, demo_config, max_restarts, parser
+from lifecycle._tools.demo.report import Ending, Run, rank_journals, report
+from lifecycle._tools.demo.worker import STOP_MARKER
 from lifecycle._training.exits import ExitCode
 
 WALL_LIMIT_S = 1800.0
@@ -85,7 +85,7 @@ STARTUP_S = 120.0
 
 _RUN_ID = "LIFECYCLE_RUN_ID"
 _POLL_S = 0.1
-WORKER = "lifecycle._tools.demo_worker"
+WORKER = "lifecycle._tools.demo.worker"
 """The module every rank runs, with the user's own demo arguments."""
 
 

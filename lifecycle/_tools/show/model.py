@@ -7,7 +7,7 @@ in-process iteration, ordered by restart count then attempt number) and its ``dr
 attempts (one per attempt number, in-process iterations merged: what a chart shows).
 Attempts are numbered on across torchrun restarts (``number``), since a restarted
 worker counts its attempts from 0 again. Every attempt carries its verdict
-(``lifecycle._tools.verdict``), its ``Overview`` (what the views say of every rank: its
+(``lifecycle._tools.show.verdict``), its ``Overview`` (what the views say of every rank: its
 ranks, start times, paths through the states) and the records of its ranks: all of them
 from ``build``; from ``scan``, which reads journal files one at a time, only those of the
 ranks the views print or draw (``shown``). The views (``show``'s text, the diagrams and
@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from lifecycle import journal as _journal
-from lifecycle._tools import verdict as _verdict
-from lifecycle._tools.cause import compact
+from lifecycle._tools.show import verdict as _verdict
+from lifecycle._tools.show.cause import compact
 from lifecycle.journal import Origin, Record, RunStart, TeardownStep, TrainStep, Transition
 
 

@@ -27,7 +27,7 @@ from enum import Enum
 from lifecycle import journal as _journal
 from lifecycle._core.plans import Outcome as PlanOutcome
 from lifecycle._core.states import State
-from lifecycle._tools.cause import (
+from lifecycle._tools.show.cause import (
     FIRST_NOTE,
     LIVENESS,
     VERDICT_ERROR,

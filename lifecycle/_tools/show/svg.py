@@ -23,10 +23,10 @@ from __future__ import annotations
 import html
 
 from lifecycle._core.states import State
-from lifecycle._tools import gantt
-from lifecycle._tools import show_model as _model
-from lifecycle._tools.cause import compact
-from lifecycle._tools.show_model import Drawn
+from lifecycle._tools.show import gantt
+from lifecycle._tools.show import model as _model
+from lifecycle._tools.show.cause import compact
+from lifecycle._tools.show.model import Drawn
 
 WIDTH = 1200
 """The pictures' width in pixels at full size (a 1,400-pixel window shows them whole)."""

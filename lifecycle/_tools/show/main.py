@@ -1,26 +1,28 @@
 """``python -m lifecycle show JOURNAL...``: a run's timeline, and the diagram of the path it took.
 
-What is shown comes from the model of the journals (``lifecycle._tools.show_model``:
-runs, jobs, attempts and their verdicts); this module and ``gantt`` and ``page`` are its
-views (the text, the charts, the HTML page) and read only the model.
+What is shown comes from the model of the journals (``lifecycle._tools.show.model``:
+runs, jobs, attempts and their verdicts), built once (``model.build`` of records,
+``model.scan`` of files); every view takes that model and reads nothing else:
+``render_timeline`` (the text), ``write_diagrams`` (the state diagrams and gantt
+charts), ``write_page`` (the HTML page, with ``svg``'s drawings).
 
-Per attempt, a verdict comes first (``lifecycle._tools.verdict``): which rank failed
+Per attempt, a verdict comes first (``lifecycle._tools.show.verdict``): which rank failed
 first, by the store's sequence number where the ranks journaled their failure notices,
 otherwise by wall time, and how every other rank ended, grouped, in at most 24 lines.
 Then the timeline lists, per attempt and per rank, every transition and teardown step
-with its time relative to the start of the run; past ``show_model.TIMELINE_RANKS`` (64)
+with its time relative to the start of the run; past ``model.TIMELINE_RANKS`` (64)
 ranks an attempt, the cause's rank and one rank of each group of ranks that ended alike
 (the verdict's groups), each under a line naming its group. ``show`` reads the journals
-one file at a time (``show_model.scan``): what it keeps of a rank is its end and its part
+one file at a time (``model.scan``): what it keeps of a rank is its end and its part
 of the attempt's overview, so 16,384 ranks' journals take the memory of a few. The attempts of a run are ordered by
 torchrun's restart count, then by ``pretrain``'s attempt number: the workers torchrun
 restarts count their attempts from 0 again, and show numbers them on from the
 attempts before (``attempt 2 (torchrun restart 1)``). The diagrams are the lifecycle diagrams of
-``lifecycle._tools.diagrams`` (generated from ``TRANSITIONS``) with the edges the run took
+``lifecycle._tools.diagrams.draw`` (generated from ``TRANSITIONS``) with the edges the run took
 highlighted: one Mermaid and one Graphviz file per attempt, rendered to SVG and PNG
 when Graphviz's ``dot`` is installed; next to them, a Mermaid gantt chart of each
-attempt (``lifecycle._tools.gantt``), and with ``--html PATH`` one self-contained page
-of it all (``lifecycle._tools.page``).
+attempt (``lifecycle._tools.show.gantt``), and with ``--html PATH`` one self-contained page
+of it all (``lifecycle._tools.show.page``).
 
 Real-world journals: torn lines are skipped with a note naming file and line; a line
 that breaks the schema ends ``show`` with ``file:line: field 'x' ...`` (exit 2), never a
@@ -43,13 +45,13 @@ from pathlib import Path
 
 from lifecycle._core.states import State, Trigger
 from lifecycle._core.table import TRANSITIONS, Edge
-from lifecycle._tools import diagrams as _diagrams
-from lifecycle._tools import gantt as _gantt
-from lifecycle._tools import page as _page
-from lifecycle._tools import show_model as _model
-from lifecycle._tools import svg as _svg
-from lifecycle._tools import verdict as _verdict
-from lifecycle._tools.cause import ranks_text
+from lifecycle._tools.diagrams import draw as _diagrams
+from lifecycle._tools.show import gantt as _gantt
+from lifecycle._tools.show import model as _model
+from lifecycle._tools.show import page as _page
+from lifecycle._tools.show import svg as _svg
+from lifecycle._tools.show import verdict as _verdict
+from lifecycle._tools.show.cause import ranks_text
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER, StoppedByLauncher
 from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
@@ -127,14 +129,6 @@ def _summary(call: list[Record]) -> str:
     return head
 
 
-def run_warnings(records: list[Record]) -> list[str]:
-    """What to warn of before a timeline: journals of several runs, or of several jobs that shared a run id.
-
-    Either way each run (job) is shown on its own, never as attempts of one run.
-    """
-    return list(_model.build(records).warnings)
-
-
 def _split_calls(records: list[Record]) -> list[list[Record]]:
     """One rank's records of one attempt, split into ``pretrain`` calls (each starts with a ``RunStart``)."""
     calls: list[list[Record]] = []
@@ -145,21 +139,9 @@ def _split_calls(records: list[Record]) -> list[list[Record]]:
     return calls
 
 
-def verdict_lines(ranks: dict[int, list[Record]]) -> list[str]:
-    """One attempt's verdict (``lifecycle._tools.verdict``), at most 24 lines, each indented: ``  verdict: ...``."""
-    return _verdict_lines(_verdict.analyse(ranks))
-
-
 def _verdict_lines(verdict: _verdict.Verdict) -> list[str]:
     lines = verdict.lines()
     return [f"  verdict: {line}" if i == 0 else f"  {'':9}{line}" for i, line in enumerate(lines)]
-
-
-def timeline_lines(records: list[Record], *, verdicts: bool = False) -> list[str]:
-    """The timeline of ``records`` (``render_timeline`` of their model)."""
-    if not records:
-        return ["(no journal records)"]
-    return render_timeline(_model.build(records), verdicts=verdicts)
 
 
 def render_timeline(model: _model.Model, *, verdicts: bool = False, ranks: Iterable[int] = ()) -> list[str]:
@@ -170,9 +152,9 @@ def render_timeline(model: _model.Model, *, verdicts: bool = False, ranks: Itera
 
     Each rank's line says how its call ended, or, without an end record (a killed or
     hung rank), the state it reached and the last training step it recorded. With
-    ``verdicts``, each attempt's verdict (``verdict_lines``) comes first, before its ranks.
-    An attempt of more than ``show_model.TIMELINE_RANKS`` journaled ranks lists the rows
-    its charts draw (``show_model.chart_rows``): the cause's rank, those that failed
+    ``verdicts``, each attempt's verdict (at most 24 lines, under ``  verdict:``) comes first, before its ranks.
+    An attempt of more than ``model.TIMELINE_RANKS`` journaled ranks lists the rows
+    its charts draw (``model.chart_rows``): the cause's rank, those that failed
     independently, then one rank of each group of ranks that ended alike, under a line
     ``ranks 0, 2-1023 (1023 ranks), as rank 0:``; groups past ``MAX_ROWS`` are counted;
     then the ``ranks`` asked for (whose records the model holds: every rank's from
@@ -242,11 +224,6 @@ def final_states(records: list[Record]) -> dict[int, str]:
     return dict(sorted(states.items()))
 
 
-def taken_edges(records: Iterable[Record]) -> frozenset[Edge]:
-    """The declared edges the transition records took (a record naming no declared edge is ignored)."""
-    return _declared({(r.trigger, r.source, r.dest) for r in records if isinstance(r, Transition)})
-
-
 def _taken(overview: _model.Overview) -> frozenset[Edge]:
     """The declared edges the ranks of an overview took."""
     return _declared(overview.moves)
@@ -265,23 +242,18 @@ def _declared(named: Iterable[tuple[str, str, str]]) -> frozenset[Edge]:
     return frozenset(taken)
 
 
-def write_diagrams(records: list[Record], out: Path) -> list[Path]:
-    """Write, per attempt, ``attempt<N>.mmd``, ``attempt<N>.dot`` (plus ``.svg``, ``.png`` if ``dot`` exists) and
-    ``attempt<N>-gantt.mermaid``.
+def write_diagrams(model: _model.Model, out: Path) -> list[Path]:
+    """Write, per attempt of ``model``, ``attempt<N>.mmd``, ``attempt<N>.dot`` (plus ``.svg``, ``.png`` if ``dot``
+    exists) and ``attempt<N>-gantt.mermaid``.
 
     ``N`` is the attempt's number in the timeline (torchrun's restarts numbered on);
     each state diagram highlights the edges any rank took in that attempt (in any of its
-    in-process iterations); the gantt chart (``lifecycle._tools.gantt``) draws its ranks'
+    in-process iterations); the gantt chart (``lifecycle._tools.show.gantt``) draws its ranks'
     states and teardown steps on one time axis, the first failure marked. With several
     run ids the names start ``<run id>-``; where jobs shared a run id, then ``job<J>-``
     (1, 2, ...). Returns the paths written.
     A rendering failure is reported on stderr and skipped: the sources are still written.
     """
-    return draw(_model.build(records), out)
-
-
-def draw(model: _model.Model, out: Path) -> list[Path]:
-    """``write_diagrams`` of a model."""
     out.mkdir(parents=True, exist_ok=True)
     dot_exe = shutil.which("dot")
     written: list[Path] = []
@@ -309,17 +281,6 @@ def draw(model: _model.Model, out: Path) -> list[Path]:
     return written
 
 
-def write_page(records: list[Record], path: Path) -> Path:
-    """Write the self-contained HTML page of ``records`` to ``path`` (``lifecycle._tools.page``); return ``path``.
-
-    Per attempt: its verdict, its timeline and path through the states drawn as SVG
-    (``lifecycle._tools.svg``), the Mermaid sources folded, and the timeline (timed from
-    the attempt's first event, where the printed timeline times from the run's). The
-    page loads nothing and runs no script. ``OSError`` if it cannot be written.
-    """
-    return page_of(_model.build(records), path)
-
-
 def _page_timeline(drawn: _model.Drawn) -> list[str]:
     """The page's textual timeline of one attempt: every rank's, up to ``gantt.MAX_ROWS`` ranks; beyond, only the
     ranks the chart draws (the cause's, one of each group), and where to read every rank's."""
@@ -335,8 +296,14 @@ def _page_timeline(drawn: _model.Drawn) -> list[str]:
     return [head, *_rank_lines(kept, drawn.t0)]
 
 
-def page_of(model: _model.Model, path: Path) -> Path:
-    """``write_page`` of a model."""
+def write_page(model: _model.Model, path: Path) -> Path:
+    """Write the self-contained HTML page of ``model`` to ``path`` (``lifecycle._tools.show.page``); return ``path``.
+
+    Per attempt: its verdict, its timeline and path through the states drawn as SVG
+    (``lifecycle._tools.show.svg``), the Mermaid sources folded, and the timeline (timed from
+    the attempt's first event, where the printed timeline times from the run's). The
+    page loads nothing and runs no script. ``OSError`` if it cannot be written.
+    """
     sections = []
     for drawn in (drawn for run in model.runs for drawn in run.drawn):
         taken = _taken(drawn.overview)
@@ -401,15 +368,44 @@ def _rank_list(text: str) -> list[int]:
     return ranks
 
 
+def parser() -> argparse.ArgumentParser:
+    """``show``'s argument parser: its options, declared once (``show --help``, ``python -m lifecycle --help``)."""
+    made = argparse.ArgumentParser(
+        prog="python -m lifecycle show",
+        description=(
+            "Print, per attempt, the verdict (which rank failed first, how every rank ended) and the timeline of a run"
+            " from its journals; draw the lifecycle path it took and a gantt chart of each attempt."
+        ),
+    )
+    made.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL", help="rank<R>.jsonl files or folders")
+    made.add_argument(
+        "--out", type=Path, metavar="DIR", help="where to write the diagrams (default: next to the journal)"
+    )
+    made.add_argument(
+        "--ranks",
+        type=_rank_list,
+        default=[],
+        metavar="LIST",
+        help=f"past {_model.TIMELINE_RANKS} ranks an attempt, also print these ranks' timelines in full (e.g. 5,7-9)",
+    )
+    made.add_argument(
+        "--html",
+        type=Path,
+        metavar="PATH",
+        help="also write one self-contained HTML page (verdicts, diagrams, timelines) to PATH; it opens offline",
+    )
+    return made
+
+
 def show_main(argv: list[str]) -> int:
     """``show JOURNAL... [--out DIR] [--ranks LIST] [--html PATH]``: print the verdicts and timeline, write the
     diagrams.
 
-    Returns the exit code. Per attempt, the verdict (``verdict_lines``: which rank failed
+    Returns the exit code. Per attempt, the verdict (which rank failed
     first, how the others ended) comes before its ranks' timelines (grouped past 64 ranks,
     see ``render_timeline``; ``--ranks 5,7-9`` adds those ranks' in full). ``--html PATH``
     also writes the self-contained page of ``write_page`` to ``PATH``. The journals are
-    read one file at a time (``show_model.scan``).
+    read one file at a time (``model.scan``).
 
     A JOURNAL may be a journal file (read whatever its name) or a folder, which stands
     for its ``rank<R>.jsonl`` files (other ``*.jsonl`` files in it that look like
@@ -428,29 +424,7 @@ def show_main(argv: list[str]) -> int:
     closed pipe stopped) when stdout was closed early (``show ... | head``): the
     rest of the output is dropped quietly and the diagrams are still written.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m lifecycle show",
-        description=(
-            "Print, per attempt, the verdict (which rank failed first, how every rank ended) and the timeline of a run"
-            " from its journals; draw the lifecycle path it took and a gantt chart of each attempt."
-        ),
-    )
-    parser.add_argument("journals", nargs="+", type=Path, metavar="JOURNAL", help="rank<R>.jsonl files or folders")
-    parser.add_argument("--out", type=Path, help="where to write the diagrams (default: next to the journal)")
-    parser.add_argument(
-        "--ranks",
-        type=_rank_list,
-        default=[],
-        metavar="LIST",
-        help="past 64 ranks an attempt, also print these ranks' timelines in full (e.g. 5,7-9)",
-    )
-    parser.add_argument(
-        "--html",
-        type=Path,
-        metavar="PATH",
-        help="also write one self-contained HTML page (verdicts, diagrams, timelines) to PATH; it opens offline",
-    )
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 must not end the report
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
@@ -473,14 +447,14 @@ def show_main(argv: list[str]) -> int:
     first = args.journals[0]
     out = args.out if args.out is not None else (first if first.is_dir() else first.parent)
     try:
-        written = draw(model, out)
+        written = write_diagrams(model, out)
     except OSError as exc:
         hint = "" if args.out is not None else " (next to the journal); write them elsewhere with --out DIR"
         print(f"cannot write the diagrams to {out}: {why_not_written(exc, out, folder=True)}{hint}", file=sys.stderr)
         return 2
     if args.html is not None:
         try:
-            written.append(page_of(model, args.html))
+            written.append(write_page(model, args.html))
         except OSError as exc:
             print(f"cannot write the page to {args.html}: {why_not_written(exc, args.html)}", file=sys.stderr)
             return 2

@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from lifecycle._tools import show_model as _model
-from lifecycle._tools.show_model import Drawn
-from lifecycle._tools.verdict import Verdict
+from lifecycle._tools.show import model as _model
+from lifecycle._tools.show.model import Drawn
+from lifecycle._tools.show.verdict import Verdict
 from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 
 MAX_ROWS = _model.MAX_ROWS

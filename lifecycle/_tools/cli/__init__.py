@@ -1,0 +1,1 @@
+"""The command line: ``main`` dispatches ``python -m lifecycle COMMAND`` to a product."""

@@ -1,0 +1,1 @@
+"""The lifecycle diagrams (Mermaid, Graphviz) drawn from the transition table."""

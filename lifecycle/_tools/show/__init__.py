@@ -1,0 +1,1 @@
+"""``show``: journals → a model (``model``, ``verdict``, ``cause``) → views (``main``, ``gantt``, ``svg``, ``page``)."""
