@@ -28,6 +28,7 @@ import dataclasses
 import importlib.util
 import inspect
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,17 +91,25 @@ def _all_subclasses(cls: type) -> Iterator[type]:
 
 
 def candidates() -> dict[str, Any]:
-    """Every name the top level may export: the public names of ``lifecycle`` and ``lifecycle.lowlevel``, and
-    every ``LifecycleError`` outside the public sub-packages (so a new error that nobody exports is found)."""
+    """Every name the top level may have to export, by name: ``lifecycle``'s and ``lowlevel``'s exports, then
+    each public class and function the library's private modules define (so a name dropped from both lists,
+    or a new error nobody exports, is still found)."""
+    lifecycle.pretrain  # noqa: B018 - loads the training layer's modules
     pool = {name: getattr(lifecycle, name) for name in lifecycle.__all__}
     pool |= {name: getattr(lifecycle.lowlevel, name) for name in lifecycle.lowlevel.__all__}
-    pool |= {error.__name__: error for error in family()}
+    for module_name, module in sorted(sys.modules.items()):
+        if module_name.startswith("lifecycle._"):
+            for name, value in vars(module).items():
+                home = getattr(value, "__module__", None)
+                defined = home == module_name or home in ("lifecycle", "lifecycle.lowlevel")  # here, or published
+                if defined and not name.startswith("_") and (isinstance(value, type) or inspect.isfunction(value)):
+                    pool.setdefault(name, value)
     return pool
 
 
 def family() -> set[type]:
     """``LifecycleError`` and its subclasses, but those a public sub-package (``lifecycle.checkpoint``...) defines."""
-    lifecycle.pretrain  # noqa: B018 - loads the training layer's modules, so their errors are subclasses by now
+    candidates()  # loads the training layer's modules, so their errors are subclasses by now
     errors = {lifecycle.LifecycleError, *_all_subclasses(lifecycle.LifecycleError)}
     return {error for error in errors if error.__module__ == "lifecycle" or error.__module__.startswith("lifecycle._")}
 
