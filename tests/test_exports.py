@@ -173,3 +173,22 @@ def test_exported_values_pickle_by_their_public_path() -> None:
         back = pickle.loads(pickle.dumps(value))
         assert type(back) is type(value) and (back == value or str(back) == str(value)), value
     assert b"lifecycle._" not in pickle.dumps(config), "a configuration pickles by a private path"
+
+
+@pytest.mark.parametrize("module_name", ["lifecycle", "lifecycle.lowlevel"])
+def test_exported_classes_type_hints_still_resolve(module_name: str) -> None:
+    """Publishing keeps ``typing.get_type_hints`` working on every exported class.
+
+    ``TrainContext`` names ``torch`` and ``AsyncCheckpointer``, imported only for type
+    checking where it is defined: those are given, as a type checker finds them.
+    """
+    import typing
+
+    import torch
+
+    import lifecycle.checkpoint
+
+    known = {"torch": torch, "AsyncCheckpointer": lifecycle.checkpoint.AsyncCheckpointer}
+    for name, value in _defined_names(module_name):
+        if isinstance(value, type):
+            assert isinstance(typing.get_type_hints(value, localns=known), dict), name
