@@ -40,7 +40,8 @@ def bare_run() -> float:
     """Seconds for the same five triggers on a bare ``transitions`` machine from the same table."""
     from transitions import Machine
 
-    from lifecycle import TRANSITIONS, State
+    from lifecycle import State
+    from lifecycle.lowlevel import TRANSITIONS
 
     machine = Machine(
         states=list(State),

@@ -185,7 +185,9 @@ def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
     assert layer("lifecycle._core.session") < layer("lifecycle._training.pretrain")
 
 
-@pytest.mark.parametrize("module", ["lifecycle", "lifecycle.journal", "lifecycle._tools.cli.main", "lifecycle.testing"])
+@pytest.mark.parametrize(
+    "module", ["lifecycle", "lifecycle.lowlevel", "lifecycle.journal", "lifecycle._tools.cli.main", "lifecycle.testing"]
+)
 def test_importing_the_package_loads_no_torch(module: str) -> None:
     """In a fresh interpreter, importing ``module`` leaves torch, megatron-core and NVRx out of ``sys.modules``."""
     code = (

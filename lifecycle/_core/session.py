@@ -50,7 +50,7 @@ class Session:
     that ends in an earlier live state takes the failure edge and raises
     ``UnfinishedSession``.
 
-    What it acquires follows the resource declarations (``lifecycle.Resource``): each
+    What it acquires follows the resource declarations (``lifecycle.lowlevel.Resource``): each
     trigger acquires the kinds declared ``acquired_by`` it, in declaration order, and
     binds their release callables to the new ledger entry; teardown runs, for each
     step of the plan, the callable bound to its entry and kind.

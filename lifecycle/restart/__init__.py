@@ -38,6 +38,7 @@ from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported
 
 from lifecycle._core.errors import ConfigError, ForeignResource, check_number
 from lifecycle._core.executor import raise_failures
+from lifecycle._core.exports import publish
 from lifecycle._core.plans import RestartMode
 from lifecycle._core.resources import WrapperRole, live_resources
 from lifecycle._core.seams import DistributedActions
@@ -513,3 +514,6 @@ def wrapped_pretrain(
             )
         finally:
             kept = None  # the server stops listening with its last reference
+
+
+publish(globals())  # each name reads as lifecycle.restart.NAME where its home is private

@@ -15,6 +15,7 @@
 ``import lifecycle.testing`` loads no torch: the probes import it when called.
 """
 
+from lifecycle._core.exports import publish
 from lifecycle._launch.launcher import torchrun_command
 from lifecycle.testing.doubles import COLLECTIVES, RecordingActions, RecordingCheckpoints
 from lifecycle.testing.launch import RankResult, launch_ranks, run_command
@@ -49,3 +50,5 @@ __all__ = [
     "threads",
     "torchrun_command",
 ]
+
+publish(globals())  # each name reads as lifecycle.testing.NAME where its home is private

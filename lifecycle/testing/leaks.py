@@ -205,7 +205,7 @@ def _session_of_handler(handler: object) -> object | None:
             value = cell.cell_contents
         except ValueError:
             continue
-        if type(value).__name__ == "Session" and type(value).__module__.startswith("lifecycle."):
+        if type(value).__name__ == "Session" and type(value).__module__.partition(".")[0] == "lifecycle":
             session: object = value
             return session
     return None

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from support.internals import acquiring as acquiring_module
 
-from lifecycle import Handler, Resource, Session, StaleResource, State, StepKind, StepTimedOut, TeardownError
+from lifecycle import Session, StaleResource, State, StepTimedOut, TeardownError
+from lifecycle.lowlevel import Handler, Resource, StepKind
 from lifecycle.testing import RecordingActions
 
 DEADLINE_S = 0.3

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from support.internals import AnnouncesFailures, RunJournal
 
-from lifecycle import Announcement, FailureEvent, Session, SessionEvent, State
+from lifecycle import Session, State
 from lifecycle.journal import Failure, Origin, TeardownStep, read
+from lifecycle.lowlevel import Announcement, FailureEvent, SessionEvent
 from lifecycle.testing import RecordingActions, RecordingCheckpoints
 
 PEER_FIRST = Announcement(2, "", 1, "lifecycle: rank 1 failed first (step 30, phase step): InjectedFault: boom")

@@ -13,7 +13,7 @@ import pytest
 from support.internals import RunJournal
 from support.journals import v1_failed_call
 
-from lifecycle import FailureEvent, Session, SessionEvent, State, TransitionEvent
+from lifecycle import Session, State
 from lifecycle.journal import (
     V1_RUN_ID,
     VERSION,
@@ -33,6 +33,7 @@ from lifecycle.journal import (
     restart_count,
     run_id,
 )
+from lifecycle.lowlevel import FailureEvent, SessionEvent, TransitionEvent
 from lifecycle.testing import RecordingActions
 
 ORIGIN = Origin(run_id="job-7", rank=1, attempt=2, restart_mode="inprocess", iteration=3, restart_count=1)

@@ -14,9 +14,10 @@ from collections.abc import Callable
 import pytest
 from transitions import MachineError
 
-from lifecycle import TRANSITIONS, Edge, InvalidTransition, State, Trigger
+from lifecycle import InvalidTransition, State, Trigger
 from lifecycle._core.machine import Driver
 from lifecycle._core.table import find_edge
+from lifecycle.lowlevel import TRANSITIONS, Edge
 
 PAIRS = list(itertools.product(State, Trigger))
 UNDECLARED = [(s, t) for s, t in PAIRS if find_edge(s, t) is None]

@@ -14,18 +14,8 @@ from dataclasses import dataclass, field
 import pytest
 from support.internals import LEFTOVERS
 
-from lifecycle import (
-    Handler,
-    Owner,
-    Resource,
-    Session,
-    StaleResource,
-    State,
-    StepKind,
-    Trigger,
-    declare_resource,
-    undeclare_resource,
-)
+from lifecycle import Owner, Session, StaleResource, State, Trigger
+from lifecycle.lowlevel import Handler, Resource, StepKind, declare_resource, undeclare_resource
 from lifecycle.testing import RecordingActions
 
 

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from lifecycle import (
+from lifecycle import Owner
+from lifecycle.lowlevel import (
     Ledger,
     LedgerEntry,
     LeftReason,
     Outcome,
-    Owner,
     Plan,
     Resource,
     RestartMode,

@@ -9,17 +9,14 @@ from dataclasses import dataclass, field
 import pytest
 from support.internals import diagrams, wrapper_plan
 
-from lifecycle import (
+from lifecycle import Owner, Session, State, Trigger
+from lifecycle.lowlevel import (
     Handler,
     LedgerEntry,
     Outcome,
-    Owner,
     Resource,
     RestartMode,
-    Session,
-    State,
     StepKind,
-    Trigger,
     WrapperRole,
     declare_resource,
     declared_resources,
@@ -192,7 +189,7 @@ def test_the_built_in_probes_import_nothing() -> None:
 
 def test_what_an_interrupted_session_left_is_reclaimed_by_the_next_not_adopted(scratch: Resource) -> None:
     """A release cut short leaves the resource live; the next session releases it first, never calls it the caller's."""
-    from lifecycle import ReclaimEvent
+    from lifecycle.lowlevel import ReclaimEvent
 
     first = Session(RecordingActions(), label="first")
     run_to_training(first)

@@ -10,20 +10,15 @@ import pytest
 from lifecycle import (
     AlreadyHeld,
     InvalidTransition,
-    LeftReason,
     LifecycleError,
-    Outcome,
     Owner,
-    Resource,
-    RestartMode,
     Session,
     SessionFinished,
     State,
-    StepKind,
     TeardownError,
     Trigger,
-    plan_teardown,
 )
+from lifecycle.lowlevel import LeftReason, Outcome, Resource, RestartMode, StepKind, plan_teardown
 from lifecycle.testing import COLLECTIVES, RecordingActions, RecordingCheckpoints
 
 

@@ -8,19 +8,8 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from lifecycle import (
-    Edge,
-    InvalidTransition,
-    LifecycleError,
-    Owner,
-    Resource,
-    RestartMode,
-    Session,
-    State,
-    TeardownError,
-    Trigger,
-    edges_from,
-)
+from lifecycle import InvalidTransition, LifecycleError, Owner, Session, State, TeardownError, Trigger
+from lifecycle.lowlevel import Edge, Resource, RestartMode, edges_from
 from lifecycle.testing import COLLECTIVES, RecordingActions, RecordingCheckpoints
 
 RELEASES = {

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from lifecycle import Handler, Resource, Session, State, StepKind, TeardownInterrupted
+from lifecycle import Session, State, TeardownInterrupted
+from lifecycle.lowlevel import Handler, Resource, StepKind
 from lifecycle.testing import RecordingActions
 
 

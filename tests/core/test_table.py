@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from lifecycle import TRANSITIONS, State, Trigger, edges_from, reachable_states
+from lifecycle import State, Trigger
+from lifecycle.lowlevel import TRANSITIONS, edges_from, reachable_states
 
 LIVE_STATES = tuple(state for state in State if not state.is_final)
 

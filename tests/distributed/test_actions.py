@@ -28,14 +28,13 @@ from lifecycle import (
     MissingResource,
     Owner,
     ParallelConfig,
-    Resource,
     ResourceMismatch,
     Session,
     StaleResource,
     State,
     TorchActions,
-    live_resources,
 )
+from lifecycle.lowlevel import Resource, live_resources
 from lifecycle.testing import free_port, release_everything, sockets, threads
 
 # -- helpers ---------------------------------------------------------------------------

@@ -21,9 +21,9 @@ import pytest
 from support.launch import run_demo, run_workers
 from support.processes import stop_process
 
-from lifecycle import Announcement
 from lifecycle._torch.notice import DEADLINE_S, publish, store_name
 from lifecycle.journal import Failure, read
+from lifecycle.lowlevel import Announcement
 
 PEER_NOTE = (
     "lifecycle: rank 1 failed first (step 3, phase step): InjectedFault: injected failure at phase 'step' on rank 1, "

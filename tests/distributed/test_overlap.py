@@ -23,17 +23,8 @@ from support.session import drive
 from support.torch_internals import HOSTED, open_store
 from support.torch_internals import actions as torch_actions
 
-from lifecycle import (
-    ConfigError,
-    Owner,
-    ParallelConfig,
-    Session,
-    State,
-    TorchActions,
-    Trigger,
-    declared_resources,
-    live_resources,
-)
+from lifecycle import ConfigError, Owner, ParallelConfig, Session, State, TorchActions, Trigger
+from lifecycle.lowlevel import declared_resources, live_resources
 from lifecycle.testing import release_everything
 
 ACQUIRED = tuple(r for r in declared_resources() if r.acquired_by in (Trigger.INIT_DISTRIBUTED, Trigger.INIT_GLOBALS))

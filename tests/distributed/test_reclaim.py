@@ -7,7 +7,8 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from support.configs import ONE
 
-from lifecycle import Owner, ParallelConfig, Resource, Session, State, TorchActions
+from lifecycle import Owner, ParallelConfig, Session, State, TorchActions
+from lifecycle.lowlevel import Resource
 
 
 class InterruptedAbort(TorchActions):

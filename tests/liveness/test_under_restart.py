@@ -23,12 +23,12 @@ from lifecycle import (
     DistributedConfig,
     LivenessConfig,
     ParallelConfig,
-    RestartMode,
     Session,
     SessionHandle,
     TorchActions,
     pretrain,
 )
+from lifecycle.lowlevel import RestartMode
 from lifecycle.testing import free_port, release_everything
 
 

@@ -15,7 +15,8 @@ pytest_plugins = ["pytester"]
 # and where), its release never ends in time. No torch.
 STUCK_KIND = """
 import time
-from lifecycle import Handler, Owner, Resource, StepKind, Trigger, declare_resource
+from lifecycle import Owner, Trigger
+from lifecycle.lowlevel import Handler, Resource, StepKind, declare_resource
 
 ALIVE = []
 STUCK = StepKind("stuck_release")

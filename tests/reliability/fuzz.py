@@ -38,20 +38,8 @@ from typing import Any
 from support.internals import LEFTOVERS, WORKERS, Holdings, Leftover, resolve, serve_code, worker
 
 import lifecycle
-from lifecycle import (
-    Handler,
-    Owner,
-    Resource,
-    Session,
-    StaleResource,
-    State,
-    StepKind,
-    TeardownError,
-    TeardownInterrupted,
-    Trigger,
-    declare_resource,
-    undeclare_resource,
-)
+from lifecycle import Owner, Session, StaleResource, State, TeardownError, TeardownInterrupted, Trigger
+from lifecycle.lowlevel import Handler, Resource, StepKind, declare_resource, undeclare_resource
 from lifecycle.testing import RecordingActions, RecordingCheckpoints
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(lifecycle.__file__)) + os.sep

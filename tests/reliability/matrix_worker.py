@@ -60,28 +60,25 @@ from support.torch_internals import SyntheticTokens  # the default batches: pret
 from lifecycle import (
     Callback,
     CheckpointConfig,
-    DistributedActions,
     DistributedConfig,
     ExitConfig,
     ForeignResource,
-    Handler,
     ModelConfig,
     Owner,
     ParallelConfig,
     PretrainConfig,
     PretrainResult,
-    Resource,
     Session,
     SessionHandle,
     StaleResource,
     State,
-    StepKind,
     TeardownError,
     TorchActions,
     TrainingConfig,
     pretrain,
 )
 from lifecycle.checkpoint import AsyncCheckpointer
+from lifecycle.lowlevel import DistributedActions, Handler, Resource, StepKind
 from lifecycle.restart import wrapped_pretrain
 from lifecycle.testing import release_everything
 from lifecycle.testing.doubles import acquire_name

@@ -58,7 +58,7 @@ from support.internals import session as session_module
 from support.internals import shield as shield_module
 from support.internals import teardown as runner_module
 
-from lifecycle import Ledger
+from lifecycle.lowlevel import Ledger
 
 # -- fixtures ----------------------------------------------------------------------------
 

@@ -33,20 +33,14 @@ from lifecycle import (
     ConfigError,
     DistributedConfig,
     ForeignResource,
-    Ledger,
-    LedgerEntry,
-    Outcome,
     Owner,
     ParallelConfig,
-    Resource,
-    RestartMode,
     Session,
     State,
-    StepKind,
     TorchActions,
-    plan_teardown,
     restart,
 )
+from lifecycle.lowlevel import Ledger, LedgerEntry, Outcome, Resource, RestartMode, StepKind, plan_teardown
 from lifecycle.testing import RecordingActions, RecordingCheckpoints, free_ports, release_everything
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -178,7 +178,7 @@ def monitor_pid(call_wrapper: Any) -> int:
 GROUP_ENDS = ("barrier", "destroy_process_group", "_abort_process_group")
 """The torch.distributed calls that end a process group (the barrier before a destroy included)."""
 
-SESSION_MODULES = (Session.__module__, "lifecycle._core.teardown")
+SESSION_MODULES = (Session.__init__.__module__, "lifecycle._core.teardown")  # the class reads as ``lifecycle``
 """Where ``Session``'s teardown runs (a step with a deadline runs on a worker of its own, reached from the teardown
 runner alone), and the release callables it bound, which the Wrapper's steps run too."""
 

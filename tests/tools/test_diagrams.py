@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle import TRANSITIONS, State
+from lifecycle import State
 from lifecycle._tools.diagrams.draw import dot, mermaid
+from lifecycle.lowlevel import TRANSITIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 

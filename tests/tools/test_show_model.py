@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from support.internals import synthetic
 
-from lifecycle import declared_resources
 from lifecycle._tools.show import model as show_model
 from lifecycle._tools.show.verdict import Decided, Outcome
 from lifecycle.journal import Origin, Record, TeardownStep
+from lifecycle.lowlevel import declared_resources
 
 RunKey, AttemptKey = show_model.RunKey, show_model.AttemptKey  # the keys a view never indexes
 

@@ -24,7 +24,8 @@ from support.probes import alive
 from support.session import drive
 from support.torch_internals import HOSTED
 
-from lifecycle import DistributedConfig, ParallelConfig, Session, State, TorchActions, Trigger, declared_resources
+from lifecycle import DistributedConfig, ParallelConfig, Session, State, TorchActions, Trigger
+from lifecycle.lowlevel import declared_resources
 from lifecycle.testing import release_everything
 
 ACQUIRED = tuple(r for r in declared_resources() if r.acquired_by in (Trigger.INIT_DISTRIBUTED, Trigger.INIT_GLOBALS))

@@ -1,0 +1,95 @@
+"""Power tools: the machinery under ``Session`` and ``pretrain``, for code that extends or inspects it.
+
+``lifecycle`` exports the names a training script, a loop of your own and a test need;
+this module exports the rest of what the library is built from. Reach for it to:
+
+- **declare a resource kind of your own** that every session then acquires, records and
+  releases like the built-in ones: ``Resource``, ``Handler``, ``StepKind``, ``Releases``,
+  ``WrapperRole``, ``declare_resource`` / ``undeclare_resource``, ``declared_resources``,
+  ``live_resources``;
+- **plan or run a teardown yourself**, or read one: ``plan_teardown`` (a pure function of
+  ledger, restart mode and outcome), ``teardown``, ``Teardown``, ``Plan``, ``Step``,
+  ``Outcome``, ``RestartMode``, ``LeftReason``; what ran: ``TeardownReport``,
+  ``StepRecord`` (``session.report``);
+- **read the ownership ledger**: ``Ledger``, ``LedgerEntry`` (``session.ledger``);
+- **query the transition table**: ``TRANSITIONS``, ``Edge``, ``edges_from``,
+  ``reachable_states`` (the diagrams in ``diagrams/`` are drawn from it);
+- **read a session's events**: ``JournalEntry`` (``session.journal``, ``PretrainResult.journal``),
+  ``SessionEvent`` and its kinds ``TransitionEvent``, ``TeardownEvent``, ``FailureEvent``,
+  ``ReclaimEvent``;
+- **drive a session on actions of your own**: the seams ``DistributedActions`` (what
+  ``Session`` drives; ``TorchActions`` and ``lifecycle.testing.RecordingActions`` are two),
+  ``CheckpointWriter`` (what ``Session.track_checkpoints`` takes), ``Announcement``;
+- **log progress in a loop of your own**: ``ProgressLog``, the callback ``pretrain`` adds
+  for ``training.log_interval``.
+
+Like ``lifecycle``, importing this module loads no torch, megatron-core or NVRx. These
+names are as stable as the top level's; they are here because most code never needs them.
+"""
+
+from lifecycle._core.events import (
+    FailureEvent,
+    JournalEntry,
+    ReclaimEvent,
+    SessionEvent,
+    TeardownEvent,
+    TransitionEvent,
+)
+from lifecycle._core.executor import StepRecord, TeardownReport
+from lifecycle._core.exports import publish
+from lifecycle._core.ownership import Ledger, LedgerEntry
+from lifecycle._core.plans import LeftReason, Outcome, Plan, RestartMode, Step, Teardown, plan_teardown, teardown
+from lifecycle._core.resources import (
+    Handler,
+    Releases,
+    Resource,
+    StepKind,
+    WrapperRole,
+    declare_resource,
+    declared_resources,
+    live_resources,
+    undeclare_resource,
+)
+from lifecycle._core.seams import Announcement, CheckpointWriter, DistributedActions
+from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
+from lifecycle._training.callbacks import ProgressLog
+
+__all__ = [
+    "TRANSITIONS",
+    "Announcement",
+    "CheckpointWriter",
+    "DistributedActions",
+    "Edge",
+    "FailureEvent",
+    "Handler",
+    "JournalEntry",
+    "Ledger",
+    "LedgerEntry",
+    "LeftReason",
+    "Outcome",
+    "Plan",
+    "ProgressLog",
+    "ReclaimEvent",
+    "Releases",
+    "Resource",
+    "RestartMode",
+    "SessionEvent",
+    "Step",
+    "StepKind",
+    "StepRecord",
+    "Teardown",
+    "TeardownEvent",
+    "TeardownReport",
+    "TransitionEvent",
+    "WrapperRole",
+    "declare_resource",
+    "declared_resources",
+    "edges_from",
+    "live_resources",
+    "plan_teardown",
+    "reachable_states",
+    "teardown",
+    "undeclare_resource",
+]
+
+publish(globals())
