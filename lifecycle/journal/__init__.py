@@ -1,9 +1,9 @@
-"""The run journal, a file format: one file per rank, one JSON record per line, schema version 3.
+"""The run journal, a file format: one file per rank, one JSON record per line, schema version 4.
 
 ``pretrain`` (with ``journal_dir``) writes a rank's records to ``<dir>/rank<R>.jsonl``
 as they happen; ``python -m lifecycle show`` reads them, and so can anyone: ``read``
 (or ``load``, which also reports torn lines; ``load_each``, a file at a time) returns typed,
-frozen records, version 1 and 2 files included; ``JournalWriter`` appends them. The record types:
+frozen records, version 1, 2 and 3 files included; ``JournalWriter`` appends them. The record types:
 
 - ``RunStart`` (``run``): a ``pretrain`` call started; a writer's first record.
 - ``Transition`` (``transition``): the session moved between states.
@@ -13,9 +13,15 @@ frozen records, version 1 and 2 files included; ``JournalWriter`` appends them. 
 - ``Failure`` (``failure``): this rank failed (written before its failure teardown).
 - ``RunEnd`` (``end``): the call ended.
 - ``Verdict`` (``verdict``): a liveness monitor named a stopped, spinning, hung, dead or unresponsive rank.
+- ``Suspicion`` (``suspicion``) and ``Withdrawal`` (``withdrawal``): a monitor's suspicion of a rank, and its
+  withdrawal when the rank made progress again: never a failure.
+
+A failure's facts are typed once, in ``lifecycle.journal.evidence`` (its ``Kind``, their
+words, ``Evidence``, the rule that tells a consequence): the ``evidence`` and ``first``
+fields of ``Failure`` and ``Verdict`` records hold them.
 
 Each carries its ``Origin`` (run id, rank, attempt...). ``docs/journal.md`` is the
-schema, field by field, and how versions 1 and 2 read. This package imports nothing
+schema, field by field, and how versions 1, 2 and 3 read. This package imports nothing
 but the standard library (no torch): a tool may read journals anywhere.
 """
 
@@ -42,10 +48,12 @@ from lifecycle.journal._records import (
     Record,
     RunEnd,
     RunStart,
+    Suspicion,
     TeardownStep,
     TrainStep,
     Transition,
     Verdict,
+    Withdrawal,
 )
 
 __all__ = [
@@ -61,10 +69,12 @@ __all__ = [
     "Record",
     "RunEnd",
     "RunStart",
+    "Suspicion",
     "TeardownStep",
     "TrainStep",
     "Transition",
     "Verdict",
+    "Withdrawal",
     "journal_files",
     "journal_path",
     "load",
