@@ -49,7 +49,7 @@ from lifecycle._core.errors import describe
 from lifecycle._core.seams import Announcement
 from lifecycle._core.worker import POOL as WORKERS
 from lifecycle._liveness import rank as liveness
-from lifecycle.journal.evidence import VERDICT_PREFIX, Evidence, Kind, consequence, kind_of
+from lifecycle.journal.evidence import VERDICT_PREFIX, Evidence, Kind, consequence, error_kind, kind_of
 
 DEADLINE_S = 0.25
 """Bound on the whole of ``publish``, whatever the store does."""
@@ -118,6 +118,13 @@ class FailureNotice:
     def where(self) -> str:
         """``"step 30, phase step"``, or ``"phase setup"`` without a step."""
         return f"phase {self.phase}" if self.step is None else f"step {self.step}, phase {self.phase}"
+
+    def words(self) -> str:
+        """The kind's words (``lifecycle.journal.evidence``): ``hung``, ``timed out waiting for a peer``."""
+        known = Kind.named(self.kind)
+        if known is Kind.RAISED or known is None:  # an older notice's kind: its error may say more
+            known = error_kind(self.error) or Kind.RAISED
+        return known.words
 
     def evidence(self, written: dict[str, object]) -> Evidence:
         """The notice's typed facts: the ``evidence`` a monitor's notice (``written``: its JSON) carries, else its
@@ -249,8 +256,8 @@ def _publish(
         found_first = _first_unknown(seq, f"rank {first.rank}'s notice 1 was numbered after its deadline (ignored)")
     elif consequence(first.error, first.kind):
         why = (
-            f"notice 1 is rank {first.rank}'s broken connection or timed-out receive ({first.where()}: "
-            f"{first.error}), a consequence of another rank's failure"
+            f"notice 1 is rank {first.rank}'s, which {first.words()} ({first.where()}: {first.error}): a consequence"
+            " of another rank's failure, never its cause"
         )
         found_first = _first_unknown(seq, why)
     elif first.rank == mine.rank and first.kind == Kind.UNRESPONSIVE.value:
@@ -258,7 +265,8 @@ def _publish(
         why = "notice 1 is a stale notice: a peer's monitor named this rank unresponsive while it still ran"
         found_first = _first_unknown(seq, why)
     else:
-        note = f"lifecycle: rank {first.rank} failed first ({first.where()}): {first.error}"
+        said = "" if first.words() == Kind.RAISED.words else f"; it {first.words()}"  # a raise: its error says it
+        note = f"lifecycle: rank {first.rank} failed first ({first.where()}{said}): {first.error}"
         found_first = Announcement(seq, "", first.rank, note, first.evidence(written))
     if verdict_wait > 0 and not first.error.startswith(VERDICT_PREFIX):
         # Notice 1 may be a peer that a dead rank reset before the dead rank's monitor spoke.

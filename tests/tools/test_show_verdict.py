@@ -146,15 +146,15 @@ def test_a_notice_naming_the_cause_outranks_its_own_sequence_number() -> None:
 
 def test_the_liveness_kinds_are_said_in_plain_words() -> None:
     """Each liveness verdict in a survivor's note gives the cause's kind word: hung (waiting), spinning, stopped,
-    died, went silent (unresponsive)."""
+    died, went unresponsive (a version 3 note's words)."""
     notes = {
         "hung in the batch provider at step 41 (alive, no progress for 4.1 s": "rank 1 is waiting at step 41, phase"
         " batch: no progress for 4.1 s (deadline 2.0 s); it sleeps in step 41, phase batch; rank(s) 0 went on past it",
         "was spinning in the training step at step 9 (running, no progress for 2.5 s": "rank 1 is spinning at step 9,"
         " phase step: no progress for 2.5 s (deadline 2.0 s); its process runs without progress",
-        "went silent in the training step at step 7 (its monitor stopped beating for 3.0 s": "rank 1 is unresponsive:"
-        " its monitor has not beaten for 3.0 s (last at step 7, phase step; its host or monitor is gone, no"
-        " connection reset)",
+        "went unresponsive in the training step at step 7 (its monitor stopped beating for 3.0 s": "rank 1 is"
+        " unresponsive: its monitor has not beaten for 3.0 s (last at step 7, phase step; its host or monitor is gone,"
+        " no connection reset)",
     }
     for words, note in notes.items():
         ranks = attempt(

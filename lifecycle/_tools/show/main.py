@@ -53,7 +53,8 @@ from lifecycle._tools.show import svg as _svg
 from lifecycle._tools.show import verdict as _verdict
 from lifecycle._tools.show.cause import ranks_text
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER, StoppedByLauncher
-from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
+from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition, Verdict
+from lifecycle.journal.evidence import Kind
 
 CLOSED_PIPE = 141
 """The exit code of a command whose stdout was closed before it was done (128 + SIGPIPE); ``cli`` uses it too."""
@@ -118,7 +119,15 @@ def _summary(call: list[Record]) -> str:
         states = [r.dest for r in call if isinstance(r, Transition)]
         state = states[-1] if states else State.UNINITIALIZED.value
         last = f"last step {steps[-1].step}" if steps else "no training step recorded"
-        head = f"no end record (killed?) in state {state} — {last}"
+        rank = call[0].origin.rank if call else -1
+        killers = [r for r in call if isinstance(r, Verdict) and r.culprit == rank and _model.killed_by_monitor(r)]
+        if killers:
+            said = killers[0].evidence
+            kind = Kind.named(said.kind if said is not None else killers[0].verdict)
+            what = f": it {kind.words}" if kind is not None else ""
+            head = f"{_model.KILLED}{what} in state {state} — {last}"
+        else:
+            head = f"no end record (killed?) in state {state} — {last}"
     if steps:
         first, last_step = steps[0], steps[-1]
         head += f"; loss {first.loss:.3f} (step {first.step}) → {last_step.loss:.3f} (step {last_step.step})"

@@ -51,6 +51,19 @@ class AttemptKey:
 Ranks = dict[int, list[Record]]
 """Each rank's records of one attempt, in file order, by rank."""
 
+KILLED = "killed by its liveness monitor"
+"""The last place on the path of a rank its own liveness monitor killed (no state of the session: it was killed)."""
+KILLED_TRIGGER = "killed_by_monitor"
+"""The step onto ``KILLED`` (no trigger of the session's table: the diagrams draw none for it)."""
+FINAL_STATES = ("closed", "failed")
+
+
+def killed_by_monitor(verdict: _journal.Verdict) -> bool:
+    """Whether the monitor that wrote ``verdict`` killed its culprit: ``killed`` (version 4), or, in an older
+    journal, the stacks it had dumped (written only before a kill)."""
+    return verdict.killed or bool(verdict.stacks)
+
+
 Path_ = tuple[tuple[str, str, str], ...]
 """A rank's path through the states: its moves as (source, trigger, dest), in order."""
 
@@ -327,7 +340,11 @@ class _Gather:
         moves: list[tuple[str, str, str]] = []
         first_move = first_event = None
         last_step: TrainStep | None = None
+        killed = False
         for r in records:
+            if isinstance(r, _journal.Verdict):
+                killed = killed or (r.culprit == rank and killed_by_monitor(r))
+                continue
             if isinstance(r, Transition):
                 moves.append((r.source, r.trigger, r.dest))
             elif isinstance(r, RunStart):
@@ -341,6 +358,8 @@ class _Gather:
             first_event = start if first_event is None or start < first_event else first_event
             if not isinstance(r, TeardownStep):
                 first_move = start if first_move is None or start < first_move else first_move
+        if killed and not (moves and moves[-1][2] in FINAL_STATES):
+            moves.append((moves[-1][2] if moves else "uninitialized", KILLED_TRIGGER, KILLED))
         self.ends[rank] = _verdict.rank_end(rank, records)
         self.files[rank] = file
         self.paths.setdefault(tuple(moves), []).append(rank)

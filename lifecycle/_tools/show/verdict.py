@@ -27,19 +27,10 @@ from enum import Enum
 from lifecycle import journal as _journal
 from lifecycle._core.plans import Outcome as PlanOutcome
 from lifecycle._core.states import State
-from lifecycle._tools.show.cause import (
-    FIRST_NOTE,
-    LIVENESS,
-    VERDICT_ERROR,
-    Cause,
-    Decided,
-    compact,
-    consequence_error,
-    kind_of,
-    liveness_cause,
-    ranks_text,
-)
-from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
+from lifecycle._tools.show.cause import FAILED, Cause, Decided, compact, from_evidence, kind_of, ranks_text
+from lifecycle._tools.show.older import FIRST_NOTE, LIVENESS, liveness_cause
+from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition, Withdrawal
+from lifecycle.journal.evidence import VERDICT_PREFIX, Evidence, Kind, consequence, error_kind
 
 MAX_LINES = 24
 """The most lines a verdict takes, whatever the number of ranks."""
@@ -78,6 +69,12 @@ class RankEnd:
     the last training step it recorded; ``last_state`` the state it last reached;
     ``last_time`` the wall time of its last timed record; ``note`` its ``Failure``
     record's note (which names the first rank, or says why that is unknown).
+    Version 4 journals add the typed facts: ``kind`` (a ``Kind`` value; "" when the
+    journal has none), ``facts`` (its own failure's ``Evidence``: its ``Failure``
+    record's, or the verdict that judged it), ``first`` (the first failure's facts as
+    its notice learned them), ``killed`` (its liveness monitor killed it) and
+    ``withdrawn`` (the time of the last withdrawal of a suspicion of it, or of a stale
+    verdict: it made progress after).
     """
 
     rank: int
@@ -94,6 +91,28 @@ class RankEnd:
     last_time: float | None
     error: str
     note: str = ""
+    kind: str = ""
+    facts: Evidence | None = None
+    first: Evidence | None = None
+    killed: bool = False
+
+    @property
+    def consequence(self) -> bool:
+        """Whether its failure is a consequence of another rank's (never the cause): its kind says so (version 4),
+        or, in an older journal, its error does (``lifecycle.journal.evidence.consequence``)."""
+        if not self.failed:
+            return False
+        if self.kind:
+            known = Kind.named(self.kind)
+            return known is not None and known.consequence
+        return consequence(self.error)
+
+    @property
+    def judged(self) -> bool:
+        """Whether a liveness monitor's verdict is its failure (its typed facts, or an older journal's words)."""
+        if self.facts is not None:
+            return self.facts.decided_by in ("monitor", "neighbour")
+        return self.error.startswith(VERDICT_PREFIX)
 
     @property
     def failed(self) -> bool:
@@ -160,7 +179,9 @@ class Verdict:
         """The verdict as at most ``limit`` lines (groups past that are counted in a last ``… and N more`` line)."""
         head: list[str] = []
         world = len(self.ends)
-        if self.first is None:
+        if self.first is None and self.cause is not None:  # failures, every one a consequence: the cause is unknown
+            head.append(self.cause.line())
+        elif self.first is None:
             cut = any(g.outcome is Outcome.CUT for g in self.groups)
             # Ranks cut short without a failure (a Ctrl-C, a SIGKILL): none reported one, which is not "none failed".
             said = "no rank reported a failure" if cut else "no rank failed"
@@ -245,6 +266,8 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
     for r in records:  # one pass: show reads thousands of ranks
         if isinstance(r, _journal.Verdict):
             judged = judged or (r if r.culprit == rank else None)
+        elif isinstance(r, Withdrawal):
+            continue
         elif isinstance(r, Transition):
             last_move = r
             times.append(r.end)
@@ -300,6 +323,9 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
         last_time=last_time,
         error=_short(error) or "(no error recorded)",
         note=sys.intern(failure.note) if failure is not None else "",  # the same few words on thousands of ranks
+        kind=failure.evidence.kind if failure is not None and failure.evidence is not None else "",
+        facts=failure.evidence if failure is not None else None,
+        first=failure.first if failure is not None else None,
     )
 
 
@@ -326,8 +352,11 @@ def _judged(
         last_step=last_step,
         last_state=last_move.dest if last_move is not None else State.UNINITIALIZED.value,
         last_time=last_time,
-        error=_short(f"{VERDICT_ERROR}{verdict.note}"),
+        error=_short(f"{VERDICT_PREFIX}{verdict.note}"),
         note=verdict.note,
+        kind=verdict.verdict if verdict.evidence is not None else "",
+        facts=verdict.evidence,
+        killed=verdict.killed,
     )
 
 
@@ -351,8 +380,15 @@ def _missing(rank: int) -> RankEnd:
 
 
 def _cause_of(end: RankEnd, decided: Decided, named_by: RankEnd | None = None) -> Cause:
-    """``end``'s failure as the cause: from its own record, or (``named_by``) from the peer's note that names it."""
-    if named_by is not None:
+    """``end``'s failure as the cause: from its own record, or (``named_by``) from the peer's note that names it.
+
+    A version 4 journal's typed facts are rendered as they are; only older journals' words are read
+    (``lifecycle._tools.show.older``)."""
+    if named_by is not None and named_by.first is not None and named_by.first.rank == end.rank:
+        return from_evidence(named_by.first, end.last_step, decided, killed=end.killed, error=_note_error(named_by))
+    if end.facts is not None and end.failed:
+        return from_evidence(end.facts, end.last_step, decided, killed=end.killed, error=end.error)
+    if named_by is not None and named_by.facts is None:
         for text in (named_by.note, named_by.error):
             cause = liveness_cause(end.rank, end.last_step, text, decided)
             if cause is not None:
@@ -360,18 +396,31 @@ def _cause_of(end: RankEnd, decided: Decided, named_by: RankEnd | None = None) -
         said = FIRST_NOTE.match(named_by.note)
         if said is not None and not end.failed:
             error = said["error"]
-            return Cause(end.rank, "failed", "", None, end.last_step, error, decided)
-    if end.error.startswith(VERDICT_ERROR):
+            return Cause(end.rank, FAILED, "", None, end.last_step, error, decided)
+    if end.error.startswith(VERDICT_PREFIX) and end.facts is None:
         cause = liveness_cause(end.rank, end.last_step, end.note or end.error, decided)
         if cause is not None:
             return cause
     if not end.failed:  # killed without a word: no failure record, no end record
         state = f"state {end.last_state}"
         detail = "killed: no end record, no failure notice; its peers' connections to it broke or timed out"
-        return Cause(end.rank, "died", state, None, end.last_step, detail, decided)
+        return Cause(end.rank, Kind.DIED.value, state, None, end.last_step, detail, decided)
     phase = end.phase.removeprefix("phase ")
-    kind = "raised" if end.phase.startswith("phase ") and end.step is not None else "failed"
+    kind = Kind.RAISED.value if end.phase.startswith("phase ") and end.step is not None else FAILED
     return Cause(end.rank, kind, phase, end.step, end.last_step, end.error, decided)
+
+
+def _note_error(by: RankEnd) -> str:
+    """The first rank's error as ``by``'s note quotes it (``lifecycle: rank R failed first (...): error``)."""
+    head, _, error = by.note.partition("): ")
+    return error if head.startswith("lifecycle: rank ") and error else by.note.removeprefix("lifecycle: ")
+
+
+def _unknown(victim: RankEnd) -> Cause:
+    """The cause when every failure is a consequence: unknown, said from the first consequence (``victim``)."""
+    kind = victim.kind or (error_kind(victim.error) or Kind.CONNECTION_LOST).value
+    phase = victim.phase.removeprefix("phase ")
+    return Cause(None, kind, phase, victim.step, victim.last_step, victim.error, Decided.UNKNOWN, victim.rank)
 
 
 def _naming(ends: Iterable[RankEnd]) -> list[RankEnd]:
@@ -397,31 +446,38 @@ def find_cause(ends: Mapping[int, RankEnd]) -> tuple[RankEnd | None, Cause | Non
         return None, None
     naming = _naming(failed)
     numbered = sorted((e for e in failed if e.seq is not None), key=lambda e: (e.seq, _time(e), e.rank))
-    if numbered and numbered[0].first_rank is None:
-        first = numbered[0]
-        if not consequence_error(first.error):
-            return first, _cause_of(first, Decided.BY_SEQUENCE)
-    for by in naming:  # a notice that names a rank whose own failure is a broken connection names a victim
+    if numbered and numbered[0].first_rank is None and not numbered[0].consequence:
+        return numbered[0], _cause_of(numbered[0], Decided.BY_SEQUENCE)
+    for by in naming:  # a notice that names a rank whose own failure is a consequence names a victim
         named = ends.get(by.first_rank) if by.first_rank is not None else None
-        if named is not None and named.rank != by.rank and not (named.failed and consequence_error(named.error)):
+        if named is not None and named.rank != by.rank and not named.consequence and not _stale(by, named):
             decided = Decided.BY_SEQUENCE if named.seq is not None else Decided.BY_NOTICE
             return _placed(named, by), _cause_of(named, decided, by)
-    own = [e for e in numbered if not consequence_error(e.error)]
+    own = [e for e in numbered if not e.consequence]
     if own:
         return own[0], _cause_of(own[0], Decided.BY_SEQUENCE)
     killed = sorted((e for e in ends.values() if e.outcome is Outcome.CUT), key=lambda e: (e.last_time or 0.0, e.rank))
-    if killed and all(consequence_error(e.error) for e in failed):
+    if killed and all(e.consequence for e in failed):
         first = killed[0]
         placed = replace(first, failed_at=min(_time(e) for e in failed))
         return placed, _cause_of(first, Decided.BY_CONSEQUENCE)
-    judged = sorted((e for e in failed if e.error.startswith(VERDICT_ERROR)), key=lambda e: (_time(e), e.rank))
+    judged = sorted((e for e in failed if e.judged), key=lambda e: (_time(e), e.rank))
     if judged:  # a liveness verdict whose notice the store did not number (it was gone): still before consequences
         return judged[0], _cause_of(judged[0], Decided.BY_VERDICT)
-    if numbered:
-        return numbered[0], _cause_of(numbered[0], Decided.BY_SEQUENCE)
-    mine = [e for e in failed if not consequence_error(e.error)] or failed
+    mine = [e for e in failed if not e.consequence]
+    if not mine:  # every failure is a consequence and nobody is named: say so, never name a victim
+        return None, _unknown(numbered[0] if numbered else min(failed, key=lambda e: (_time(e), e.rank)))
     first = min(mine, key=lambda e: (_time(e), e.rank))
     return first, _cause_of(first, Decided.BY_WALL_TIME)
+
+
+def _stale(by: RankEnd, named: RankEnd) -> bool:
+    """Whether the notice ``by`` learned names ``named`` stale: a monitor named it unresponsive, and its own
+    journal shows it trained on past the step named (its silence was its monitor's, not its own)."""
+    facts = by.first
+    if facts is None or facts.kind != Kind.UNRESPONSIVE.value or facts.step is None:
+        return False
+    return named.last_step is not None and named.last_step > facts.step
 
 
 def _placed(named: RankEnd, by: RankEnd) -> RankEnd:
@@ -469,21 +525,11 @@ def _independent(first: RankEnd, other: RankEnd) -> bool:
     and within ``INDEPENDENT_S`` of ``first``, or, having published its own notice, it names no peer as first and
     has no note (a note without a first rank says why the first was unknown, as when notice 1 could not be read:
     that is no evidence of independence)."""
-    if _consequence(first, other):
+    if other.consequence:
         return False
     if abs(_time(other) - _time(first)) <= INDEPENDENT_S:
         return True
     return other.published and other.first_rank is None and not other.note and first.first_rank != other.rank
-
-
-def _consequence(first: RankEnd | None, other: RankEnd) -> bool:
-    """Whether ``other``'s failure is a consequence of ``first``'s: its connection broke (or timed out) after it.
-
-    A notice naming ``first`` is no such evidence: every notice after the first names it.
-    """
-    if first is None or not other.failed:
-        return False
-    return consequence_error(other.error)
 
 
 _Alike = tuple[Outcome, tuple[str, ...]]
@@ -500,7 +546,7 @@ def _describe(end: RankEnd, first: RankEnd | None) -> tuple[_Alike, str]:
         named = ""
         if end.first_rank is not None and (first is None or end.first_rank != first.rank):
             named = f" (its note names rank {end.first_rank} as first)"
-        consequence = "a consequence, " if _consequence(first, end) else ""
+        consequence = "a consequence, " if end.consequence else ""
         alike = (end.phase, kind_of(end.error), named, cut, consequence)
         return (outcome, alike), f"{consequence}{end.where()}: {end.error}{named}{cut}"
     if outcome is Outcome.CUT:
@@ -537,11 +583,7 @@ def judge(known: Mapping[int, RankEnd], world: int) -> Verdict:
     )
     notes: list[str] = []
     if first is not None and decided is Decided.BY_SEQUENCE:
-        earlier = [
-            e
-            for e in failed
-            if e.seq is None and _time(e) < _time(first) - INDEPENDENT_S and not _consequence(first, e)
-        ]
+        earlier = [e for e in failed if e.seq is None and _time(e) < _time(first) - INDEPENDENT_S and not e.consequence]
         if earlier:
             e = min(earlier, key=_time)
             notes.append(
