@@ -227,3 +227,15 @@ def test_a_killed_launcher_is_named(tmp_path: Path) -> None:
         "torchrun's agent was stopped from outside (SIGTERM)"
     )
     assert demo_report.launcher_words(demo_report.Ending(returncode=1)) == ""
+
+
+def test_a_version_3_verdict_still_reads_from_its_words() -> None:
+    """The committed v3 fixture (no typed evidence; the verdict ``waiting``, its note in version 3's words): ``show``
+    reads the prose through ``show/older.py`` and says the cause in today's words."""
+    fixture = Path(__file__).resolve().parents[1] / "journal" / "fixtures" / "v3" / "rank1.jsonl"
+    records = journal.read([fixture])
+    head = verdict.analyse({1: records}).headline()
+    assert head.startswith(
+        "rank 1 hung in the batch provider at step 41 (alive, no progress for 4.1 s while its peers went on; killed"
+        " by its liveness monitor)"
+    ), head
