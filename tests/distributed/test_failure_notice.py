@@ -23,6 +23,7 @@ from support.processes import stop_process
 
 from lifecycle._torch.notice import DEADLINE_S, publish, store_name
 from lifecycle.journal import Failure, read
+from lifecycle.journal.evidence import Kind
 from lifecycle.lowlevel import Announcement
 
 PEER_NOTE = (
@@ -140,6 +141,25 @@ def test_a_notice_on_a_live_store_takes_milliseconds_and_a_later_one_names_the_f
     assert (first.seq, first.note, second.seq, second.first_rank) == (1, "", 2, 3)
     assert second.note == "lifecycle: rank 3 failed first (step 5, phase step): RuntimeError: boom"
     assert took_first < 0.05 and took_second < 0.05, (took_first, took_second)
+
+
+@pytest.mark.parametrize("kind", list(Kind), ids=lambda k: k.value)
+def test_every_kind_is_said_in_a_later_ranks_note(kind: Kind) -> None:
+    """Notice 1 of each ``Kind``: a later rank's note says the kind's words (``Kind.words``; a raise by its error
+    alone), as a cause or, for a consequence, as what notice 1 was: the notes need no branch of their own per kind."""
+    server = _server()
+    client = _client(server.port)
+    prefix = "lifecycle/g0/attempt-0"
+    first = {
+        "rank": 0, "host": "h", "pid": 0, "phase": "step", "step": 41, "time": time.time(), "seq": 1,
+        "error": "E: it failed", "kind": kind.value,
+    }  # fmt: skip
+    client.add(f"{prefix}/failures/count", 1)
+    client.set(f"{prefix}/failures/1", json.dumps(first))
+    _, told = _publish_to(client)
+    words = "" if kind is Kind.RAISED else f"it {kind.words}" if not kind.consequence else f"which {kind.words}"
+    assert words in told.note and "E: it failed" in told.note, told.note
+    assert (told.first_rank is None) == kind.consequence, told
 
 
 @pytest.mark.timeout(30)

@@ -161,10 +161,8 @@ def test_the_consequence_rule_reads_each_consequence_and_no_verdict() -> None:
 @pytest.mark.parametrize("kind", list(Kind), ids=lambda k: k.value)
 def test_every_kind_has_words_survives_a_v4_round_trip_and_renders_everywhere(tmp_path: Path, kind: Kind) -> None:
     """Each member of ``Kind``: its words, its evidence through a version 4 ``failure`` line and back, and its words
-    in ``show``'s text and HTML page (as the cause, or the unknown cause's seen failure) and in a peer's exception
-    note (``lifecycle._torch.notice``'s), with no branch on the kind outside the evidence module."""
-    from lifecycle._torch.notice import FailureNotice
-
+    in ``show``'s text and HTML page (as the cause, or the unknown cause's seen failure), with no branch on the kind
+    outside the evidence module (a peer's exception note: ``tests/distributed/test_failure_notice.py``)."""
     assert WORDS[kind] == kind.words and kind.words
     facts = Evidence(kind.value, 1, 41, "step", "S", 4.0, 2.0, "monitor")
     records = failing(1, 2, FAIL, f"E: {kind.value}", kind, seq=1)
@@ -179,11 +177,6 @@ def test_every_kind_has_words_survives_a_v4_round_trip_and_renders_everywhere(tm
     said = f"rank 1 {kind.words}"
     assert said in "\n".join(render_timeline(model, verdicts=True))
     assert said in html.unescape(write_page(model, tmp_path / "show.html").read_text())
-    notice = FailureNotice(1, "h", 7, "step", 41, f"E: {kind.value}", FAIL, 1, kind.value)
-    if kind is Kind.RAISED:
-        assert notice.words() == "raised"
-    else:
-        assert notice.words() == kind.words
 
 
 def test_a_version_4_verdict_is_rendered_from_its_fields_and_the_killed_rank_says_so(tmp_path: Path) -> None:

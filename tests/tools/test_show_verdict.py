@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle import journal
-from lifecycle._tools.show import gantt, svg, synthetic, verdict
+from lifecycle._tools.show import claims, gantt, svg, synthetic, verdict
 from lifecycle._tools.show import model as show_model
 from lifecycle._tools.show.main import render_timeline, show_main, write_diagrams, write_page
 from lifecycle.journal import Origin, Record
@@ -368,17 +368,18 @@ def test_the_timeline_svg_keeps_the_culprits_row_among_1024_ranks() -> None:
 
 
 def test_the_world_report_orders_ranks_by_the_same_rule() -> None:
-    """``verdict.order`` on what a world test's ranks report (no journal): a crashed rank comes before its peers'
-    connection errors; a survivor whose note names rank 2 comes after rank 2, whatever the clocks say."""
+    """``verdict.order`` on what a world test's ranks report (no journal; ``claims.claim``): a crashed rank comes
+    before its peers' connection errors; a survivor whose note names rank 2 comes after rank 2, whatever the clocks
+    say."""
     crashed = {
-        0: verdict.claim(0, PEER, time=T0),
-        1: verdict.claim(1, "", time=None, killed=True),
+        0: claims.claim(0, PEER, time=T0),
+        1: claims.claim(1, "", time=None, killed=True),
     }
     assert [e.rank for e in verdict.order(crashed)] == [1, 0]
     note = "lifecycle: rank 2 failed first (step 3, phase step): ValueError: bad batch"
     named = {
-        0: verdict.claim(0, "RuntimeError: gloo timeout", time=T0, note=note),
-        2: verdict.claim(2, "ValueError: bad batch", time=T0 + 0.5),
+        0: claims.claim(0, "RuntimeError: gloo timeout", time=T0, note=note),
+        2: claims.claim(2, "ValueError: bad batch", time=T0 + 0.5),
     }
     assert [e.rank for e in verdict.order(named)] == [2, 0]
 

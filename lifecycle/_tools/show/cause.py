@@ -148,6 +148,19 @@ def from_evidence(facts: Evidence, last_step: int | None, decided: Decided, *, k
     return Cause(facts.rank, facts.kind, facts.phase, facts.step, last_step, detail, decided)
 
 
+def unknown(victim: int, kind: str, phase: str, step: int | None, after: int | None, error: str) -> Cause:
+    """The cause when every failure is a consequence: unknown, said from the first one seen (``victim``'s, of
+    ``kind``, in ``phase`` at ``step`` or ``after`` its last, with ``error``)."""
+    return Cause(None, kind, phase, step, after, error, Decided.UNKNOWN, victim)
+
+
+def quoted_error(note: str) -> str:
+    """The first rank's error as a note quotes it (``lifecycle: rank R failed first (...): error``); the note itself
+    otherwise. Text is split, not parsed: the error is whatever follows the parenthesis."""
+    head, _, error = note.partition("): ")
+    return error if head.startswith("lifecycle: rank ") and error else note.removeprefix("lifecycle: ")
+
+
 def compact(ranks: Iterable[int]) -> str:
     """Ranks as compact ranges: ``0, 2-1023``."""
     ordered = sorted(set(ranks))

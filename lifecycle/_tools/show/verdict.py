@@ -7,14 +7,13 @@ HTML page, the demo's summary, the world tests' report): the earliest failure in
 store's order of failure notices and liveness verdicts. A rank killed without a word
 is named by its liveness monitor's verdict (the ``verdict`` record in its journal, which
 places it at the verdict's time, or the verdict its peers' notices carry), or, without
-one, placed before the connection errors its death caused; a connection error on a peer is a
-consequence, said to be one, and never the cause; wall time decides only where no
-notice was journaled, and the line says so. The first line names the cause in plain
+one, placed before the connection errors its death caused; a consequence (a broken connection, a timed-out
+receive, a launcher's stop: ``lifecycle.journal.evidence``) is said to be one and is never the cause: when
+every failure is one, the cause is unknown, said so. The first line names the cause in plain
 words (``rank 1 died in the training step at step 80 (killed: no end record, ...)``,
-``rank 2 hung in the batch provider at step 41 (alive, no progress for 4.1 s ...)``).
-Ranks that ended alike are grouped (``ranks 0, 2-1023: failed 60-80 ms after rank
-1 ...``), ranks of the world (``RunStart.world_size``) with no journal are named, and
-``Verdict.lines`` keeps the whole at most 24 lines however many ranks and errors.
+``rank 2 hung in the batch provider at step 41 (alive, no progress for 4.1 s ...)``). Ranks that ended alike
+are grouped (``ranks 0, 2-1023: failed 60-80 ms after rank 1 ...``), ranks of the world with no journal are
+named, and ``Verdict.lines`` keeps the whole at most 24 lines however many ranks and errors.
 """
 
 from __future__ import annotations
@@ -27,9 +26,19 @@ from enum import Enum
 from lifecycle import journal as _journal
 from lifecycle._core.plans import Outcome as PlanOutcome
 from lifecycle._core.states import State
-from lifecycle._tools.show.cause import FAILED, Cause, Decided, compact, from_evidence, kind_of, ranks_text
-from lifecycle._tools.show.older import FIRST_NOTE, LIVENESS, liveness_cause
-from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition, Withdrawal
+from lifecycle._tools.show.cause import (
+    FAILED,
+    Cause,
+    Decided,
+    compact,
+    from_evidence,
+    kind_of,
+    quoted_error,
+    ranks_text,
+    unknown,
+)
+from lifecycle._tools.show.older import FIRST_NOTE, liveness_cause
+from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
 from lifecycle.journal.evidence import VERDICT_PREFIX, Evidence, Kind, consequence, error_kind
 
 MAX_LINES = 24
@@ -69,12 +78,9 @@ class RankEnd:
     the last training step it recorded; ``last_state`` the state it last reached;
     ``last_time`` the wall time of its last timed record; ``note`` its ``Failure``
     record's note (which names the first rank, or says why that is unknown).
-    Version 4 journals add the typed facts: ``kind`` (a ``Kind`` value; "" when the
-    journal has none), ``facts`` (its own failure's ``Evidence``: its ``Failure``
-    record's, or the verdict that judged it), ``first`` (the first failure's facts as
-    its notice learned them), ``killed`` (its liveness monitor killed it) and
-    ``withdrawn`` (the time of the last withdrawal of a suspicion of it, or of a stale
-    verdict: it made progress after).
+    Version 4 adds typed facts: ``kind`` (a ``Kind`` value; "" if none), ``facts`` (its
+    failure's ``Evidence``, or its verdict's), ``first`` (the first failure's, as its
+    notice learned them), ``killed`` (its liveness monitor killed it).
     """
 
     rank: int
@@ -100,12 +106,8 @@ class RankEnd:
     def consequence(self) -> bool:
         """Whether its failure is a consequence of another rank's (never the cause): its kind says so (version 4),
         or, in an older journal, its error does (``lifecycle.journal.evidence.consequence``)."""
-        if not self.failed:
-            return False
-        if self.kind:
-            known = Kind.named(self.kind)
-            return known is not None and known.consequence
-        return consequence(self.error)
+        known = Kind.named(self.kind) if self.kind else None
+        return self.failed and (known.consequence if known is not None else not self.kind and consequence(self.error))
 
     @property
     def judged(self) -> bool:
@@ -155,9 +157,9 @@ class Group:
 class Verdict:
     """The verdict on one attempt.
 
-    ``first``: the rank whose failure is the cause (None: no rank failed), placed where
+    ``first``: the rank whose failure is the cause (None: none failed, or the cause is unknown), placed where
     the cause rule (``find_cause``) puts it; ``cause``: its words; ``decided``: how it
-    was found (the store's order, a peer's notice, by wall time; ``NO_FAILURE`` when none failed);
+    was found (the store's order, a notice, by wall time; ``NO_FAILURE``: none failed; ``UNKNOWN``: no rank named);
     ``independent``: other ranks that failed on their own, not because of ``first``;
     ``groups``: every other rank, grouped by how it ended; ``ends``: each rank's end,
     by rank (ranks with no journal included); ``notes``: what else to say.
@@ -266,8 +268,6 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
     for r in records:  # one pass: show reads thousands of ranks
         if isinstance(r, _journal.Verdict):
             judged = judged or (r if r.culprit == rank else None)
-        elif isinstance(r, Withdrawal):
-            continue
         elif isinstance(r, Transition):
             last_move = r
             times.append(r.end)
@@ -384,8 +384,8 @@ def _cause_of(end: RankEnd, decided: Decided, named_by: RankEnd | None = None) -
 
     A version 4 journal's typed facts are rendered as they are; only older journals' words are read
     (``lifecycle._tools.show.older``)."""
-    if named_by is not None and named_by.first is not None and named_by.first.rank == end.rank:
-        return from_evidence(named_by.first, end.last_step, decided, killed=end.killed, error=_note_error(named_by))
+    if named_by is not None and (facts := named_by.first) is not None and facts.rank == end.rank:
+        return from_evidence(facts, end.last_step, decided, killed=end.killed, error=quoted_error(named_by.note))
     if end.facts is not None and end.failed:
         return from_evidence(end.facts, end.last_step, decided, killed=end.killed, error=end.error)
     if named_by is not None and named_by.facts is None:
@@ -408,19 +408,6 @@ def _cause_of(end: RankEnd, decided: Decided, named_by: RankEnd | None = None) -
     phase = end.phase.removeprefix("phase ")
     kind = Kind.RAISED.value if end.phase.startswith("phase ") and end.step is not None else FAILED
     return Cause(end.rank, kind, phase, end.step, end.last_step, end.error, decided)
-
-
-def _note_error(by: RankEnd) -> str:
-    """The first rank's error as ``by``'s note quotes it (``lifecycle: rank R failed first (...): error``)."""
-    head, _, error = by.note.partition("): ")
-    return error if head.startswith("lifecycle: rank ") and error else by.note.removeprefix("lifecycle: ")
-
-
-def _unknown(victim: RankEnd) -> Cause:
-    """The cause when every failure is a consequence: unknown, said from the first consequence (``victim``)."""
-    kind = victim.kind or (error_kind(victim.error) or Kind.CONNECTION_LOST).value
-    phase = victim.phase.removeprefix("phase ")
-    return Cause(None, kind, phase, victim.step, victim.last_step, victim.error, Decided.UNKNOWN, victim.rank)
 
 
 def _naming(ends: Iterable[RankEnd]) -> list[RankEnd]:
@@ -466,7 +453,9 @@ def find_cause(ends: Mapping[int, RankEnd]) -> tuple[RankEnd | None, Cause | Non
         return judged[0], _cause_of(judged[0], Decided.BY_VERDICT)
     mine = [e for e in failed if not e.consequence]
     if not mine:  # every failure is a consequence and nobody is named: say so, never name a victim
-        return None, _unknown(numbered[0] if numbered else min(failed, key=lambda e: (_time(e), e.rank)))
+        seen = numbered[0] if numbered else min(failed, key=lambda e: (_time(e), e.rank))
+        kind = seen.kind or (error_kind(seen.error) or Kind.CONNECTION_LOST).value
+        return None, unknown(seen.rank, kind, seen.phase.removeprefix("phase "), seen.step, seen.last_step, seen.error)
     first = min(mine, key=lambda e: (_time(e), e.rank))
     return first, _cause_of(first, Decided.BY_WALL_TIME)
 
@@ -474,10 +463,9 @@ def find_cause(ends: Mapping[int, RankEnd]) -> tuple[RankEnd | None, Cause | Non
 def _stale(by: RankEnd, named: RankEnd) -> bool:
     """Whether the notice ``by`` learned names ``named`` stale: a monitor named it unresponsive, and its own
     journal shows it trained on past the step named (its silence was its monitor's, not its own)."""
-    facts = by.first
-    if facts is None or facts.kind != Kind.UNRESPONSIVE.value or facts.step is None:
-        return False
-    return named.last_step is not None and named.last_step > facts.step
+    said = by.first
+    unresponsive = said is not None and said.kind == Kind.UNRESPONSIVE.value and said.step is not None
+    return unresponsive and said is not None and (named.last_step or 0) > (said.step or 0)
 
 
 def _placed(named: RankEnd, by: RankEnd) -> RankEnd:
@@ -495,29 +483,6 @@ def order(ends: Mapping[int, RankEnd]) -> list[RankEnd]:
     rest = [e for e in ends.values() if e.failed and (first is None or e.rank != first.rank)]
     rest.sort(key=lambda e: (e.seq is None, e.seq or 0, _time(e), e.rank))
     return ([first] if first is not None else []) + rest
-
-
-def claim(rank: int, error: str, *, time: float | None, note: str = "", killed: bool = False) -> RankEnd:
-    """One rank's failure as a report outside a journal knows it (``lifecycle.testing``'s world report):
-    ``error``, when (``time``), the notes on its exception (``note``: a ``lifecycle: rank R failed first ...``
-    or liveness note names the first rank), or ``killed`` (it died without a word)."""
-    first_rank = None
-    for line in note.splitlines():
-        found = FIRST_NOTE.match(line) or LIVENESS.search(line)
-        if found is not None and int(found["rank"]) != rank:
-            first_rank = int(found["rank"])
-            break
-    base = _missing(rank)
-    return replace(
-        base,
-        journaled=True,
-        state=None if killed else "failed",
-        failed_at=None if killed else time,
-        first_rank=first_rank,
-        last_time=time,
-        error=_short(error) or "(no error recorded)",
-        note=note,
-    )
 
 
 def _independent(first: RankEnd, other: RankEnd) -> bool:
