@@ -36,7 +36,7 @@ from lifecycle._core.states import State
 from lifecycle._core.worker import POOL as WORKERS
 from lifecycle._liveness.rank import RankMonitor
 from lifecycle._training.exits import StoppedByLauncher
-from lifecycle.journal.evidence import VERDICT_PREFIX, Kind, kind_of
+from lifecycle.journal.evidence import VERDICT_PREFIX, Kind, consequence, error_kind, kind_of
 
 STORE_READ_S = 0.2
 """The longest a SIGTERM waits for the store to say whether a peer failed (a live store answers in well under 1 ms)."""
@@ -186,11 +186,14 @@ def _first_notice(store: Store, rank: int) -> str | None:
         if not store.check(["failures/1"]):
             return None
         notice = json.loads(bytes(store.get("failures/1")).decode())
-        first, error = int(notice["rank"]), str(notice["error"])
+        first, error, kind = int(notice["rank"]), str(notice["error"]), str(notice.get("kind", ""))
     except Exception:  # noqa: BLE001 - an unreadable notice is no evidence
         return None
     if first == rank:
         return None
     if error.startswith(VERDICT_PREFIX):
         return error.removeprefix(VERDICT_PREFIX)
+    if consequence(error, kind):  # never the cause: say what it was, and that the cause is not named
+        said = Kind.named(kind) if kind and kind != Kind.RAISED.value else error_kind(error)
+        return f"rank {first} {said.words if said else 'failed'} (a consequence; the cause is not named): {error}"
     return f"rank {first} failed: {error}"

@@ -232,3 +232,14 @@ def test_a_version_3_verdict_still_reads_from_its_words() -> None:
         "rank 1 hung in the batch provider at step 41 (alive, no progress for 4.1 s while its peers went on; killed"
         " by its liveness monitor)"
     ), head
+
+
+def test_each_fault_flag_names_the_failure_kind_it_is() -> None:
+    """``--fault K`` is one name with the failure it makes: each ``FaultKind``'s ``failure`` is a ``Kind`` whose
+    words the verdict and cause print (``hang`` is ``Kind.HANG``, "hung"; no ``waiting`` anywhere)."""
+    from lifecycle import FaultKind
+
+    assert {fault.value: fault.failure.value for fault in FaultKind} == {
+        "raise": "raised", "crash": "died", "stop": "stopped", "hang": "hang", "spin": "spinning",
+    }  # fmt: skip
+    assert "waiting" not in {kind.value for kind in Kind} and "is waiting" not in " ".join(WORDS.values())
