@@ -472,8 +472,7 @@ def _placed(named: RankEnd, by: RankEnd) -> RankEnd:
     """The named rank, placed where the notice that names it puts it: no later than that notice's own failure."""
     if named.failed:
         return named
-    error = FIRST_NOTE.sub(r"\g<error>", by.note).removeprefix("lifecycle: ")
-    return replace(named, failed_at=_time(by), error=_short(error))
+    return replace(named, failed_at=_time(by), error=_short(quoted_error(by.note)))
 
 
 def order(ends: Mapping[int, RankEnd]) -> list[RankEnd]:
