@@ -75,6 +75,12 @@ class Kind(Enum):
         """How every view says this kind after a rank: ``rank 1 {words} at step 40``."""
         return WORDS[self]
 
+    def detail(self, *, state: str, silent: str, judged: str) -> str:
+        """What showed a liveness monitor this kind, in words (``DETAILS``): its ``/proc`` ``state``, ``silent``
+        (seconds without progress, as text), ``judged`` (``killed by its liveness monitor``...); "" for a kind no
+        monitor names."""
+        return DETAILS.get(self, "").format(state=state or "T", silent=silent, judged=judged)
+
     @property
     def consequence(self) -> bool:
         """Whether a failure of this kind follows another rank's failure, and so is never printed as the cause."""
@@ -96,6 +102,15 @@ WORDS: dict[Kind, str] = {
     Kind.CONNECTION_LOST: "lost its connection to a peer",
 }
 """Each kind's words, after ``rank R``; a test checks every member has them."""
+
+DETAILS: dict[Kind, str] = {
+    Kind.DIED: "killed: no end record, its process gone, its heartbeat stopped",
+    Kind.STOPPED: "its process stopped in state {state}, no progress for {silent} s; {judged}",
+    Kind.SPINNING: "running, no progress for {silent} s; {judged}",
+    Kind.HANG: "alive, no progress for {silent} s while its peers went on; {judged}",
+    Kind.UNRESPONSIVE: "its monitor stopped beating for {silent} s: its host or monitor is gone",
+}
+"""The evidence a liveness verdict of each kind rests on, in words (``Kind.detail`` fills them in)."""
 
 CONSEQUENCES = frozenset({Kind.STOPPED_BY_LAUNCHER, Kind.COLLECTIVE_TIMEOUT, Kind.CONNECTION_LOST})
 """The kinds that follow another rank's failure: never the cause."""

@@ -26,7 +26,17 @@ from lifecycle._tools.show import model as show_model
 from lifecycle._tools.show import synthetic, verdict
 from lifecycle._tools.show.main import render_timeline, write_page
 from lifecycle.journal import Failure, Origin, Record, Verdict
-from lifecycle.journal.evidence import CONSEQUENCES, VERDICT_PREFIX, WORDS, Evidence, Kind, consequence, error_kind
+from lifecycle.journal.evidence import (
+    CONSEQUENCES,
+    DETAILS,
+    LIVENESS_KINDS,
+    VERDICT_PREFIX,
+    WORDS,
+    Evidence,
+    Kind,
+    consequence,
+    error_kind,
+)
 
 T0 = 1_000.0
 FAIL = T0 + 0.5
@@ -164,6 +174,7 @@ def test_every_kind_has_words_survives_a_v4_round_trip_and_renders_everywhere(tm
     in ``show``'s text and HTML page (as the cause, or the unknown cause's seen failure), with no branch on the kind
     outside the evidence module (a peer's exception note: ``tests/distributed/test_failure_notice.py``)."""
     assert WORDS[kind] == kind.words and kind.words
+    assert (kind in DETAILS) == (kind in LIVENESS_KINDS)  # a monitor's kind says what showed it
     facts = Evidence(kind.value, 1, 41, "step", "S", 4.0, 2.0, "monitor")
     records = failing(1, 2, FAIL, f"E: {kind.value}", kind, seq=1)
     records = [dataclasses.replace(r, evidence=facts) if isinstance(r, Failure) else r for r in records]

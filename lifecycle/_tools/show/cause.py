@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from itertools import groupby
 
-from lifecycle.journal.evidence import Evidence, Kind
+from lifecycle.journal.evidence import LIVENESS_KINDS, Evidence, Kind
 
 
 class Decided(Enum):
@@ -117,20 +117,10 @@ class Cause:
 
 
 def liveness_detail(kind: Kind, *, state: str, silent: str, killed: bool) -> str:
-    """A liveness verdict's evidence in words (``kind``; its ``/proc`` ``state``; ``silent``: seconds without
-    progress, as text; ``killed``: its monitor killed it): what every version's reading of a verdict says."""
+    """A liveness verdict's evidence in words (``Kind.detail``: ``kind``; its ``/proc`` ``state``; ``silent``:
+    seconds without progress, as text; ``killed``: its monitor killed it), as every version's reading says it."""
     judged = "killed by its liveness monitor" if killed else "named by its liveness monitor"
-    if kind is Kind.DIED:
-        return "killed: no end record, its process gone, its heartbeat stopped"
-    if kind is Kind.STOPPED:
-        return f"its process stopped in state {state or 'T'}, no progress for {silent} s; {judged}"
-    if kind is Kind.HANG:
-        return f"alive, no progress for {silent} s while its peers went on; {judged}"
-    if kind is Kind.SPINNING:
-        return f"running, no progress for {silent} s; {judged}"
-    if kind is Kind.UNRESPONSIVE:
-        return f"its monitor stopped beating for {silent} s: its host or monitor is gone"
-    return judged
+    return kind.detail(state=state, silent=silent, judged=judged) or judged
 
 
 def from_evidence(facts: Evidence, last_step: int | None, decided: Decided, *, killed: bool, error: str = "") -> Cause:
@@ -141,7 +131,7 @@ def from_evidence(facts: Evidence, last_step: int | None, decided: Decided, *, k
     """
     kind = Kind.named(facts.kind)
     silent = f"{facts.silent_s:.1f}" if facts.silent_s is not None else "?"
-    if kind is None or kind not in (Kind.DIED, Kind.STOPPED, Kind.HANG, Kind.SPINNING, Kind.UNRESPONSIVE):
+    if kind is None or kind not in LIVENESS_KINDS:
         detail = error or (kind.words if kind is not None else facts.kind)
     else:
         detail = liveness_detail(kind, state=facts.process_state, silent=silent, killed=killed)
