@@ -19,8 +19,10 @@ from a version 4 journal).
   failure notice carry them.
 - ``VERDICT_PREFIX``: how a notice a liveness monitor published begins its error.
 
-A new kind touches this file only: its member, its words, whether it is a consequence;
-the journal, ``show``'s text, its page and the exception notes render it from here.
+A new kind touches this file only: its member, its words (``WORDS``), whether it is a
+consequence (``CONSEQUENCES``) and, for a kind a liveness monitor names, what showed it
+(``DETAILS``, ``LIVENESS_KINDS``); the journal, ``show``'s text, its page and the
+exception notes render it from here.
 """
 
 from __future__ import annotations

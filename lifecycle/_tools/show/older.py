@@ -2,7 +2,7 @@
 
 A version 4 journal holds a failure's facts as fields (``lifecycle.journal.evidence``):
 ``show`` renders them and parses nothing. Older journals, and the exception notes a
-world test's report holds (``verdict.claim``), say them only in words: the regular
+world test's report holds (``claims.claim``), say them only in words: the regular
 expressions here read those words, and nothing else in ``show`` does. They read both
 the words of versions 1-3 (``is waiting``, ``is stopped``, ``is unresponsive``) and
 today's (``Kind.words``: ``hung``, ``stopped``, ``went unresponsive``).
