@@ -645,8 +645,11 @@ def force_clean() -> list[str]:
     return [f"left live after the cell: {sorted(left)}"] if left else []
 
 
-def serve(conn: Any, rank: int, world_size: int, base: str) -> None:
-    """Run cells received on ``conn`` until it sends None; answer each with its result."""
+def serve(conn: Any, rank: int, world_size: int, base: str, ready_after_s: float = 0.0) -> None:
+    """Say ``("ready", pid)`` on ``conn`` (imports done; ``ready_after_s`` later), then run each cell it sends.
+
+    Answers each cell with its result, until ``conn`` sends None (see ``matrix_pool``).
+    """
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1"})
     for name in ("megatron", "nvidia_resiliency_ext", "lifecycle", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -655,6 +658,8 @@ def serve(conn: Any, rank: int, world_size: int, base: str) -> None:
     # NVRx runs full collections at every restart; keep the imported modules out of them.
     gc.collect()
     gc.freeze()
+    time.sleep(ready_after_s)  # as if its imports had taken that much longer
+    conn.send(("ready", os.getpid()))
     while True:
         message = conn.recv()
         if message is None:
