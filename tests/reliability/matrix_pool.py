@@ -10,7 +10,7 @@ has not answered by then (or whose worker died) fails the cell, and the next cel
 fresh workers.
 
 A worker is any function ``target(conn, rank, world_size, base, ready_after_s)`` that
-sends ``("ready", pid)`` first, then answers each ``(cell, ports)`` it receives with a
+sends ``("ready", pid)`` first, then answers each ``(cell, ports, options)`` it receives with a
 result dict (``rank``, ``problems``, ``elapsed``, ``fired``), until it receives None.
 ``ready_after_s`` delays its ready message (a worker that is slow to import, for the
 pool's own tests).
@@ -105,12 +105,15 @@ class Pool:
             raise PoolNotReady("; ".join(late))
         self.ready = True
 
-    def run(self, cell: Any) -> list[dict[str, Any]]:
-        """Run ``cell`` on every rank, by rank; a rank without an answer by the cell's deadline fails it."""
+    def run(self, cell: Any, **options: Any) -> list[dict[str, Any]]:
+        """Run ``cell`` on every rank, by rank; a rank without an answer by the cell's deadline fails it.
+
+        ``options`` go to every worker with the cell (the matrix worker's ``run_cell`` keywords).
+        """
         self.wait_ready()
         ports = free_ports(4)
         for conn in self.conns:
-            conn.send((cell, ports))
+            conn.send((cell, ports, options))
         deadline = time.monotonic() + self.cell_timeout_s
         pending = {conn: rank for rank, conn in enumerate(self.conns)}
         results: dict[int, dict[str, Any]] = {}

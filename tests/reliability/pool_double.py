@@ -18,7 +18,7 @@ def serve(conn: Any, rank: int, world_size: int, base: str, ready_after_s: float
     time.sleep(ready_after_s)  # a worker slow to import
     conn.send(("ready", os.getpid()))
     while (message := conn.recv()) is not None:
-        order, _ports = message
+        order, _ports, _options = message
         if order == "hang":
             time.sleep(3600)
         if order == "exit":

@@ -110,3 +110,19 @@ def run_and_check(cell: Cell, pool: Pool) -> None:
         problems.append(f"the fault fired on none of ranks {expected(cell).fault_ranks}")
     RESULTS[cell.id] = not problems
     assert not problems, "\n".join(problems)
+
+
+NVRX_ORDER = "ws2-inprocess-pg_session-mp_session-on_checkpoint_saved-exception"
+"""The cell of issue 36: rank 1 fails in a callback; rank 0's Wrapper aborts while its main thread trains."""
+
+
+@pytest.mark.timeout(CELL_TIMEOUT_S + 30, func_only=True)
+@pytest.mark.parametrize("cell", [c for c in CELLS if c.id == NVRX_ORDER], ids=lambda c: c.id)
+def test_training_collectives_before_the_wrapper_interrupts_pass(cell: Cell, pool: Pool) -> None:
+    """A peer that starts a training collective after NVRx's abort started, before its interrupt, passes the cell."""
+    results = pool.run(cell, gate=True)
+    peer = results[0]
+    assert peer["gate_held"] and peer["window"], f"the gate did not force NVRx's order on rank 0: {peer}"
+    problems = [f"rank {r['rank']}: {p}" for r in results for p in r["problems"]]
+    window = f"(rank 0's collectives between the abort's start and the interrupt: {peer['window']})"
+    assert not problems, "\n".join([*problems, window])
