@@ -71,3 +71,18 @@ def test_start_up_has_its_own_bound(pools: list[Pool], tmp_path: Path) -> None:
     with pytest.raises(PoolNotReady, match=r"^rank 0: not ready within 1 s$"):
         pool.wait_ready()
     assert len(pool.procs) == 2 and not pool.ready
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_real_worker_slow_to_import_runs_its_cell(pools: list[Pool], tmp_path: Path) -> None:
+    """A real matrix worker ready only after a cell's deadline would have passed still runs the cell, which passes."""
+    from reliability.matrix_cells import CELLS
+    from reliability.matrix_worker import serve
+
+    cell = next(c for c in CELLS if c.id == "ws2-ordinary-pg_session-mp_session-step-exception")
+    pool = Pool(2, str(tmp_path), serve, cell_timeout_s=15.0, ready_after_s={1: 16.0})
+    pools.append(pool)
+    results = pool.run(cell)
+    assert [r["problems"] for r in results] == [[], []]
+    assert any(r["fired"] for r in results)
