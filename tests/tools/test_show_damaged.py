@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.internals import synthetic
 
-from lifecycle._tools.show.synthetic import rank_call
 from lifecycle.journal import Origin
 
 TIMEOUT_S = 60
@@ -38,7 +38,7 @@ def show(*args: str | Path) -> subprocess.CompletedProcess[str]:
 def lines(rank: int, *, attempt: int = 0) -> list[str]:
     """Rank ``rank``'s journal lines of a closed call of 5 steps (no newlines)."""
     o = Origin("r", rank, attempt, "ordinary", 0)
-    return [json.dumps(r.to_json()) for r in rank_call(o, 2, 10.0 + rank + 100 * attempt, steps=5)]
+    return [json.dumps(r.to_json()) for r in synthetic.rank_call(o, 2, 10.0 + rank + 100 * attempt, steps=5)]
 
 
 def text(rows: list[str]) -> bytes:

@@ -16,6 +16,7 @@ gantt charts, the HTML page) read only this model.
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import re
@@ -440,7 +441,7 @@ class _Thinned:
 
     What the views read of steps and evaluations is that much (a call's first and last step and last evaluation,
     a rank's latest time, the last step's end), so their output is the same, and a rank's 700,000 steps are four
-    records (see docs/benchmarks.md, "show on one long journal").
+    records: one long journal is read in the memory of a short one (see docs/benchmarks.md, show-long-journal).
     """
 
     def __init__(self, items: Iterable[Record | _journal.Skipped]) -> None:
@@ -449,40 +450,31 @@ class _Thinned:
 
     def __iter__(self) -> Iterator[Record | _journal.Skipped]:
         origin: Origin | None = None  # the stretch's (records of one reading share their Origin object)
-        first: tuple[int, TrainStep] | None = None  # (position in the file, step)
-        last: tuple[int, TrainStep] | None = None
-        latest: tuple[int, TrainStep] | None = None
-        evaluation: tuple[int, Eval] | None = None
-        at = 0
-        for item in self.items:
-            at += 1
-            if isinstance(item, TrainStep | Eval):
-                self.read += 1
-                if item.origin is not origin:
-                    yield from _kept(first, latest, last, evaluation)
-                    first = last = latest = evaluation = None
-                    origin = item.origin
-                if isinstance(item, Eval):
-                    evaluation = (at, item)
-                    continue
-                first = first or (at, item)
-                last = (at, item)
-                if item.end is not None and (latest is None or item.end > (latest[1].end or 0.0)):
-                    latest = (at, item)
+        kept: dict[str, tuple[int, Record]] = {}  # "first", "last", "latest" step, "eval": (position, record)
+        latest = -math.inf
+        for at, item in enumerate(self.items):
+            if kept and (not isinstance(item, TrainStep | Eval) or item.origin is not origin):
+                yield from _kept(kept)
+                kept, latest = {}, -math.inf
+            if isinstance(item, _journal.Skipped):
+                yield item
                 continue
-            if origin is not None:
-                yield from _kept(first, latest, last, evaluation)
-                first = last = latest = evaluation = None
-                origin = None
-            if not isinstance(item, _journal.Skipped):
-                self.read += 1
-            yield item
-        yield from _kept(first, latest, last, evaluation)
+            self.read += 1
+            if isinstance(item, TrainStep):
+                kept.setdefault("first", (at, item))
+                kept["last"], origin = (at, item), item.origin
+                if item.end is not None and item.end > latest:
+                    kept["latest"], latest = (at, item), item.end
+            elif isinstance(item, Eval):
+                kept["eval"], origin = (at, item), item.origin
+            else:
+                yield item
+        yield from _kept(kept)
 
 
-def _kept(*kept: tuple[int, Record] | None) -> list[Record]:
-    """The records kept of a stretch (``(position, record)``, or None), each once, in file order."""
-    return [record for _, record in sorted({at: record for at, record in filter(None, kept)}.items())]
+def _kept(kept: Mapping[str, tuple[int, Record]]) -> list[Record]:
+    """The records kept of a stretch, each once, in file order."""
+    return [record for _, record in sorted(dict(kept.values()).items())]
 
 
 @dataclass(frozen=True, slots=True)
