@@ -4,7 +4,10 @@
 (``lifecycle.journal._records``), version 1 and 2 files included. A process killed
 mid-write leaves a torn line: the next writer (a torchrun restart, a retry) starts on a
 fresh line after it, and the reader skips the torn line, wherever it is, and reports
-it instead of rejecting the file. In a folder, only ``rank<R>.jsonl`` files are journals.
+it instead of rejecting the file. Other damage (a record of an unknown kind, a line
+that is not JSON, NULs a crash left, a binary file) is refused, or, read with
+``strict=False``, skipped and reported as typed ``Skipped`` values (``stream``). Files are
+read a line at a time. In a folder, only ``rank<R>.jsonl`` files are journals.
 """
 
 from __future__ import annotations
@@ -273,8 +276,9 @@ class Skipped:
     ``last - first + 1`` when they are one run of lines), ``count`` how many lines or
     records (``NUL_BYTES``: bytes). ``detail``: the unknown kind (``UNKNOWN_KIND``), what is
     wrong with the first record (``BAD_RECORD``, as a strict reading would say it), "" for
-    the others. ``at_end``: ``NUL_BYTES`` with nothing but NULs and blank lines after the
-    first of them. ``binary``: see ``Problem.NOT_A_JOURNAL``. A value, not a sentence: tools say it their way.
+    the others. ``at_end``: ``NUL_BYTES`` whose last line is the last of the file that is
+    not blank (nothing was written after them). ``binary``: see ``Problem.NOT_A_JOURNAL``.
+    A value, not a sentence: tools say it their way.
     """
 
     path: Path
@@ -299,7 +303,6 @@ class _Problems:
         self.found: dict[tuple[Problem, str], list[Any]] = {}  # (problem, kind) -> [first, last, count, detail]
         self.binary = False
         self.objects = False  # a line held a JSON object: the file is no binary or foreign file, whatever it holds
-        self.after_nul = False  # a line with content came after the last NUL byte
 
     def add(self, problem: Problem, number: int, count: int = 1, detail: str = "", kind: str = "") -> None:
         """Note ``count`` lines (or bytes) with ``problem`` on line ``number``."""
@@ -308,18 +311,11 @@ class _Problems:
             self.found[(problem, kind)] = [number, number, count, detail]
         else:
             seen[1], seen[2] = number, seen[2] + count
-        if problem is Problem.NUL_BYTES:
-            self.after_nul = False
-        else:
-            self.content()
 
-    def content(self) -> None:
-        """A line with something else than NULs was read."""
-        self.after_nul = True
-
-    def skipped(self, records: int, lines: int) -> list[Skipped]:
+    def skipped(self, records: int, lines: int, filled: int) -> list[Skipped]:
         """What was skipped, by first line; one ``NOT_A_JOURNAL`` instead where no line was a record nor an object
-        and some line was not JSON (``records``: how many records were read; ``lines``: the file's lines)."""
+        and some line was not JSON (``records``: how many records were read; ``lines``: the file's lines;
+        ``filled``: the last line that was not blank)."""
         if not records and not self.objects and (Problem.NOT_JSON, "") in self.found:
             return [Skipped(self.path, Problem.NOT_A_JOURNAL, 0, 0, lines, binary=self.binary)]
         skipped = [
@@ -330,7 +326,7 @@ class _Problems:
                 last,
                 count,
                 kind or detail,
-                at_end=problem is Problem.NUL_BYTES and not self.after_nul,
+                at_end=problem is Problem.NUL_BYTES and last == filled,
             )
             for (problem, kind), (first, last, count, detail) in self.found.items()
         ]
@@ -381,7 +377,7 @@ def _stream(path: Path, strict: bool, shared: Shared) -> Iterator[Record | Skipp
     """``stream``, the records sharing the origins and text values in ``shared`` (see ``load``)."""
     problems = None if strict else _Problems(path)
     v1_run: dict[str, Any] | None = None
-    number = records = 0
+    number = records = filled = 0
     with open(path, "rb") as file:
         for number, raw in enumerate(file, start=1):
             try:
@@ -391,12 +387,13 @@ def _stream(path: Path, strict: bool, shared: Shared) -> Iterator[Record | Skipp
             if text is not None:
                 record = _usual(text, shared)
                 if record is not None:
-                    records += 1
+                    records, filled = records + 1, number
                     yield record
                     continue
             line = raw[:-1] if raw.endswith(b"\n") else raw
             if not line.strip():
                 continue
+            filled = number
             for item in _read_line(path, line, number, v1_run, shared, problems):
                 if isinstance(item, dict):
                     v1_run = item
@@ -404,7 +401,7 @@ def _stream(path: Path, strict: bool, shared: Shared) -> Iterator[Record | Skipp
                     records += not isinstance(item, Skipped)
                     yield item
     if problems is not None:
-        yield from problems.skipped(records, number)
+        yield from problems.skipped(records, number, filled)
 
 
 def _read_line(
@@ -417,8 +414,6 @@ def _read_line(
     try:
         decoded, data = _decode(line, v1_run, shared)
     except _Torn:
-        if problems is not None:
-            problems.content()
         return [Skipped(path, Problem.TORN, number, number, 1)]
     except ValueError as exc:
         if problems is None:
@@ -430,7 +425,6 @@ def _read_line(
         problems.add(Problem.NUL_BYTES, number, len(line) - len(text))
         return _read_line(path, text, number, v1_run, shared, problems) if text.strip() else []
     if problems is not None:
-        problems.content()
         problems.objects = True
     read: list[Record | Skipped | dict[str, Any]] = list(decoded)
     if decoded[0].origin.run_id == V1_RUN_ID and isinstance(decoded[0], RunStart):

@@ -50,6 +50,16 @@ def test_stream_yields_the_records_then_one_typed_value_per_problem(tmp_path: Pa
     ]
 
 
+def test_nuls_over_the_last_record_are_a_torn_line_and_nuls_at_the_end(tmp_path: Path) -> None:
+    """A crash that zeroed the end of the last record: the text before the NULs is the torn record (``TORN``, where it
+    is), the NULs ``NUL_BYTES`` at the end."""
+    lines = rows()
+    path = write(tmp_path / "rank0.jsonl", ("\n".join(lines[:3]) + "\n" + lines[3][:25]).encode() + b"\0" * 50)
+    items = list(stream(path, strict=False))
+    assert len(items) == 5 and all(isinstance(r, RunStart | TrainStep) for r in items[:3])
+    assert items[3:] == [Skipped(path, Problem.TORN, 4, 4, 1), Skipped(path, Problem.NUL_BYTES, 4, 4, 50, at_end=True)]
+
+
 def test_a_file_with_no_record_nor_json_object_is_one_not_a_journal(tmp_path: Path) -> None:
     """A binary file is one ``NOT_A_JOURNAL`` (binary), a text file of no JSON one too (not binary); a file of NULs
     only is its NULs."""

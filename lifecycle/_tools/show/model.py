@@ -489,7 +489,7 @@ class Scanned:
     skipped: tuple[_journal.Skipped, ...] = ()
 
 
-HELD = 100_000
+HELD = 10_000
 """The most records (thinned: see ``_Thinned``) ``scan`` holds while it reads, so as not to read the files of the
 ranks shown again: more, and it holds none and reads those files again (16,384 ranks' journals hold millions)."""
 
