@@ -2,8 +2,10 @@
 
 ``pretrain`` (with ``journal_dir``) writes a rank's records to ``<dir>/rank<R>.jsonl``
 as they happen; ``python -m lifecycle show`` reads them, and so can anyone: ``read``
-(or ``load``, which also reports torn lines; ``load_each``, a file at a time) returns typed,
-frozen records, version 1 and 2 files included; ``JournalWriter`` appends them. The record types:
+(or ``load``, which also reports torn lines; ``load_each``, a file at a time; ``stream``,
+a record at a time) returns typed, frozen records, version 1 and 2 files included, and
+with ``strict=False`` skips damaged lines and files, saying what it skipped
+(``Skipped``); ``JournalWriter`` appends them. The record types:
 
 - ``RunStart`` (``run``): a ``pretrain`` call started; a writer's first record.
 - ``Transition`` (``transition``): the session moved between states.
@@ -22,6 +24,9 @@ but the standard library (no torch): a tool may read journals anywhere.
 from lifecycle.journal._files import (
     JournalWriter,
     Loaded,
+    Problem,
+    Skipped,
+    each_file,
     journal_files,
     journal_path,
     load,
@@ -30,6 +35,7 @@ from lifecycle.journal._files import (
     read,
     restart_count,
     run_id,
+    stream,
 )
 from lifecycle.journal._older import V1_RUN_ID
 from lifecycle.journal._records import (
@@ -58,13 +64,16 @@ __all__ = [
     "Left",
     "Loaded",
     "Origin",
+    "Problem",
     "Record",
     "RunEnd",
     "RunStart",
+    "Skipped",
     "TeardownStep",
     "TrainStep",
     "Transition",
     "Verdict",
+    "each_file",
     "journal_files",
     "journal_path",
     "load",
@@ -73,4 +82,5 @@ __all__ = [
     "read",
     "restart_count",
     "run_id",
+    "stream",
 ]
