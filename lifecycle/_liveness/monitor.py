@@ -509,18 +509,17 @@ def _log(line: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Run the monitor with the JSON settings in ``argv[1]`` on the marks page ``argv[2]``; exit code 0."""
+    """Run the monitor with the JSON settings in ``argv[1]`` on the marks page ``argv[2]``; exit code 0.
+
+    The page has no name to remove (``lifecycle._liveness.rank.Marks``): ``argv[2]`` is
+    the descriptor the rank passed, as ``/proc/self/fd/<n>``.
+    """
     settings, marks = Settings.from_json(argv[1]), argv[2]
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
-    try:
-        if os.getppid() != settings.pid:  # the rank died before prctl took effect
-            return 0
-        return _watch(settings, marks)
-    finally:
-        # The rank unlinks its page when it stops the monitor; a rank killed never does. Its mapping outlives this.
-        with contextlib.suppress(OSError):
-            os.unlink(marks)
+    if os.getppid() != settings.pid:  # the rank died before prctl took effect
+        return 0
+    return _watch(settings, marks)
 
 
 def _watch(settings: Settings, marks: str) -> int:

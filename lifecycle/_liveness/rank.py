@@ -42,14 +42,27 @@ class Marks:
     """This rank's position in a page shared with its monitor; ``mark`` never raises and makes no system call."""
 
     def __init__(self) -> None:
-        """Create the page: a file in ``/dev/shm`` (memory) when there is one, else in the temp folder."""
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        fd, self.path = tempfile.mkstemp(prefix="lifecycle-marks-", dir=folder)
+        """Create the page: a file in memory that no folder names (``memfd_create``), so no death leaves it behind.
+
+        ``fd`` stays open while the marks live: a monitor (the first, or one started again
+        after a loss) maps it through ``path`` (``/proc/<pid>/fd/<fd>``, or its own
+        ``/proc/self/fd/<fd>`` when the descriptor is passed to it). Where ``memfd_create``
+        is missing, a file made in ``/dev/shm`` (or the temp folder) is unlinked at once.
+        """
+        try:
+            fd = os.memfd_create("lifecycle-marks", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):
+            folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            fd, name = tempfile.mkstemp(prefix="lifecycle-marks-", dir=folder)
+            os.unlink(name)
         try:
             os.ftruncate(fd, _page.PAGE_SIZE)
             self._page = mmap.mmap(fd, _page.PAGE_SIZE)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self.fd = fd
+        self.path = f"/proc/{os.getpid()}/fd/{fd}"
         self._count = 0
         self._lock = threading.Lock()
         self.attempt = 0
@@ -97,10 +110,12 @@ class Marks:
             return None
 
     def close(self) -> None:
-        """Unmap and remove the page."""
+        """Unmap the page and close its file (idempotent): the memory is freed once the monitor has unmapped it too."""
         self._page.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
 
 
 class RankMonitor:
@@ -175,7 +190,7 @@ def start_monitor(settings: Settings) -> RankMonitor:
     Path(settings.stacks).parent.mkdir(parents=True, exist_ok=True)
     dump = open(settings.stacks, "a")  # noqa: SIM115 - kept open for faulthandler until stop()
     faulthandler.register(settings.dump_signal, file=dump, all_threads=True, chain=False)
-    command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, settings.to_json(), marks.path]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, settings.to_json(), f"/proc/self/fd/{marks.fd}"]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(marks.fd,))
     _CURRENT = RankMonitor(marks, process, dump, settings)
     return _CURRENT

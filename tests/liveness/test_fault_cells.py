@@ -87,7 +87,7 @@ def test_a_silent_fault_is_named_and_releases_every_rank(
     if kind != "crash":
         stacks = (tmp_path / f"rank{faulty}.stacks.txt").read_text()
         assert re.search(r'faults\.py", line \d+ in fire', stacks), stacks[-2000:]
-    # No marks page left in /dev/shm: the survivors' stop() unlinks theirs, the killed rank's monitor its rank's.
+    # No marks page left in /dev/shm: a page has no name there (a memfd), whoever dies.
     deadline = time.monotonic() + 10.0
     while _marks_pages() - pages_before and time.monotonic() < deadline:
         time.sleep(0.1)
