@@ -235,7 +235,8 @@ class Monitor:
         _log(f"lifecycle liveness: {note}")
         if not self.seen:
             write_verdict(self.page, json.dumps({"rank": None, "kind": "store", "host": host, "note": note}).encode())
-        if self.s.mode == "kill" and self.s.lost_signal:
+        # Only to a rank that has a handler (lost_signal 0: none), and not once it is done (its handler may be gone).
+        if self.s.mode == "kill" and self.s.lost_signal and not read_marks(self.page).done:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.s.pid, self.s.lost_signal)
 
@@ -372,8 +373,8 @@ class Monitor:
         _log(f"lifecycle liveness: {note}")
         stacks = self.s.stacks if self.s.mode == "kill" and kind != "died" else ""
         self.record(*verdict, stacks=stacks)
-        if kind == "died" or self.s.mode != "kill":
-            return
+        if kind == "died" or self.s.mode != "kill" or read_marks(self.page).done:
+            return  # a rank done since (finished, or failing on its own) is signalled nothing: its handlers may be gone
         self.dump(kind)
         if first is None and kind == "stopped":
             # A stopped rank that hosts the store froze the store too: it answers again now.

@@ -18,6 +18,7 @@ import contextlib
 import faulthandler
 import mmap
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -126,6 +127,8 @@ class RankMonitor:
         self.marks, self.process, self.stacks, self.settings = marks, process, stacks, settings
         self.on_stop: list[Callable[[], object]] = []
         """Called by ``stop``, last first, before the page is closed (e.g. to put a signal handler back)."""
+        self.held = False
+        """Whether ``stop`` set ``settings.lost_signal`` to be ignored, until the monitor has exited (``release``)."""
 
     def stop(self) -> None:
         """Tell the monitor the rank is done and to end (SIGTERM); idempotent. Returns at once.
@@ -133,39 +136,85 @@ class RankMonitor:
         The monitor beats once more (saying the rank is done) and exits on its own; it is
         reaped by the next ``start_monitor`` or at interpreter exit, killed if it has not
         exited within ``STOP_WAIT_S`` then. Waiting for it here cost every ``pretrain``
-        call 10-30 ms.
+        call 10-30 ms. Until it has exited, no signal it may still send kills the rank:
+        ``settings.lost_signal``, once its handler is put back (``on_stop``), is ignored
+        where its default (terminate) would be in place, and the dump signal stays
+        registered with ``faulthandler`` (``release`` undoes both).
         """
         global _CURRENT
         if _CURRENT is self:
             _CURRENT = None
+        if self.marks.fd < 0:
+            return  # stopped already
         self.marks.done()
-        if self.process.poll() is None:
-            self.process.terminate()
-            _EXITING.append(self.process)
-        faulthandler.unregister(self.settings.dump_signal)
         while self.on_stop:
             self.on_stop.pop()()
-        self.stacks.close()
+        self._hold()
         self.marks.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            _EXITING.append(self)
+        else:
+            self.release()
+
+    def _hold(self) -> None:
+        """Ignore ``settings.lost_signal`` where nothing handles it now (its default kills), until ``release``."""
+        signum = self.settings.lost_signal
+        if not signum:
+            return
+        try:
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_IGN)
+                self.held = True
+        except (ValueError, OSError):  # off the main thread: the monitor was told of no handler (lost_signal 0)
+            pass
+
+    def release(self) -> None:
+        """Once the monitor has exited: unregister its dump signal (unless a newer monitor's is registered), close
+        the stacks file, and give ``settings.lost_signal`` its default back where ``stop`` ignored it (main thread
+        only: elsewhere it stays ignored, which is harmless)."""
+        global _REGISTERED
+        if _REGISTERED is self:
+            faulthandler.unregister(self.settings.dump_signal)
+            _REGISTERED = None
+        self.stacks.close()
+        if self.held:
+            self.held = False
+            with contextlib.suppress(ValueError, OSError):
+                if signal.getsignal(self.settings.lost_signal) == signal.SIG_IGN:
+                    signal.signal(self.settings.lost_signal, signal.SIG_DFL)
 
 
 _CURRENT: RankMonitor | None = None
 
-_EXITING: list[subprocess.Popen[bytes]] = []
-"""Monitors told to stop that had not exited yet."""
+_REGISTERED: RankMonitor | None = None
+"""The monitor whose stacks file ``faulthandler`` writes the dump signal's stacks into."""
+
+_EXITING: list[RankMonitor] = []
+"""Monitors told to stop that had not exited yet (``release`` not called)."""
 
 
 @atexit.register
 def reap(wait_s: float = STOP_WAIT_S) -> None:
-    """Reap the monitors told to stop: each gets what is left of ``wait_s`` to exit, then is killed."""
+    """Reap the monitors told to stop: each gets what is left of ``wait_s`` to exit, then is killed; then released."""
     deadline = time.monotonic() + wait_s
     while _EXITING:
-        process = _EXITING.pop()
+        monitor = _EXITING.pop()
         try:
-            process.wait(max(0.0, deadline - time.monotonic()))
+            monitor.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            monitor.process.kill()
+            monitor.process.wait()
+        monitor.release()
+
+
+def settle() -> None:
+    """Stop the monitor still running here, if any, and release the stopped ones that have exited since."""
+    if _CURRENT is not None:
+        _CURRENT.stop()
+    for monitor in [m for m in _EXITING if m.process.poll() is not None]:
+        _EXITING.remove(monitor)
+        monitor.release()
 
 
 def current() -> RankMonitor | None:
@@ -180,17 +229,14 @@ def start_monitor(settings: Settings) -> RankMonitor:
     written in it), opens ``settings.stacks`` (appended to) and registers
     ``settings.dump_signal`` with ``faulthandler`` to dump every thread's stack there.
     """
-    global _CURRENT
-    if _CURRENT is not None:
-        _CURRENT.stop()
-    for process in [p for p in _EXITING if p.poll() is not None]:  # the ones exited since: reaped now
-        _EXITING.remove(process)
+    global _CURRENT, _REGISTERED
+    settle()
     marks = Marks()
     marks.attempt = settings.attempt
     Path(settings.stacks).parent.mkdir(parents=True, exist_ok=True)
-    dump = open(settings.stacks, "a")  # noqa: SIM115 - kept open for faulthandler until stop()
+    dump = open(settings.stacks, "a")  # noqa: SIM115 - kept open for faulthandler until release()
     faulthandler.register(settings.dump_signal, file=dump, all_threads=True, chain=False)
     command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, settings.to_json(), f"/proc/self/fd/{marks.fd}"]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(marks.fd,))
-    _CURRENT = RankMonitor(marks, process, dump, settings)
+    _CURRENT = _REGISTERED = RankMonitor(marks, process, dump, settings)
     return _CURRENT

@@ -131,3 +131,21 @@ def test_a_store_host_that_stops_or_dies_fails_every_rank_naming_it(tmp_path: Pa
         said = " ".join([str(report["error"]), *map(str, report["notes"])])
         assert "torchrun's agent" in said, report
     assert any(str(report["error"]).startswith("StoreHostLost: ") for report in reports), reports
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_pretrain_on_a_thread_outlives_a_stalled_store_host_and_journals_its_end(tmp_path: Path) -> None:
+    """``pretrain`` off the main thread (no handler), torchrun's agent stopped 12 s at step 60: no rank dies of the
+    monitor's signal (it reports the store only), both train to the end, and each journals its outcome."""
+    steps = 900
+    args = (str(tmp_path), "agent-stall", "step", "0", str(steps))
+    results = run_workers("liveness_worker", *args, world_size=2, timeout_s=200, torchrun=True, grace_s=30)
+    output = "\n".join(result.output for result in results)
+    assert [result.returncode for result in results] == [0], output[-3000:]
+    assert "has not answered" in output, output[-3000:]  # the stall was long enough to be noticed
+    assert "Signal" not in output, output[-3000:]  # torchrun: "Signal 41 (SIGRTMIN+7) received by PID ..."
+    reports = [json.loads((tmp_path / f"report-{rank}.json").read_text()) for rank in range(2)]
+    assert [report["error"] for report in reports] == [None, None], reports
+    ends = [r for r in journal.read([tmp_path]) if isinstance(r, journal.RunEnd)]
+    assert sorted((end.origin.rank, end.final_step, end.error) for end in ends) == [(0, steps, None), (1, steps, None)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import subprocess
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from lifecycle._liveness import monitor
 from lifecycle._liveness.page import process_state
+from lifecycle._liveness.rank import Marks
+from lifecycle._liveness.settings import LOST_SIGNAL, Settings
 
 _RANK = """
 import os, sys, time
@@ -70,3 +74,68 @@ def test_twenty_sigkills_of_a_rank_with_its_monitor_leave_no_page(tmp_path: Path
                 rank.wait()
     left = [name for name in names if os.path.exists(name)]
     assert not left, left
+
+
+_STOPPED = """
+import os, signal, sys
+from lifecycle._liveness import rank
+from lifecycle._liveness.settings import LOST_SIGNAL, Settings
+settings = Settings(rank=0, world_size=1, host="127.0.0.1", port=1, prefix="p", mode="kill", interval_s=0.25,
+                    floor_s=1.0, default_deadline_s=600.0, stacks=sys.argv[1], store_timeout_s=0.05,
+                    lost_signal=int(LOST_SIGNAL))
+watching = rank.start_monitor(settings)
+watching.stop()
+os.kill(os.getpid(), LOST_SIGNAL)  # a look that found the store silent, sent as pretrain returned
+os.kill(os.getpid(), settings.dump_signal)  # a verdict's stack dump, as late
+print("alive", flush=True)
+rank.reap()
+print(signal.getsignal(LOST_SIGNAL) == signal.SIG_DFL, flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_the_monitor_sends_after_stop_is_ignored_until_it_exits_then_defaulted_again(tmp_path: Path) -> None:
+    """After ``stop``, the monitor's lost-store and dump signals do not kill the rank; once reaped, the lost-store
+    signal has its default back."""
+    done = subprocess.run(
+        [sys.executable, "-c", _STOPPED, str(tmp_path / "stacks.txt")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert (done.returncode, done.stdout.split()) == (0, ["alive", "True"]), done
+
+
+@pytest.mark.timeout(60)
+def test_the_monitor_signals_no_rank_that_is_done_nor_one_without_a_handler() -> None:
+    """A silent store past its deadline: no signal to a rank marked done, none where ``lost_signal`` is 0; else sent."""
+    marks = Marks()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with open(marks.path, "r+b") as file:
+            page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
+
+        def look(lost_signal: int) -> None:
+            settings = Settings(
+                rank=0, world_size=1, pid=sleeper.pid, host="127.0.0.1", port=1, prefix="p", mode="kill",
+                interval_s=0.25, floor_s=1.0, default_deadline_s=1.0, stacks="/dev/null", lost_signal=lost_signal,
+            )  # fmt: skip
+            watcher = monitor.Monitor(settings, page, wake=-1)
+            watcher.check_store(monitor.read_marks(page), now=watcher.answered + 60.0)
+            assert watcher.lost
+
+        marks.mark("step", 3)
+        look(0)
+        marks.done()
+        look(int(LOST_SIGNAL))
+        time.sleep(0.2)
+        assert sleeper.poll() is None  # the default action of SIGRTMIN+7 would have ended it
+        marks.mark("step", 4)  # not done any more: the signal goes
+        look(int(LOST_SIGNAL))
+        assert sleeper.wait(10) == -int(LOST_SIGNAL)
+        page.close()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        marks.close()
