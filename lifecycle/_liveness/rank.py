@@ -9,6 +9,12 @@ its session's ``progress_sink``, so every ``Session.progress`` marks). ``RankMon
 tells the monitor the rank is done and to end, without waiting: the monitor beats once
 more and exits by itself; ``reap`` collects it (at the next start, or at interpreter
 exit, bounded).
+
+A thread of the rank waits on the monitor (``RankMonitor.watch``: blocked in
+``waitpid``, no cost to training). A monitor that exits while the rank is not done is
+*lost*: said in the log and the journal (a ``monitor_lost`` record) and started again,
+once, on the same page; lost again (or not started), a ``kill`` monitor's rank is failed
+through ``RankMonitor.on_lost``, a ``report`` one's goes on without.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
+import json
+import logging
 import mmap
 import os
 import signal
@@ -29,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from lifecycle import journal as _journal
 from lifecycle._liveness import monitor as _monitor
 from lifecycle._liveness import page as _page
 from lifecycle._liveness.settings import Settings
@@ -37,6 +46,8 @@ STOP_WAIT_S = 1.0
 """How long a stopped monitor has to exit, at interpreter exit, before it is killed (``reap``)."""
 
 _PHASE_BYTES = 48
+
+logger = logging.getLogger("lifecycle.liveness")
 
 
 class Marks:
@@ -103,6 +114,13 @@ class Marks:
         except ValueError:
             return True
 
+    def position(self) -> _page.Position | None:
+        """The position last marked (None once the page is closed)."""
+        try:
+            return _page.read_marks(self._page)
+        except ValueError:
+            return None
+
     def verdict(self) -> dict[str, object] | None:
         """The first liveness verdict of the attempt, as this rank's monitor copied it here (None: none seen)."""
         try:
@@ -129,6 +147,86 @@ class RankMonitor:
         """Called by ``stop``, last first, before the page is closed (e.g. to put a signal handler back)."""
         self.held = False
         """Whether ``stop`` set ``settings.lost_signal`` to be ignored, until the monitor has exited (``release``)."""
+        self.on_lost: Callable[[str], bool] | None = None
+        """Called on the watching thread when the monitor is lost for good in ``kill`` mode, with why: True if it
+        fails the rank (``pretrain``'s raises ``MonitorLost`` into the training thread), False if it cannot."""
+        self.losses = 0
+        """How many times the monitor was lost (the first is started again, not the second)."""
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    def watch(self) -> None:
+        """Wait for the monitor to exit, on a thread of its own (``start_monitor`` starts it); handle a loss.
+
+        A monitor is lost when it exits while the rank is not done and ``stop`` was not
+        called: the first loss is logged, journaled and the monitor started again (on this
+        thread, which then waits for it: a monitor dies with the thread that started it,
+        ``PR_SET_PDEATHSIG``); the second (or a start that fails) ends the watch: in ``kill``
+        mode ``on_lost`` fails the rank, else it trains on without a monitor. Returns when
+        the monitor exits after ``stop``, or once the rank is done.
+        """
+        process = self.process
+        while True:
+            process.wait()
+            with self._lock:
+                if self._stopping or self.marks.is_done:
+                    return
+                position = self.marks.position()
+                self.losses += 1
+                how = _how(process.returncode)
+                replacement: subprocess.Popen[bytes] | None = None
+                failed = ""
+                if self.losses == 1:
+                    try:
+                        replacement = _spawn(self.settings, self.marks)
+                        self.process = replacement
+                    except OSError as exc:
+                        failed = f"; starting another failed: {exc}"
+            where = position.where() if position is not None else "its last position"
+            said = f"rank {self.settings.rank}'s liveness monitor (pid {process.pid}) {how} at {where}{failed}"
+            if replacement is not None:
+                self._lost(process, how, "restarted", position, f"{said}; started again (pid {replacement.pid})")
+                process = replacement
+                continue
+            why = f"{said} (lost {self.losses} times)"
+            fails = self.settings.mode == "kill" and self.on_lost is not None
+            action = "failed" if fails else "without"
+            if fails:
+                note = f"{why}; the rank fails rather than train on unsupervised"
+            elif self.settings.mode == "kill":
+                note = f"{why}; no handler can fail the rank off the main thread: it trains on without one"
+            else:
+                note = f"{why}; it trains on without one (report mode)"
+            self._lost(process, how, action, position, note)
+            if fails and self.on_lost is not None:
+                self.on_lost(why)
+            return
+
+    def _lost(
+        self,
+        process: subprocess.Popen[bytes],
+        how: str,
+        action: str,
+        position: _page.Position | None,
+        note: str,
+    ) -> None:
+        """Say a loss in the log and the rank's journal (a ``monitor_lost`` record; never raises)."""
+        logger.warning("lifecycle liveness: %s", note)
+        if not self.settings.journal:
+            return
+        replacement = self.process if action == "restarted" else None
+        record = _journal.MonitorLost(
+            origin=_journal.Origin(**self.settings.origin),  # type: ignore[arg-type]
+            pid=process.pid,
+            how=how,
+            action=action,
+            phase=position.phase if position is not None else "",
+            step=position.step if position is not None else None,
+            note=note,
+            time=time.time(),
+            new_pid=replacement.pid if replacement is not None else None,
+        )
+        _append(self.settings.journal, (json.dumps(record.to_json()) + "\n").encode())
 
     def stop(self) -> None:
         """Tell the monitor the rank is done and to end (SIGTERM); idempotent. Returns at once.
@@ -144,8 +242,10 @@ class RankMonitor:
         global _CURRENT
         if _CURRENT is self:
             _CURRENT = None
-        if self.marks.fd < 0:
-            return  # stopped already
+        with self._lock:  # the watching thread reads the page under it: never closed under its feet
+            if self._stopping:
+                return
+            self._stopping = True
         self.marks.done()
         while self.on_stop:
             self.on_stop.pop()()
@@ -236,7 +336,43 @@ def start_monitor(settings: Settings) -> RankMonitor:
     Path(settings.stacks).parent.mkdir(parents=True, exist_ok=True)
     dump = open(settings.stacks, "a")  # noqa: SIM115 - kept open for faulthandler until release()
     faulthandler.register(settings.dump_signal, file=dump, all_threads=True, chain=False)
-    command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, settings.to_json(), f"/proc/self/fd/{marks.fd}"]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(marks.fd,))
+    process = _spawn(settings, marks)
     _CURRENT = _REGISTERED = RankMonitor(marks, process, dump, settings)
+    threading.Thread(target=_CURRENT.watch, name=f"lifecycle monitor watch (rank {settings.rank})", daemon=True).start()
     return _CURRENT
+
+
+def _spawn(settings: Settings, marks: Marks) -> subprocess.Popen[bytes]:
+    """Start a monitor process with ``settings`` on ``marks`` (its descriptor passed as ``/proc/self/fd/<n>``)."""
+    command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, settings.to_json(), f"/proc/self/fd/{marks.fd}"]
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(marks.fd,))
+
+
+def _how(returncode: int) -> str:
+    """How a process ended, in words: ``killed by SIGKILL``, ``exited with code 1``."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+def _append(path: str, data: bytes) -> None:
+    """Append ``data`` (one journal line) to ``path`` in one ``write`` on a file opened for appending; never raises.
+
+    The rank's own records, appended the same way, never interleave with it; after a torn
+    line, it starts a line of its own (as the monitor's ``record`` does).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        logger.warning("lifecycle liveness: could not write to the journal %s: %s", path, exc)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from lifecycle import journal as _journal
-from lifecycle._core.errors import StoreHostLost
+from lifecycle._core.errors import MonitorLost, StoreHostLost
 from lifecycle._core.events import FailureEvent
 from lifecycle._core.plans import RestartMode
 from lifecycle._core.session import Session
@@ -53,7 +53,7 @@ def start_liveness(
         logger.warning("rank %d: no liveness monitor: the default group's store is not a TCPStore", rank)
         return None
     settle()  # a monitor stopped before and exited since gives its signals back first
-    lost = _store_loss_link(session)  # before the monitor starts: it is told whether the rank has a handler
+    lost = _store_loss_link(session, rank)  # before the monitor starts: it is told whether the rank has a handler
     folder = Path(config.journal_dir) if config.journal_dir is not None else Path(tempfile.gettempdir())
     journal_file = "" if config.journal_dir is None else str(_journal.journal_path(folder, journal.origin.rank))
     settings = Settings(
@@ -84,6 +84,7 @@ def start_liveness(
     session.add_observer(lambda event: monitor.marks.done() if isinstance(event, FailureEvent) else None)
     if lost is not None:
         lost.monitor = monitor
+        monitor.on_lost = lost.fail
         monitor.on_stop.append(lost.link.uninstall)
     return monitor
 
@@ -105,17 +106,32 @@ _LIVE = (State.DIST_READY, State.GLOBALS_READY, State.TRAINING)
 
 class _StoreLoss:
     """The handler of the monitor's ``LOST_SIGNAL``: raises ``StoreHostLost`` on the main thread while the session is
-    live and the rank not done; ``monitor`` is set once the monitor runs (nothing is raised before)."""
+    live and the rank not done; ``monitor`` is set once the monitor runs (nothing is raised before).
 
-    def __init__(self, session: Session) -> None:
+    The rank's side sends the same signal to its own process to fail it when its monitor is
+    lost for good (``fail``): the handler then raises ``MonitorLost`` instead.
+    """
+
+    def __init__(self, session: Session, rank: int) -> None:
         self.session = session
+        self.rank = rank
         self.monitor: RankMonitor | None = None
+        self.failure: MonitorLost | None = None
         self.link = Link(LOST_SIGNAL, self.lost)
+
+    def fail(self, why: str) -> bool:
+        """Fail the rank (any thread): ``MonitorLost`` with ``why``, raised on the main thread while it trains."""
+        self.failure = MonitorLost(self.rank, why)
+        os.kill(os.getpid(), LOST_SIGNAL)
+        return True
 
     def lost(self, signum: int, frame: FrameType | None, previous: Handler) -> None:
         monitor = self.monitor
         if monitor is None or self.session.state not in _LIVE or monitor.marks.is_done:
             return
+        if (failure := self.failure) is not None:
+            self.failure = None
+            raise failure
         verdict = monitor.marks.verdict() or {}
         found = verdict if verdict.get("kind") == "store" else {}  # another verdict may have been seen first
         host = str(found.get("host") or "the store's host")
@@ -123,7 +139,7 @@ class _StoreLoss:
         raise StoreHostLost(host, detail)
 
 
-def _store_loss_link(session: Session) -> _StoreLoss | None:
+def _store_loss_link(session: Session, rank: int) -> _StoreLoss | None:
     """Install the handler that makes the monitor's ``LOST_SIGNAL`` raise ``StoreHostLost`` (``_StoreLoss``).
 
     Off the main thread no handler can be installed: None, and the monitor is told so
@@ -131,7 +147,7 @@ def _store_loss_link(session: Session) -> _StoreLoss | None:
     The handler is put back when the monitor stops (after which ``RankMonitor.stop``
     ignores the signal until the monitor has exited).
     """
-    loss = _StoreLoss(session)
+    loss = _StoreLoss(session, rank)
     try:
         loss.link.install()
     except (ValueError, OSError):

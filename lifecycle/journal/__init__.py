@@ -13,6 +13,7 @@ frozen records, version 1 and 2 files included; ``JournalWriter`` appends them. 
 - ``Failure`` (``failure``): this rank failed (written before its failure teardown).
 - ``RunEnd`` (``end``): the call ended.
 - ``Verdict`` (``verdict``): a liveness monitor named a stopped, spinning, hung, dead or unresponsive rank.
+- ``MonitorLost`` (``monitor_lost``): the rank's liveness monitor exited while it trained, and what the rank did.
 
 Each carries its ``Origin`` (run id, rank, attempt...). ``docs/journal.md`` is the
 schema, field by field, and how versions 1 and 2 read. This package imports nothing
@@ -38,6 +39,7 @@ from lifecycle.journal._records import (
     Eval,
     Failure,
     Left,
+    MonitorLost,
     Origin,
     Record,
     RunEnd,
@@ -57,6 +59,7 @@ __all__ = [
     "JournalWriter",
     "Left",
     "Loaded",
+    "MonitorLost",
     "Origin",
     "Record",
     "RunEnd",

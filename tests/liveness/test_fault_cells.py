@@ -108,6 +108,43 @@ def test_no_verdict_over_many_healthy_jittered_steps(tmp_path: Path) -> None:
         assert "lifecycle liveness" not in result.output, result.output[-3000:]
 
 
+@pytest.mark.timeout(120)
+def test_a_killed_monitor_is_said_started_again_and_the_run_finishes_with_no_verdict(tmp_path: Path) -> None:
+    """Rank 1's monitor SIGKILLed at step 60 of 300: its rank says so in its log and journal, starts another once,
+    and both ranks train to the end; no verdict on rank 1 (its neighbour's watch saw the new monitor beat)."""
+    steps = 300
+    results = run_workers("liveness_worker", str(tmp_path), "monitor-kill", "step", "1", str(steps), timeout_s=100)
+    for result in results:
+        assert result.ok, str(result)
+        assert _report(result.output)["error"] is None
+    killed = int((tmp_path / "monitor").read_text())
+    by_rank = {result.rank: result for result in results}
+    assert f"rank 1's liveness monitor (pid {killed}) was killed by SIGKILL" in by_rank[1].output, by_rank[1].output
+    records = journal.read([tmp_path])
+    lost = [r for r in records if isinstance(r, journal.MonitorLost)]
+    assert [(r.origin.rank, r.pid, r.action) for r in lost] == [(1, killed, "restarted")], lost
+    assert not [r for r in records if isinstance(r, journal.Verdict)]
+    ends = sorted((r.origin.rank, r.final_step, r.error) for r in records if isinstance(r, journal.RunEnd))
+    assert ends == [(0, steps, None), (1, steps, None)]
+
+
+@pytest.mark.timeout(120)
+def test_a_monitor_lost_twice_fails_its_rank_in_kill_mode_naming_the_loss(tmp_path: Path) -> None:
+    """Rank 1's monitor SIGKILLed, then the new one too: rank 1 fails with ``MonitorLost`` (journaled: restarted,
+    then failed), and rank 0 fails naming rank 1 first; no verdict."""
+    results = run_workers("liveness_worker", str(tmp_path), "monitor-kill-twice", "step", "1", "300", timeout_s=100)
+    by_rank = {result.rank: result for result in results}
+    assert not any(result.timed_out for result in results), [str(r) for r in results]
+    failed = _report(by_rank[1].output)
+    assert str(failed["error"]).startswith("MonitorLost: rank 1's liveness monitor"), failed
+    survivor = _report(by_rank[0].output)
+    assert "rank 1 failed first" in " ".join(map(str, survivor["notes"])), survivor  # type: ignore[call-overload]
+    records = journal.read([tmp_path])
+    actions = [r.action for r in records if isinstance(r, journal.MonitorLost)]
+    assert actions == ["restarted", "failed"], actions
+    assert not [r for r in records if isinstance(r, journal.Verdict)]
+
+
 STORE_MARGIN_S = 4 * 0.25
 """The monitor's margin past the phase's deadline before a silent store's host is reported: 4 intervals."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import signal
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle._liveness import monitor
+from lifecycle import journal
+from lifecycle._liveness import monitor, rank
 from lifecycle._liveness.page import process_state
 from lifecycle._liveness.rank import Marks
 from lifecycle._liveness.settings import LOST_SIGNAL, Settings
@@ -51,27 +53,27 @@ def test_twenty_sigkills_of_a_rank_with_its_monitor_leave_no_page(tmp_path: Path
     """A rank and its monitor SIGKILLed together, once both mapped the page, 20 times: no page of theirs is left."""
     names: list[str] = []
     for _ in range(20):
-        rank = subprocess.Popen(
+        child = subprocess.Popen(
             [sys.executable, "-c", _RANK, str(tmp_path / "stacks.txt")],
             stdout=subprocess.PIPE,
             start_new_session=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         )
         try:
-            assert rank.stdout is not None
-            pid, name = rank.stdout.readline().decode().split(" ", 1)
+            assert child.stdout is not None
+            pid, name = child.stdout.readline().decode().split(" ", 1)
             names.append(name.strip())
             deadline = time.monotonic() + 10.0
             while not _mapped(int(pid)):  # the monitor has mapped the page: both sides hold it
                 assert time.monotonic() < deadline, "the monitor never mapped its page"
                 time.sleep(0.002)
-            os.killpg(rank.pid, signal.SIGKILL)
-            rank.wait(10)
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(10)
             _wait_gone(int(pid), 10.0)
         finally:
-            if rank.poll() is None:
-                os.killpg(rank.pid, signal.SIGKILL)
-                rank.wait()
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
     left = [name for name in names if os.path.exists(name)]
     assert not left, left
 
@@ -139,3 +141,85 @@ def test_the_monitor_signals_no_rank_that_is_done_nor_one_without_a_handler() ->
         sleeper.kill()
         sleeper.wait()
         marks.close()
+
+
+def _replaced(watching: rank.RankMonitor, pid: int, within_s: float = 10.0) -> int:
+    """The pid of the monitor process that replaced ``pid`` (waits for it); raise past ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while watching.process.pid == pid:
+        assert time.monotonic() < deadline, "the lost monitor was not started again"
+        time.sleep(0.005)
+    return watching.process.pid
+
+
+def _losses(path: Path, count: int, within_s: float = 10.0) -> list[journal.MonitorLost]:
+    """The ``monitor_lost`` records in the journal ``path`` once there are ``count``; raise past ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = [r for r in journal.read([path]) if isinstance(r, journal.MonitorLost)] if path.exists() else []
+        if len(found) >= count:
+            return found
+        assert time.monotonic() < deadline, found
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["report", "kill"])
+def test_a_lost_monitor_is_journaled_and_started_again_once_then_the_rank_fails_or_goes_on(
+    tmp_path: Path, mode: str
+) -> None:
+    """A monitor SIGKILLed while its rank trains is journaled and started again on the same page; the new one lost
+    too, a ``kill`` rank is failed (``on_lost``), a ``report`` one goes on; a monitor ending after ``stop`` is none."""
+    path = tmp_path / "rank0.jsonl"
+    origin = journal.Origin(run_id="r", rank=0, attempt=0, restart_mode="none", iteration=0)
+    settings = Settings(
+        rank=0, world_size=1, host="127.0.0.1", port=1, prefix="p", mode=mode, interval_s=0.25, floor_s=1.0,
+        default_deadline_s=600.0, stacks=str(tmp_path / "stacks.txt"), store_timeout_s=0.05, journal=str(path),
+        origin=dataclasses.asdict(origin),
+    )  # fmt: skip
+    failed: list[str] = []
+    watching = rank.start_monitor(settings)
+    try:
+        watching.on_lost = lambda why: failed.append(why) is None
+        watching.marks.mark("step", 7)
+        first = watching.process.pid
+        os.kill(first, signal.SIGKILL)
+        second = _replaced(watching, first)
+        while not _mapped(second):  # the new monitor has the same page
+            time.sleep(0.002)
+        (lost,) = _losses(path, 1)
+        assert (lost.pid, lost.action, lost.new_pid, lost.step, lost.phase) == (first, "restarted", second, 7, "step")
+        assert lost.how == "was killed by SIGKILL"
+        os.kill(second, signal.SIGKILL)
+        again = _losses(path, 2)[1]
+        assert (again.pid, again.action) == (second, "failed" if mode == "kill" else "without"), again
+        assert len(failed) == (1 if mode == "kill" else 0), failed
+        assert watching.process.pid == second  # started again once only
+    finally:
+        watching.stop()
+        rank.reap()
+    assert len(_losses(path, 2)) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_monitor_that_exits_after_stop_or_once_its_rank_is_done_is_not_lost(tmp_path: Path) -> None:
+    """``stop`` (and a rank marked done) ends the monitor with no ``monitor_lost`` record and no second monitor."""
+    path = tmp_path / "rank0.jsonl"
+    origin = journal.Origin(run_id="r", rank=0, attempt=0, restart_mode="none", iteration=0)
+    settings = Settings(
+        rank=0, world_size=1, host="127.0.0.1", port=1, prefix="p", mode="kill", interval_s=0.05, floor_s=1.0,
+        default_deadline_s=600.0, stacks=str(tmp_path / "stacks.txt"), store_timeout_s=0.02, journal=str(path),
+        origin=dataclasses.asdict(origin),
+    )  # fmt: skip
+    done = rank.start_monitor(settings)
+    first = done.process.pid
+    done.marks.done()  # failing on its own: the monitor beats once more and exits by itself
+    done.process.wait(10)
+    time.sleep(0.2)
+    assert done.process.pid == first
+    done.stop()
+    stopped = rank.start_monitor(settings)
+    stopped.stop()
+    rank.reap()
+    assert stopped.process.returncode is not None
+    assert not path.exists() or not [r for r in journal.read([path]) if isinstance(r, journal.MonitorLost)]

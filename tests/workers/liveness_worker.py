@@ -7,9 +7,11 @@ FAIL_RANK. Under torchrun, KIND ``agent-stop`` or ``agent-kill`` has FAIL_RANK s
 (SIGSTOP) or kill (SIGKILL) the torchrun agent, which hosts the store, at step ``FAIL_STEP``;
 each rank then also writes its report to ``OUT_DIR/report-<rank>.json``, and the rank that
 stopped the agent lets it go on (SIGCONT) once every rank has reported (or after 60 s).
-KIND ``agent-stall`` runs ``pretrain`` on a thread of its own (no signal handler can be
-installed there) and has FAIL_RANK stop the agent at step ``FAIL_STEP`` for
-``STALL_S`` seconds.
+KIND ``monitor-kill`` has FAIL_RANK SIGKILL its own liveness monitor at step ``FAIL_STEP``
+(a new one is started; the run goes on); ``monitor-kill-twice`` kills the new one too, 20
+steps later (the rank then fails with ``MonitorLost``). KIND ``agent-stall`` runs ``pretrain`` on a
+thread of its own (no signal handler can be installed there) and has FAIL_RANK stop the
+agent at step ``FAIL_STEP`` for ``STALL_S`` seconds.
 The monitor beats every 0.25 s with the 2 s floor; the group timeout is 60 s, so only
 the monitor releases the ranks in time. Every step sleeps a base step; with
 JITTER (a factor, e.g. 3), a random time up to JITTER base steps instead, ten at step 40,
@@ -33,7 +35,7 @@ from typing import Any
 warnings.filterwarnings("ignore")
 
 from support.configs import TINY  # noqa: E402
-from support.internals import describe  # noqa: E402
+from support.internals import describe, liveness_rank  # noqa: E402
 
 from lifecycle import (  # noqa: E402
     Callback,
@@ -84,6 +86,20 @@ class AgentFault(Callback):
             os.kill(os.getppid(), self.signum)
 
 
+class MonitorKill(Callback):
+    """At step ``FAIL_STEP`` (and 20 steps later if ``twice``), SIGKILLs this rank's liveness monitor; its pid in
+    ``OUT/monitor``."""
+
+    def __init__(self, out: Path, twice: bool) -> None:
+        self.out, self.twice = out, twice
+
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+        watching = liveness_rank.current()
+        if (step == FAIL_STEP or (self.twice and step == FAIL_STEP + 20)) and watching is not None:
+            (self.out / "monitor").write_text(str(watching.process.pid))
+            os.kill(watching.process.pid, signal.SIGKILL)
+
+
 AGENT_SIGNALS = {"agent-stop": signal.SIGSTOP, "agent-kill": signal.SIGKILL, "agent-stall": signal.SIGSTOP}
 
 
@@ -98,7 +114,7 @@ class AgentStall(AgentFault):
 
 def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: float) -> int:
     fault = None
-    if kind not in ("none", *AGENT_SIGNALS):
+    if kind not in ("none", "monitor-kill", "monitor-kill-twice", *AGENT_SIGNALS):
         fault = FaultInjection(phase=phase, rank=fail_rank, step=FAIL_STEP, kind=kind)  # type: ignore[arg-type]
     config = PretrainConfig(
         distributed=DistributedConfig(timeout_s=GROUP_TIMEOUT_S),
@@ -120,6 +136,8 @@ def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: f
 
     callbacks: list[Callback] = [LastStep(), Jitter(jitter)]
     agent = os.getppid()
+    if kind in ("monitor-kill", "monitor-kill-twice") and fail_rank == RANK:
+        callbacks.append(MonitorKill(out, twice=kind == "monitor-kill-twice"))
     if kind in AGENT_SIGNALS and fail_rank == RANK:
         callbacks.append((AgentStall if kind == "agent-stall" else AgentFault)(AGENT_SIGNALS[kind], out))
 
