@@ -464,6 +464,12 @@ def _supervise(
     if ending.killed is not None:
         kill_group(process)
     ending.returncode = process.wait()
+    if ending.returncode < 0 and ending.killed is None and ending.stop_signal is None:  # not the launcher's signal
+        name = signal.Signals(-ending.returncode).name if -ending.returncode in signal.valid_signals() else ""
+        ending.notes.append(
+            f"torchrun's agent was killed by {name or f'signal {-ending.returncode}'}: its ranks die with it "
+            "(their parent-death signal); a rank named below may be one of them"
+        )
     return ending
 
 
