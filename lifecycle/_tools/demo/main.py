@@ -32,7 +32,8 @@ launcher stops a torchrun whose ranks never start. A torchrun agent that is stop
 (SIGSTOP) never collects its ranks nor exits: once every rank has ended (or none has
 journaled anything for ``AGENT_STALL_S``), the launcher says so, SIGKILLs it and collects
 its ranks (it is their subreaper), and reports (``_AgentWatch``). A killed agent ends
-the wait at once; its ranks die with it (their parent-death signal).
+the wait at once, and is said to be killed; its ranks die with it (their parent-death
+signal).
 
 With ``--retry`` a failure that leaves every process alive is retried in the same
 processes, and torchrun restarts every rank after a lost one (``--max-restarts``,
