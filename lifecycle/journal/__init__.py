@@ -15,6 +15,7 @@ with ``strict=False`` skips damaged lines and files, saying what it skipped
 - ``Failure`` (``failure``): this rank failed (written before its failure teardown).
 - ``RunEnd`` (``end``): the call ended.
 - ``Verdict`` (``verdict``): a liveness monitor named a stopped, spinning, hung, dead or unresponsive rank.
+- ``MonitorLost`` (``monitor_lost``): the rank's liveness monitor exited while it trained, and what the rank did.
 
 Each carries its ``Origin`` (run id, rank, attempt...). ``docs/journal.md`` is the
 schema, field by field, and how versions 1 and 2 read. This package imports nothing
@@ -44,6 +45,7 @@ from lifecycle.journal._records import (
     Eval,
     Failure,
     Left,
+    MonitorLost,
     Origin,
     Record,
     RunEnd,
@@ -63,6 +65,7 @@ __all__ = [
     "JournalWriter",
     "Left",
     "Loaded",
+    "MonitorLost",
     "Origin",
     "Problem",
     "Record",

@@ -232,11 +232,38 @@ class Verdict(_Record):
     stacks: str = ""
 
 
-Record: TypeAlias = RunStart | Transition | TeardownStep | Left | TrainStep | Eval | RunEnd | Failure | Verdict
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MonitorLost(_Record):
+    """This rank's liveness monitor (process ``pid``) exited while the rank trained, ``how`` (``killed by SIGKILL``).
+
+    Written by the rank (``lifecycle._liveness.rank``) at ``time``, when it noticed, at
+    ``phase``/``step``. ``action`` is what the rank did: ``restarted`` (a new monitor,
+    ``new_pid``, runs), ``failed`` (the monitor was lost again, or could not be started:
+    in ``kill`` mode the rank fails with ``MonitorLost``), ``without`` (so lost in
+    ``report`` mode, or where no handler can fail the rank: it trains on unsupervised).
+    ``note``: the words, as logged.
+    """
+
+    kind: ClassVar[str] = "monitor_lost"
+    origin: Origin
+    pid: int
+    how: str
+    action: str
+    phase: str
+    step: int | None
+    note: str
+    time: float
+    new_pid: int | None = None
+
+
+Record: TypeAlias = (
+    RunStart | Transition | TeardownStep | Left | TrainStep | Eval | RunEnd | Failure | Verdict | MonitorLost
+)
 """Any journal record."""
 
 KINDS: dict[str, type[Record]] = {
-    c.kind: c for c in (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict)
+    c.kind: c
+    for c in (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict, MonitorLost)
 }
 """Each record class by its JSON ``kind``."""
 

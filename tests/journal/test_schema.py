@@ -17,7 +17,7 @@ import pytest
 from support.internals import synthetic
 from support.journals import v1_failed_call
 
-from lifecycle.journal import KINDS, VERSION, Left, Origin, TeardownStep, TrainStep, Verdict, parse, read
+from lifecycle.journal import KINDS, VERSION, Left, MonitorLost, Origin, TeardownStep, TrainStep, Verdict, parse, read
 from lifecycle.journal._records import build, usual
 from lifecycle.journal._schema import compile_fields
 
@@ -139,7 +139,18 @@ def test_a_record_module_with_a_field_json_cannot_hold_fails_at_import(tmp_path:
 
 def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
     """Each record kind's fields compile (the import did it); the kinds are the documented ones."""
-    assert set(KINDS) == {"run", "transition", "teardown", "left", "step", "eval", "end", "failure", "verdict"}
+    assert set(KINDS) == {
+        "run",
+        "transition",
+        "teardown",
+        "left",
+        "step",
+        "eval",
+        "end",
+        "failure",
+        "verdict",
+        "monitor_lost",
+    }
     for cls in KINDS.values():
         names = [f.name for f in compile_fields(cls, skip=frozenset({"origin"})).fields]
         assert names == [f.name for f in dataclasses.fields(cls) if f.name != "origin"]
@@ -198,7 +209,11 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
     verdict = Verdict(
         origin=ORIGIN, culprit=1, verdict="stopped", phase="step", step=3, note="rank 1 is stopped", time=5.0, seq=1
     )
-    records = [*synthetic_run, left, verdict]
+    lost = MonitorLost(
+        origin=ORIGIN, pid=7, how="was killed by SIGKILL", action="restarted", phase="step", step=3, note="…",
+        time=5.0, new_pid=8,
+    )  # fmt: skip
+    records = [*synthetic_run, left, verdict, lost]
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
     shared: dict[object, object] = {}
     fast = []
