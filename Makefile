@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST := TORCH_CPP_LOG_LEVEL=error $(PY) -m pytest -q
 TIMED = start=$$(date +%s); $(1); status=$$?; echo "make $@: $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: venv venv-compat demo test test-unit test-slow test-compat fuzz-all lint typecheck diagrams check bench clean mermaid chromium show-png gpu-wheelhouse gpu-check
+.PHONY: venv venv-compat demo test test-loaded test-unit test-slow test-compat fuzz-all lint typecheck diagrams check bench clean mermaid chromium show-png gpu-wheelhouse gpu-check
 
 venv: $(STAMP)
 
@@ -67,6 +67,17 @@ test-compat:
 test: $(STAMP)
 	@$(call TIMED,$(PYTEST) -m "not slow")
 
+# make test on a busy machine: one busy loop pinned to each core this process may use (taskset), killed
+# however the run ends (each loop also ends by itself once the shell that started it is gone). Load is a
+# test condition: a test that fails here waits on a guessed time, not on an event. Not in CI; the budgets
+# above are for a quiet machine (a loaded run took about three times as long: docs/reference.md).
+test-loaded: $(STAMP)
+	@pids=""; trap 'kill $$pids 2>/dev/null; wait $$pids 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	for core in $$($(PY) -c 'import os; print(*sorted(os.sched_getaffinity(0)))'); do \
+	  taskset -c $$core sh -c 'while kill -0 $$PPID 2>/dev/null; do :; done' & pids="$$pids $$!"; \
+	done; echo "make $@: a busy loop on each of cores $$($(PY) -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"; \
+	$(MAKE) --no-print-directory test
+
 # Torch-free tests only; the run fails if anything imported torch.
 test-unit: $(STAMP)
 	@$(call TIMED,LIFECYCLE_TORCH_FREE=1 $(PYTEST) -m "not slow" tests/core tests/journal tests/test_layout.py tests/test_measurements.py tests/test_private_imports.py tests/reliability/test_expected.py)
@@ -77,8 +88,9 @@ fuzz-all: $(STAMP)
 	@$(call TIMED,LIFECYCLE_FUZZ_SAMPLE=0 LIFECYCLE_ASYNC_FUZZ_SAMPLE=0 LIFECYCLE_CKPT_FUZZ_SAMPLE=0 $(PYTEST) -m "not slow" \
 	tests/reliability/test_interrupt_fuzzer.py tests/reliability/test_async_fuzzer.py tests/checkpoint/test_abort_fuzz.py)
 
+# Prints its ten slowest tests (setup, call and teardown apart) and its total: the ledger of docs/reference.md.
 test-slow: $(STAMP) mermaid chromium
-	@$(call TIMED,$(PYTEST) -m slow)
+	@$(call TIMED,$(PYTEST) -m slow --durations=10)
 
 # The pinned mermaid npm package (tools/mermaid/package-lock.json) that test-slow parses show's diagrams with.
 # Without node it installs nothing: the parse test then skips (fails under CI=true).

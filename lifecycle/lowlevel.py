@@ -19,7 +19,8 @@ this module exports the rest of what the library is built from. Reach for it to:
   ``ReclaimEvent``;
 - **drive a session on actions of your own**: the seams ``DistributedActions`` (what
   ``Session`` drives; ``TorchActions`` and ``lifecycle.testing.RecordingActions`` are two),
-  ``CheckpointWriter`` (what ``Session.track_checkpoints`` takes), ``Announcement``;
+  ``CheckpointWriter`` (what ``Session.track_checkpoints`` takes), ``Announcement``,
+  ``ProgressSink`` (where ``Session.progress`` also sends each mark: ``session.progress_sink``);
 - **log progress in a loop of your own**: ``ProgressLog``, the callback ``pretrain`` adds
   for ``training.log_interval``.
 
@@ -50,7 +51,7 @@ from lifecycle._core.resources import (
     live_resources,
     undeclare_resource,
 )
-from lifecycle._core.seams import Announcement, CheckpointWriter, DistributedActions
+from lifecycle._core.seams import Announcement, CheckpointWriter, DistributedActions, ProgressSink
 from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
 from lifecycle._training.callbacks import ProgressLog
 
@@ -69,6 +70,7 @@ __all__ = [
     "Outcome",
     "Plan",
     "ProgressLog",
+    "ProgressSink",
     "ReclaimEvent",
     "Releases",
     "Resource",

@@ -45,7 +45,7 @@ EXPORTS: dict[str, list[str]] = {
         *("Handler", "Releases", "Resource", "WrapperRole"),
         *("declare_resource", "declared_resources", "live_resources", "undeclare_resource"),
         *("JournalEntry", "SessionEvent", "TransitionEvent", "TeardownEvent", "FailureEvent", "ReclaimEvent"),
-        *("Announcement", "CheckpointWriter", "DistributedActions", "ProgressLog"),
+        *("Announcement", "CheckpointWriter", "DistributedActions", "ProgressLog", "ProgressSink"),
     ],
     "lifecycle.checkpoint": [
         "AsyncCheckpointer",
@@ -59,8 +59,9 @@ EXPORTS: dict[str, list[str]] = {
     # exported without an edit here), and the names around them.
     "lifecycle.journal": [
         *(cls.__name__ for cls in KINDS.values()),
-        *("KINDS", "V1_RUN_ID", "VERSION", "JournalWriter", "Loaded", "Origin", "Record"),
-        *("journal_files", "journal_path", "load", "load_each", "parse", "read", "restart_count", "run_id"),
+        *("KINDS", "V1_RUN_ID", "VERSION", "JournalWriter", "Loaded", "Origin", "Problem", "Record", "Skipped"),
+        *("each_file", "journal_files", "journal_path", "load", "load_each", "parse", "read", "restart_count"),
+        *("run_id", "stream"),
     ],
     "lifecycle.restart": [
         "CudaHealthCheck",

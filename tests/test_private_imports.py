@@ -38,6 +38,14 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "liveness/test_monitor_parts.py": frozenset(
         {"lifecycle._liveness.monitor", "lifecycle._liveness.rank", "lifecycle._liveness.settings"}
     ),
+    "liveness/test_monitor_survival.py": frozenset(
+        {
+            "lifecycle._liveness.monitor",
+            "lifecycle._liveness.page",
+            "lifecycle._liveness.rank",
+            "lifecycle._liveness.settings",
+        }
+    ),
     "journal/test_schema.py": frozenset({"lifecycle.journal._records", "lifecycle.journal._schema"}),
     "restart/test_nvml.py": frozenset({"lifecycle.restart._nvml"}),
     "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo.main", "lifecycle._tools.demo.options"}),
@@ -51,6 +59,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "tools/test_show_evidence.py": frozenset(
         {
             "lifecycle._tools.demo.report",
+            "lifecycle._tools.show.cause",
             "lifecycle._tools.show.main",
             "lifecycle._tools.show.model",
             "lifecycle._tools.show.synthetic",

@@ -114,6 +114,26 @@ class StoreHostLost(LifecycleError):
         super().__init__(detail)
 
 
+class MonitorLost(LifecycleError):
+    """The rank's liveness monitor was lost and could not be kept: raised into the training thread (``kill`` mode).
+
+    A monitor that exits while its rank trains is started again once; when that one is
+    lost too (or cannot be started), a rank in ``kill`` mode fails with this rather than
+    train on unsupervised (``report`` mode goes on without). ``rank`` is the rank,
+    ``detail`` says how each monitor ended. Raised from the same signal handler as
+    ``StoreHostLost`` (``pretrain`` installs it on the main thread). Its ``failure_kind``
+    is ``Kind.MONITOR_LOST``.
+    """
+
+    failure_kind = Kind.MONITOR_LOST
+
+    def __init__(self, rank: int, detail: str) -> None:
+        self.rank = rank
+        self.detail = detail
+        self._fields = (rank, detail)
+        super().__init__(detail)
+
+
 class ResourceRefused(LifecycleError):
     """Base of the refusals about one existing (or missing) resource: ``resource`` names it, ``detail`` says why."""
 

@@ -8,7 +8,9 @@ A launch marks its processes with an environment variable (``NAME=<value>``) tha
 descendant inherits, even one that starts a session of its own (torchrun's ranks,
 NVRx's monitor process): ``marked`` finds them (Linux ``/proc``; nothing elsewhere),
 ``kill_marked`` kills them and waits until they are gone, and ``kill_group`` kills a
-child's whole process group. No torch import here.
+child's whole process group. A launcher that is a subreaper (``become_subreaper``)
+inherits what its children leave behind, ranks that exited under a stopped or killed
+torchrun included, and collects them (``reap_orphans``). No torch import here.
 """
 
 from __future__ import annotations
@@ -27,17 +29,21 @@ from pathlib import Path
 from lifecycle._core.processes import is_running, process_environments
 
 __all__ = [
+    "become_subreaper",
     "child_env",
     "die_with",
     "kill_group",
     "kill_marked",
     "marked",
+    "process_state",
+    "reap_orphans",
     "set_parent_death_signal",
     "torchrun_command",
     "wait_gone",
 ]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PR_SET_CHILD_SUBREAPER = 36
 _POLL_S = 0.05
 
 
@@ -179,3 +185,45 @@ def kill_marked(name: str, prefix: str = "", within_s: float = 10.0) -> dict[int
         time.sleep(_POLL_S)
     wait_gone(killed, max(0.0, deadline - time.monotonic()))
     return killed
+
+
+def become_subreaper() -> bool:
+    """Make this process the one that inherits its orphaned descendants (Linux); False where it cannot.
+
+    A rank whose torchrun agent is stopped exits as a zombie its parent never collects;
+    once the agent is killed, the rank is re-parented here (not to init, which in a
+    container may collect nothing), and ``reap_orphans`` collects it.
+    """
+    if sys.platform != "linux":
+        return False
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    return bool(prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+
+
+def reap_orphans() -> list[int]:
+    """Collect every child of this process that has exited (``waitpid(-1, WNOHANG)``); the pids collected.
+
+    Call it only once the children this process waits for itself (``subprocess.Popen``)
+    have been waited for: it collects any child, theirs included.
+    """
+    reaped: list[int] = []
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped.append(pid)
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``T`` stopped, ``Z`` zombie...); None if gone or unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :][:1].decode() or None

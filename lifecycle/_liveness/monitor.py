@@ -238,7 +238,8 @@ class Monitor:
         _log(f"lifecycle liveness: {note}")
         if not self.seen:
             write_verdict(self.page, json.dumps({"rank": None, "kind": "store", "host": host, "note": note}).encode())
-        if self.s.mode == "kill" and self.s.lost_signal:
+        # Only to a rank that has a handler (lost_signal 0: none), and not once it is done (its handler may be gone).
+        if self.s.mode == "kill" and self.s.lost_signal and not read_marks(self.page).done:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.s.pid, self.s.lost_signal)
 
@@ -378,8 +379,8 @@ class Monitor:
         _log(f"lifecycle liveness: {note}")
         stacks = self.s.stacks if self.s.mode == "kill" and kind is not Kind.DIED else ""
         self.record(facts, note, stacks=stacks, killed=self.s.mode == "kill" and kind is not Kind.DIED)
-        if kind is Kind.DIED or self.s.mode != "kill":
-            return
+        if kind is Kind.DIED or self.s.mode != "kill" or read_marks(self.page).done:
+            return  # a rank done since (finished, or failing on its own) is signalled nothing: its handlers may be gone
         self.dump(kind.value)
         if first is None and kind is Kind.STOPPED:
             # A stopped rank that hosts the store froze the store too: it answers again now.
@@ -533,18 +534,17 @@ def _log(line: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Run the monitor with the JSON settings in ``argv[1]`` on the marks page ``argv[2]``; exit code 0."""
+    """Run the monitor with the JSON settings in ``argv[1]`` on the marks page ``argv[2]``; exit code 0.
+
+    The page has no name to remove (``lifecycle._liveness.rank.Marks``): ``argv[2]`` is
+    the descriptor the rank passed, as ``/proc/self/fd/<n>``.
+    """
     settings, marks = Settings.from_json(argv[1]), argv[2]
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
-    try:
-        if os.getppid() != settings.pid:  # the rank died before prctl took effect
-            return 0
-        return _watch(settings, marks)
-    finally:
-        # The rank unlinks its page when it stops the monitor; a rank killed never does. Its mapping outlives this.
-        with contextlib.suppress(OSError):
-            os.unlink(marks)
+    if os.getppid() != settings.pid:  # the rank died before prctl took effect
+        return 0
+    return _watch(settings, marks)
 
 
 def _watch(settings: Settings, marks: str) -> int:

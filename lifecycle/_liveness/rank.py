@@ -9,6 +9,12 @@ its session's ``progress_sink``, so every ``Session.progress`` marks). ``RankMon
 tells the monitor the rank is done and to end, without waiting: the monitor beats once
 more and exits by itself; ``reap`` collects it (at the next start, or at interpreter
 exit, bounded).
+
+A thread of the rank waits on the monitor (``RankMonitor.watch``: blocked in
+``waitpid``, no cost to training). A monitor that exits while the rank is not done is
+*lost*: said in the log and the journal (a ``monitor_lost`` record) and started again,
+once, on the same page; lost again (or not started), a ``kill`` monitor's rank is failed
+through ``RankMonitor.on_lost``, a ``report`` one's goes on without.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
+import json
+import logging
 import mmap
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -28,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from lifecycle import journal as _journal
 from lifecycle._liveness import monitor as _monitor
 from lifecycle._liveness import page as _page
 from lifecycle._liveness.settings import Settings
@@ -37,19 +47,34 @@ STOP_WAIT_S = 1.0
 
 _PHASE_BYTES = 48
 
+logger = logging.getLogger("lifecycle.liveness")
+
 
 class Marks:
     """This rank's position in a page shared with its monitor; ``mark`` never raises and makes no system call."""
 
     def __init__(self) -> None:
-        """Create the page: a file in ``/dev/shm`` (memory) when there is one, else in the temp folder."""
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        fd, self.path = tempfile.mkstemp(prefix="lifecycle-marks-", dir=folder)
+        """Create the page: a file in memory that no folder names (``memfd_create``), so no death leaves it behind.
+
+        ``fd`` stays open while the marks live: a monitor (the first, or one started again
+        after a loss) maps it through ``path`` (``/proc/<pid>/fd/<fd>``, or its own
+        ``/proc/self/fd/<fd>`` when the descriptor is passed to it). Where ``memfd_create``
+        is missing, a file made in ``/dev/shm`` (or the temp folder) is unlinked at once.
+        """
+        try:
+            fd = os.memfd_create("lifecycle-marks", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):
+            folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            fd, name = tempfile.mkstemp(prefix="lifecycle-marks-", dir=folder)
+            os.unlink(name)
         try:
             os.ftruncate(fd, _page.PAGE_SIZE)
             self._page = mmap.mmap(fd, _page.PAGE_SIZE)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self.fd = fd
+        self.path = f"/proc/{os.getpid()}/fd/{fd}"
         self._count = 0
         self._lock = threading.Lock()
         self.attempt = 0
@@ -89,6 +114,13 @@ class Marks:
         except ValueError:
             return True
 
+    def position(self) -> _page.Position | None:
+        """The position last marked (None once the page is closed)."""
+        try:
+            return _page.read_marks(self._page)
+        except ValueError:
+            return None
+
     def verdict(self) -> dict[str, object] | None:
         """The first liveness verdict of the attempt, as this rank's monitor copied it here (None: none seen)."""
         try:
@@ -97,10 +129,12 @@ class Marks:
             return None
 
     def close(self) -> None:
-        """Unmap and remove the page."""
+        """Unmap the page and close its file (idempotent): the memory is freed once the monitor has unmapped it too."""
         self._page.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
 
 
 class RankMonitor:
@@ -111,6 +145,88 @@ class RankMonitor:
         self.marks, self.process, self.stacks, self.settings = marks, process, stacks, settings
         self.on_stop: list[Callable[[], object]] = []
         """Called by ``stop``, last first, before the page is closed (e.g. to put a signal handler back)."""
+        self.held = False
+        """Whether ``stop`` set ``settings.lost_signal`` to be ignored, until the monitor has exited (``release``)."""
+        self.on_lost: Callable[[str], bool] | None = None
+        """Called on the watching thread when the monitor is lost for good in ``kill`` mode, with why: True if it
+        fails the rank (``pretrain``'s raises ``MonitorLost`` into the training thread), False if it cannot."""
+        self.losses = 0
+        """How many times the monitor was lost (the first is started again, not the second)."""
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    def watch(self) -> None:
+        """Wait for the monitor to exit, on a thread of its own (``start_monitor`` starts it); handle a loss.
+
+        A monitor is lost when it exits while the rank is not done and ``stop`` was not
+        called: the first loss is logged, journaled and the monitor started again (on this
+        thread, which then waits for it: a monitor dies with the thread that started it,
+        ``PR_SET_PDEATHSIG``); the second (or a start that fails) ends the watch: in ``kill``
+        mode ``on_lost`` fails the rank, else it trains on without a monitor. Returns when
+        the monitor exits after ``stop``, or once the rank is done.
+        """
+        process = self.process
+        while True:
+            process.wait()
+            with self._lock:
+                if self._stopping or self.marks.is_done:
+                    return
+                position = self.marks.position()
+                self.losses += 1
+                how = _how(process.returncode)
+                replacement: subprocess.Popen[bytes] | None = None
+                failed = ""
+                if self.losses == 1:
+                    try:
+                        replacement = _spawn(self.settings, self.marks)
+                        self.process = replacement
+                    except OSError as exc:
+                        failed = f"; starting another failed: {exc}"
+            where = position.where() if position is not None else "its last position"
+            said = f"rank {self.settings.rank}'s liveness monitor (pid {process.pid}) {how} at {where}{failed}"
+            if replacement is not None:
+                self._lost(process, how, "restarted", position, f"{said}; started again (pid {replacement.pid})")
+                process = replacement
+                continue
+            why = f"{said} (lost {self.losses} times)"
+            fails = self.settings.mode == "kill" and self.on_lost is not None
+            action = "failed" if fails else "without"
+            if fails:
+                note = f"{why}; the rank fails rather than train on unsupervised"
+            elif self.settings.mode == "kill":
+                note = f"{why}; no handler can fail the rank off the main thread: it trains on without one"
+            else:
+                note = f"{why}; it trains on without one (report mode)"
+            self._lost(process, how, action, position, note)
+            if fails and self.on_lost is not None:
+                self.on_lost(why)
+            return
+
+    def _lost(
+        self,
+        process: subprocess.Popen[bytes],
+        how: str,
+        action: str,
+        position: _page.Position | None,
+        note: str,
+    ) -> None:
+        """Say a loss in the log and the rank's journal (a ``monitor_lost`` record; never raises)."""
+        logger.warning("lifecycle liveness: %s", note)
+        if not self.settings.journal:
+            return
+        replacement = self.process if action == "restarted" else None
+        record = _journal.MonitorLost(
+            origin=_journal.Origin(**self.settings.origin),  # type: ignore[arg-type]
+            pid=process.pid,
+            how=how,
+            action=action,
+            phase=position.phase if position is not None else "",
+            step=position.step if position is not None else None,
+            note=note,
+            time=time.time(),
+            new_pid=replacement.pid if replacement is not None else None,
+        )
+        _append(self.settings.journal, (json.dumps(record.to_json()) + "\n").encode())
 
     def stop(self) -> None:
         """Tell the monitor the rank is done and to end (SIGTERM); idempotent. Returns at once.
@@ -118,39 +234,87 @@ class RankMonitor:
         The monitor beats once more (saying the rank is done) and exits on its own; it is
         reaped by the next ``start_monitor`` or at interpreter exit, killed if it has not
         exited within ``STOP_WAIT_S`` then. Waiting for it here cost every ``pretrain``
-        call 10-30 ms.
+        call 10-30 ms. Until it has exited, no signal it may still send kills the rank:
+        ``settings.lost_signal``, once its handler is put back (``on_stop``), is ignored
+        where its default (terminate) would be in place, and the dump signal stays
+        registered with ``faulthandler`` (``release`` undoes both).
         """
         global _CURRENT
         if _CURRENT is self:
             _CURRENT = None
+        with self._lock:  # the watching thread reads the page under it: never closed under its feet
+            if self._stopping:
+                return
+            self._stopping = True
         self.marks.done()
-        if self.process.poll() is None:
-            self.process.terminate()
-            _EXITING.append(self.process)
-        faulthandler.unregister(self.settings.dump_signal)
         while self.on_stop:
             self.on_stop.pop()()
-        self.stacks.close()
+        self._hold()
         self.marks.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            _EXITING.append(self)
+        else:
+            self.release()
+
+    def _hold(self) -> None:
+        """Ignore ``settings.lost_signal`` where nothing handles it now (its default kills), until ``release``."""
+        signum = self.settings.lost_signal
+        if not signum:
+            return
+        try:
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_IGN)
+                self.held = True
+        except (ValueError, OSError):  # off the main thread: the monitor was told of no handler (lost_signal 0)
+            pass
+
+    def release(self) -> None:
+        """Once the monitor has exited: unregister its dump signal (unless a newer monitor's is registered), close
+        the stacks file, and give ``settings.lost_signal`` its default back where ``stop`` ignored it (main thread
+        only: elsewhere it stays ignored, which is harmless)."""
+        global _REGISTERED
+        if _REGISTERED is self:
+            faulthandler.unregister(self.settings.dump_signal)
+            _REGISTERED = None
+        self.stacks.close()
+        if self.held:
+            self.held = False
+            with contextlib.suppress(ValueError, OSError):
+                if signal.getsignal(self.settings.lost_signal) == signal.SIG_IGN:
+                    signal.signal(self.settings.lost_signal, signal.SIG_DFL)
 
 
 _CURRENT: RankMonitor | None = None
 
-_EXITING: list[subprocess.Popen[bytes]] = []
-"""Monitors told to stop that had not exited yet."""
+_REGISTERED: RankMonitor | None = None
+"""The monitor whose stacks file ``faulthandler`` writes the dump signal's stacks into."""
+
+_EXITING: list[RankMonitor] = []
+"""Monitors told to stop that had not exited yet (``release`` not called)."""
 
 
 @atexit.register
 def reap(wait_s: float = STOP_WAIT_S) -> None:
-    """Reap the monitors told to stop: each gets what is left of ``wait_s`` to exit, then is killed."""
+    """Reap the monitors told to stop: each gets what is left of ``wait_s`` to exit, then is killed; then released."""
     deadline = time.monotonic() + wait_s
     while _EXITING:
-        process = _EXITING.pop()
+        monitor = _EXITING.pop()
         try:
-            process.wait(max(0.0, deadline - time.monotonic()))
+            monitor.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            monitor.process.kill()
+            monitor.process.wait()
+        monitor.release()
+
+
+def settle() -> None:
+    """Stop the monitor still running here, if any, and release the stopped ones that have exited since."""
+    if _CURRENT is not None:
+        _CURRENT.stop()
+    for monitor in [m for m in _EXITING if m.process.poll() is not None]:
+        _EXITING.remove(monitor)
+        monitor.release()
 
 
 def current() -> RankMonitor | None:
@@ -165,17 +329,50 @@ def start_monitor(settings: Settings) -> RankMonitor:
     written in it), opens ``settings.stacks`` (appended to) and registers
     ``settings.dump_signal`` with ``faulthandler`` to dump every thread's stack there.
     """
-    global _CURRENT
-    if _CURRENT is not None:
-        _CURRENT.stop()
-    for process in [p for p in _EXITING if p.poll() is not None]:  # the ones exited since: reaped now
-        _EXITING.remove(process)
+    global _CURRENT, _REGISTERED
+    settle()
     marks = Marks()
     marks.attempt = settings.attempt
     Path(settings.stacks).parent.mkdir(parents=True, exist_ok=True)
-    dump = open(settings.stacks, "a")  # noqa: SIM115 - kept open for faulthandler until stop()
+    dump = open(settings.stacks, "a")  # noqa: SIM115 - kept open for faulthandler until release()
     faulthandler.register(settings.dump_signal, file=dump, all_threads=True, chain=False)
-    command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, settings.to_json(), marks.path]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    _CURRENT = RankMonitor(marks, process, dump, settings)
+    process = _spawn(settings, marks)
+    _CURRENT = _REGISTERED = RankMonitor(marks, process, dump, settings)
+    threading.Thread(target=_CURRENT.watch, name=f"lifecycle monitor watch (rank {settings.rank})", daemon=True).start()
     return _CURRENT
+
+
+def _spawn(settings: Settings, marks: Marks) -> subprocess.Popen[bytes]:
+    """Start a monitor process with ``settings`` on ``marks`` (its descriptor passed as ``/proc/self/fd/<n>``)."""
+    command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, settings.to_json(), f"/proc/self/fd/{marks.fd}"]
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(marks.fd,))
+
+
+def _how(returncode: int) -> str:
+    """How a process ended, in words: ``killed by SIGKILL``, ``exited with code 1``."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+def _append(path: str, data: bytes) -> None:
+    """Append ``data`` (one journal line) to ``path`` in one ``write`` on a file opened for appending; never raises.
+
+    The rank's own records, appended the same way, never interleave with it; after a torn
+    line, it starts a line of its own (as the monitor's ``record`` does).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        logger.warning("lifecycle liveness: could not write to the journal %s: %s", path, exc)

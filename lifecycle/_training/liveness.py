@@ -13,13 +13,13 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from lifecycle import journal as _journal
-from lifecycle._core.errors import StoreHostLost
+from lifecycle._core.errors import MonitorLost, StoreHostLost
 from lifecycle._core.events import FailureEvent
 from lifecycle._core.plans import RestartMode
 from lifecycle._core.session import Session
 from lifecycle._core.signals import Handler, Link
 from lifecycle._core.states import State
-from lifecycle._liveness.rank import RankMonitor, start_monitor
+from lifecycle._liveness.rank import RankMonitor, settle, start_monitor
 from lifecycle._liveness.settings import LOST_SIGNAL, Settings
 from lifecycle._training.config import LivenessMode, PretrainConfig
 from lifecycle._training.journaling import RunJournal
@@ -52,6 +52,8 @@ def start_liveness(
     if server is None:
         logger.warning("rank %d: no liveness monitor: the default group's store is not a TCPStore", rank)
         return None
+    settle()  # a monitor stopped before and exited since gives its signals back first
+    lost = _store_loss_link(session, rank)  # before the monitor starts: it is told whether the rank has a handler
     folder = Path(config.journal_dir) if config.journal_dir is not None else Path(tempfile.gettempdir())
     journal_file = "" if config.journal_dir is None else str(_journal.journal_path(folder, journal.origin.rank))
     settings = Settings(
@@ -70,12 +72,20 @@ def start_liveness(
         journal=journal_file,
         origin=dataclasses.asdict(journal.origin),
         store_host="torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "",
-        lost_signal=int(LOST_SIGNAL),
+        lost_signal=int(LOST_SIGNAL) if lost is not None else 0,
     )
-    monitor = start_monitor(settings)
+    try:
+        monitor = start_monitor(settings)
+    except BaseException:
+        if lost is not None:
+            lost.link.uninstall()
+        raise
     _mark_progress(session, monitor)
     session.add_observer(lambda event: monitor.marks.done() if isinstance(event, FailureEvent) else None)
-    _raise_when_store_lost(session, monitor)
+    if lost is not None:
+        lost.monitor = monitor
+        monitor.on_lost = lost.fail
+        monitor.on_stop.append(lost.link.uninstall)
     return monitor
 
 
@@ -94,29 +104,56 @@ _LIVE = (State.DIST_READY, State.GLOBALS_READY, State.TRAINING)
 """The states in which a lost store's host fails the rank (never while it finishes, tears down or is final)."""
 
 
-def _raise_when_store_lost(session: Session, monitor: RankMonitor) -> None:
-    """Make the monitor's ``LOST_SIGNAL`` raise ``StoreHostLost`` on this (main) thread while the session is live.
+class _StoreLoss:
+    """The handler of the monitor's ``LOST_SIGNAL``: raises ``StoreHostLost`` on the main thread while the session is
+    live and the rank not done; ``monitor`` is set once the monitor runs (nothing is raised before).
 
-    Off the main thread no handler can be installed: the monitor then only reports. The
-    handler is put back when the monitor stops.
+    The rank's side sends the same signal to its own process to fail it when its monitor is
+    lost for good (``fail``): the handler then raises ``MonitorLost`` instead.
     """
 
-    def lost(signum: int, frame: FrameType | None, previous: Handler) -> None:
-        if session.state not in _LIVE or monitor.marks.is_done:
+    def __init__(self, session: Session, rank: int) -> None:
+        self.session = session
+        self.rank = rank
+        self.monitor: RankMonitor | None = None
+        self.failure: MonitorLost | None = None
+        self.link = Link(LOST_SIGNAL, self.lost)
+
+    def fail(self, why: str) -> bool:
+        """Fail the rank (any thread): ``MonitorLost`` with ``why``, raised on the main thread while it trains."""
+        self.failure = MonitorLost(self.rank, why)
+        os.kill(os.getpid(), LOST_SIGNAL)
+        return True
+
+    def lost(self, signum: int, frame: FrameType | None, previous: Handler) -> None:
+        monitor = self.monitor
+        if monitor is None or self.session.state not in _LIVE or monitor.marks.is_done:
             return
+        if (failure := self.failure) is not None:
+            self.failure = None
+            raise failure
         verdict = monitor.marks.verdict() or {}
         found = verdict if verdict.get("kind") == "store" else {}  # another verdict may have been seen first
         host = str(found.get("host") or "the store's host")
         detail = str(found.get("note") or f"{host} has stopped answering this rank's liveness monitor")
         raise StoreHostLost(host, detail)
 
-    link = Link(LOST_SIGNAL, lost)
+
+def _store_loss_link(session: Session, rank: int) -> _StoreLoss | None:
+    """Install the handler that makes the monitor's ``LOST_SIGNAL`` raise ``StoreHostLost`` (``_StoreLoss``).
+
+    Off the main thread no handler can be installed: None, and the monitor is told so
+    (``lost_signal`` 0): it then only reports a lost store, and never sends the signal.
+    The handler is put back when the monitor stops (after which ``RankMonitor.stop``
+    ignores the signal until the monitor has exited).
+    """
+    loss = _StoreLoss(session, rank)
     try:
-        link.install()
+        loss.link.install()
     except (ValueError, OSError):
         logger.info("no store-loss handler off the main thread: the liveness monitor only reports a lost store")
-        return
-    monitor.on_stop.append(link.uninstall)
+        return None
+    return loss
 
 
 def store_server() -> tuple[str, int] | None:

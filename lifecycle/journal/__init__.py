@@ -2,8 +2,10 @@
 
 ``pretrain`` (with ``journal_dir``) writes a rank's records to ``<dir>/rank<R>.jsonl``
 as they happen; ``python -m lifecycle show`` reads them, and so can anyone: ``read``
-(or ``load``, which also reports torn lines; ``load_each``, a file at a time) returns typed,
-frozen records, version 1, 2 and 3 files included; ``JournalWriter`` appends them. The record types:
+(or ``load``, which also reports torn lines; ``load_each``, a file at a time; ``stream``,
+a record at a time) returns typed, frozen records, version 1, 2 and 3 files included, and
+with ``strict=False`` skips damaged lines and files, saying what it skipped
+(``Skipped``); ``JournalWriter`` appends them. The record types:
 
 - ``RunStart`` (``run``): a ``pretrain`` call started; a writer's first record.
 - ``Transition`` (``transition``): the session moved between states.
@@ -13,6 +15,7 @@ frozen records, version 1, 2 and 3 files included; ``JournalWriter`` appends the
 - ``Failure`` (``failure``): this rank failed (written before its failure teardown).
 - ``RunEnd`` (``end``): the call ended.
 - ``Verdict`` (``verdict``): a liveness monitor named a stopped, spinning, hung, dead or unresponsive rank.
+- ``MonitorLost`` (``monitor_lost``): the rank's liveness monitor exited while it trained, and what the rank did.
 - ``Suspicion`` (``suspicion``) and ``Withdrawal`` (``withdrawal``): a monitor's suspicion of a rank, and its
   withdrawal when the rank made progress again: never a failure.
 
@@ -28,6 +31,9 @@ but the standard library (no torch): a tool may read journals anywhere.
 from lifecycle.journal._files import (
     JournalWriter,
     Loaded,
+    Problem,
+    Skipped,
+    each_file,
     journal_files,
     journal_path,
     load,
@@ -36,6 +42,7 @@ from lifecycle.journal._files import (
     read,
     restart_count,
     run_id,
+    stream,
 )
 from lifecycle.journal._older import V1_RUN_ID
 from lifecycle.journal._records import (
@@ -44,6 +51,7 @@ from lifecycle.journal._records import (
     Eval,
     Failure,
     Left,
+    MonitorLost,
     Origin,
     Record,
     RunEnd,
@@ -65,16 +73,20 @@ __all__ = [
     "JournalWriter",
     "Left",
     "Loaded",
+    "MonitorLost",
     "Origin",
+    "Problem",
     "Record",
     "RunEnd",
     "RunStart",
+    "Skipped",
     "Suspicion",
     "TeardownStep",
     "TrainStep",
     "Transition",
     "Verdict",
     "Withdrawal",
+    "each_file",
     "journal_files",
     "journal_path",
     "load",
@@ -83,4 +95,5 @@ __all__ = [
     "read",
     "restart_count",
     "run_id",
+    "stream",
 ]

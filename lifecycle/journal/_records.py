@@ -245,6 +245,30 @@ class Verdict(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MonitorLost(_Record):
+    """This rank's liveness monitor (process ``pid``) exited while the rank trained, ``how`` (``killed by SIGKILL``).
+
+    Written by the rank (``lifecycle._liveness.rank``) at ``time``, when it noticed, at
+    ``phase``/``step``. ``action`` is what the rank did: ``restarted`` (a new monitor,
+    ``new_pid``, runs), ``failed`` (the monitor was lost again, or could not be started:
+    in ``kill`` mode the rank fails with ``MonitorLost``), ``without`` (so lost in
+    ``report`` mode, or where no handler can fail the rank: it trains on unsupervised).
+    ``note``: the words, as logged.
+    """
+
+    kind: ClassVar[str] = "monitor_lost"
+    origin: Origin
+    pid: int
+    how: str
+    action: str
+    phase: str
+    step: int | None
+    note: str
+    time: float
+    new_pid: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Suspicion(_Record):
     """A liveness monitor suspects rank ``culprit`` (``evidence``) at ``time``: journaled, not yet a verdict.
 
@@ -277,12 +301,23 @@ class Withdrawal(_Record):
 
 
 Record: TypeAlias = (
-    RunStart | Transition | TeardownStep | Left | TrainStep | Eval | RunEnd | Failure | Verdict | Suspicion | Withdrawal
+    RunStart
+    | Transition
+    | TeardownStep
+    | Left
+    | TrainStep
+    | Eval
+    | RunEnd
+    | Failure
+    | Verdict
+    | MonitorLost
+    | Suspicion
+    | Withdrawal
 )
 """Any journal record."""
 
-_CLASSES = (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict, Suspicion, Withdrawal)
-KINDS: dict[str, type[Record]] = {c.kind: c for c in _CLASSES}
+_CLASSES = (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict, MonitorLost)
+KINDS: dict[str, type[Record]] = {c.kind: c for c in (*_CLASSES, Suspicion, Withdrawal)}
 """Each record class by its JSON ``kind``."""
 
 _ORIGIN = compile_fields(Origin)

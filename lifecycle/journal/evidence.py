@@ -63,6 +63,8 @@ class Kind(Enum):
     """A collective's receive timed out waiting for a peer: a consequence."""
     CONNECTION_LOST = "connection_lost"
     """A collective's connection to a peer broke (reset, closed): a consequence."""
+    MONITOR_LOST = "monitor_lost"
+    """The rank's liveness monitor was lost and could not be kept (``MonitorLost``, ``kill`` mode)."""
 
     @classmethod
     def named(cls, value: str) -> Kind | None:
@@ -102,6 +104,7 @@ WORDS: dict[Kind, str] = {
     Kind.STORE_HOST_LOST: "lost the store's host",
     Kind.COLLECTIVE_TIMEOUT: "timed out waiting for a peer",
     Kind.CONNECTION_LOST: "lost its connection to a peer",
+    Kind.MONITOR_LOST: "lost its liveness monitor",
 }
 """Each kind's words, after ``rank R``; a test checks every member has them."""
 

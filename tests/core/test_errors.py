@@ -17,6 +17,7 @@ from lifecycle import (
     InvalidTransition,
     LifecycleError,
     MissingResource,
+    MonitorLost,
     ResourceMismatch,
     ResourceRefused,
     SessionFinished,
@@ -44,6 +45,7 @@ EXAMPLES: list[LifecycleError] = [
     AttemptDisagreement("10.0.0.1:29500", 5.0, {0: 2, 1: None, 2: 2, 3: 0}, 1),
     StepTimedOut("destroy_process_group", 5.0),
     StoreHostLost("torchrun's agent (127.0.0.1:29500)", "the store's host … has not answered for 3.0 s"),
+    MonitorLost(1, "rank 1's liveness monitor was killed by SIGKILL, and the one started again by SIGKILL"),
 ]
 
 COPIES: dict[str, Callable[[LifecycleError], object]] = {

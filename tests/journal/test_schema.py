@@ -22,6 +22,7 @@ from lifecycle.journal import (
     VERSION,
     Failure,
     Left,
+    MonitorLost,
     Origin,
     Record,
     RunEnd,
@@ -157,8 +158,20 @@ def test_a_record_module_with_a_field_json_cannot_hold_fails_at_import(tmp_path:
 
 def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
     """Each record kind's fields compile (the import did it); the kinds are the documented ones."""
-    assert set(KINDS) == {"run", "transition", "teardown", "left", "step", "eval", "end", "failure", "verdict",
-                          "suspicion", "withdrawal"}  # fmt: skip
+    assert set(KINDS) == {
+        "run",
+        "transition",
+        "teardown",
+        "left",
+        "step",
+        "eval",
+        "end",
+        "failure",
+        "verdict",
+        "monitor_lost",
+        "suspicion",
+        "withdrawal",
+    }
     for cls in KINDS.values():
         names = [f.name for f in compile_fields(cls, skip=frozenset({"origin"})).fields]
         assert names == [f.name for f in dataclasses.fields(cls) if f.name != "origin"]
@@ -217,9 +230,13 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
     verdict = Verdict(
         origin=ORIGIN, culprit=1, verdict="stopped", phase="step", step=3, note="rank 1 is stopped", time=5.0, seq=1
     )
+    lost = MonitorLost(
+        origin=ORIGIN, pid=7, how="was killed by SIGKILL", action="restarted", phase="step", step=3, note="…",
+        time=5.0, new_pid=8,
+    )  # fmt: skip
     suspicion = Suspicion(origin=ORIGIN, culprit=1, evidence=Evidence("hang", 1, 3, "batch", "S", 4.0, 2.0), time=4.0)
     withdrawal = Withdrawal(origin=ORIGIN, culprit=1, time=4.5, step=4, phase="batch")
-    records = [*synthetic_run, left, verdict, suspicion, withdrawal]
+    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal]
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
     shared: dict[object, object] = {}
     fast = []
@@ -253,6 +270,10 @@ def v4_records() -> list[Record]:
         TrainStep(origin=o, step=40, loss=2.5, start=20.4, end=20.5),
         Suspicion(origin=o, culprit=1, evidence=Evidence("hang", 1, 12, "batch", "S", 1.2, 2.0, "monitor"), time=21.0),
         Withdrawal(origin=o, culprit=1, time=21.5, step=13, phase="batch"),
+        MonitorLost(
+            origin=o, pid=12, how="was killed by SIGKILL", action="restarted", phase="step", step=14, note="…",
+            time=22.0, new_pid=13,
+        ),
         Failure(
             origin=o, phase="step", step=41, error="StoppedByLauncher: SIGTERM after rank 0 died", time=25.5, seq=2,
             first_rank=0, note="lifecycle: rank 0 failed first (step 41, phase step; it died): LivenessVerdict: ...",

@@ -87,7 +87,7 @@ def test_a_silent_fault_is_named_and_releases_every_rank(
     if kind != "crash":
         stacks = (tmp_path / f"rank{faulty}.stacks.txt").read_text()
         assert re.search(r'faults\.py", line \d+ in fire', stacks), stacks[-2000:]
-    # No marks page left in /dev/shm: the survivors' stop() unlinks theirs, the killed rank's monitor its rank's.
+    # No marks page left in /dev/shm: a page has no name there (a memfd), whoever dies.
     deadline = time.monotonic() + 10.0
     while _marks_pages() - pages_before and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -106,6 +106,43 @@ def test_no_verdict_over_many_healthy_jittered_steps(tmp_path: Path) -> None:
         assert result.ok, str(result)
         assert _report(result.output)["error"] is None
         assert "lifecycle liveness" not in result.output, result.output[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_monitor_is_said_started_again_and_the_run_finishes_with_no_verdict(tmp_path: Path) -> None:
+    """Rank 1's monitor SIGKILLed at step 60 of 300: its rank says so in its log and journal, starts another once,
+    and both ranks train to the end; no verdict on rank 1 (its neighbour's watch saw the new monitor beat)."""
+    steps = 300
+    results = run_workers("liveness_worker", str(tmp_path), "monitor-kill", "step", "1", str(steps), timeout_s=100)
+    for result in results:
+        assert result.ok, str(result)
+        assert _report(result.output)["error"] is None
+    killed = int((tmp_path / "monitor").read_text())
+    by_rank = {result.rank: result for result in results}
+    assert f"rank 1's liveness monitor (pid {killed}) was killed by SIGKILL" in by_rank[1].output, by_rank[1].output
+    records = journal.read([tmp_path])
+    lost = [r for r in records if isinstance(r, journal.MonitorLost)]
+    assert [(r.origin.rank, r.pid, r.action) for r in lost] == [(1, killed, "restarted")], lost
+    assert not [r for r in records if isinstance(r, journal.Verdict)]
+    ends = sorted((r.origin.rank, r.final_step, r.error) for r in records if isinstance(r, journal.RunEnd))
+    assert ends == [(0, steps, None), (1, steps, None)]
+
+
+@pytest.mark.timeout(120)
+def test_a_monitor_lost_twice_fails_its_rank_in_kill_mode_naming_the_loss(tmp_path: Path) -> None:
+    """Rank 1's monitor SIGKILLed, then the new one too: rank 1 fails with ``MonitorLost`` (journaled: restarted,
+    then failed), and rank 0 fails naming rank 1 first; no verdict."""
+    results = run_workers("liveness_worker", str(tmp_path), "monitor-kill-twice", "step", "1", "300", timeout_s=100)
+    by_rank = {result.rank: result for result in results}
+    assert not any(result.timed_out for result in results), [str(r) for r in results]
+    failed = _report(by_rank[1].output)
+    assert str(failed["error"]).startswith("MonitorLost: rank 1's liveness monitor"), failed
+    survivor = _report(by_rank[0].output)
+    assert "rank 1 failed first" in " ".join(map(str, survivor["notes"])), survivor  # type: ignore[call-overload]
+    records = journal.read([tmp_path])
+    actions = [r.action for r in records if isinstance(r, journal.MonitorLost)]
+    assert actions == ["restarted", "failed"], actions
+    assert not [r for r in records if isinstance(r, journal.Verdict)]
 
 
 STORE_MARGIN_S = 4 * 0.25
@@ -131,3 +168,21 @@ def test_a_store_host_that_stops_or_dies_fails_every_rank_naming_it(tmp_path: Pa
         said = " ".join([str(report["error"]), *map(str, report["notes"])])
         assert "torchrun's agent" in said, report
     assert any(str(report["error"]).startswith("StoreHostLost: ") for report in reports), reports
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_pretrain_on_a_thread_outlives_a_stalled_store_host_and_journals_its_end(tmp_path: Path) -> None:
+    """``pretrain`` off the main thread (no handler), torchrun's agent stopped 12 s at step 60: no rank dies of the
+    monitor's signal (it reports the store only), both train to the end, and each journals its outcome."""
+    steps = 900
+    args = (str(tmp_path), "agent-stall", "step", "0", str(steps))
+    results = run_workers("liveness_worker", *args, world_size=2, timeout_s=200, torchrun=True, grace_s=30)
+    output = "\n".join(result.output for result in results)
+    assert [result.returncode for result in results] == [0], output[-3000:]
+    assert "has not answered" in output, output[-3000:]  # the stall was long enough to be noticed
+    assert "Signal" not in output, output[-3000:]  # torchrun: "Signal 41 (SIGRTMIN+7) received by PID ..."
+    reports = [json.loads((tmp_path / f"report-{rank}.json").read_text()) for rank in range(2)]
+    assert [report["error"] for report in reports] == [None, None], reports
+    ends = [r for r in journal.read([tmp_path]) if isinstance(r, journal.RunEnd)]
+    assert sorted((end.origin.rank, end.final_step, end.error) for end in ends) == [(0, steps, None), (1, steps, None)]

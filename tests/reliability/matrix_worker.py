@@ -53,6 +53,7 @@ from reliability.expected import (
     expected,
 )
 from reliability.matrix_cells import Cell
+from reliability.nvrx_order import NvrxOrderGate
 from support.configs import FAST, GROUP_TIMEOUT_S
 from support.probes import TORCH_COLLECTIVES, alive
 from support.torch_internals import SyntheticTokens  # the default batches: pretrain's own provider
@@ -79,12 +80,16 @@ from lifecycle import (
 )
 from lifecycle.checkpoint import AsyncCheckpointer
 from lifecycle.lowlevel import DistributedActions, Handler, Resource, StepKind
-from lifecycle.restart import wrapped_pretrain
+from lifecycle.restart import SessionAbort, SessionFinalize, wrapped_pretrain
 from lifecycle.testing import release_everything
 from lifecycle.testing.doubles import acquire_name
 
 CELL_LIMIT_S = 8.0
 """A cell must finish well inside the group timeout: nothing waited for a peer that is gone."""
+ABORT_BOUND_S = 2.0
+"""A main-thread collective under way when an abort starts (or started before the main
+thread learns of the failure) must end within this of the abort's start: the abort
+unblocks it. Far under the group timeout, far over an abort's tens of milliseconds."""
 TEARDOWN_FAULT = "injected teardown fault"
 RELEASED_BY = {  # each release action of DistributedActions, and the init whose resource it releases
     "destroy_rerun_state_machine": "init_rerun_state_machine",
@@ -111,16 +116,23 @@ def patched(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]
 class Probe:
     """This rank's injection and observation for one cell.
 
-    The failure path is open from the moment our fault fires, a watched session's
-    ``fail()`` starts, a collective raises (a peer's failure reached this rank) or the
-    group is aborted, until the next session's ``init_process_group`` or the end of the
-    run. A collective called from the main thread while it is open is a violation. (A
-    failed success-plan step switches ``close()`` to the failure plan without ``fail()``:
-    the fault that failed the step opened the path already, so the barrier, or any
-    collective, after it is a violation.)
+    The failure path opens when the main thread learns of the failure: our fault fires,
+    a collective it runs raises (a peer's failure reached this rank), a session's
+    ``fail()`` or the Wrapper's finalize starts, or it aborts the group itself. It closes
+    at the next session's ``init_store`` or the end of the run. A collective the main
+    thread starts while it is open is a violation, and so is one that any other thread
+    starts then (the failure plan runs on a helper thread). (A failed success-plan step switches
+    ``close()`` to the failure plan without ``fail()``: the fault that failed the step
+    opened the path already, so the barrier, or any collective, after it is a violation.)
+
+    An abort that starts in another thread (NVRx's monitor thread: it interrupts the main
+    thread only afterwards) does not open the path: the main thread may still run
+    training collectives until it learns. But every main-thread collective under way
+    once the abort started must end within ``ABORT_BOUND_S`` of that start, and a
+    collective in the aborting thread during the abort is a violation.
     """
 
-    def __init__(self, cell: Cell, rank: int) -> None:
+    def __init__(self, cell: Cell, rank: int, gate: NvrxOrderGate | None = None) -> None:
         self.cell = cell
         self.expect = expected(cell)
         self.armed = rank in self.expect.fault_ranks
@@ -133,6 +145,14 @@ class Probe:
         self.fired = False
         self.teardown_fired = False
         self.failing = False
+        """The main thread learned of the failure: the failure path is open."""
+        self.abort_at: float | None = None
+        """When an abort started in another thread (monotonic), until the path closes."""
+        self.abort_thread: int | None = None
+        """The thread running that abort, while it runs."""
+        self.window: list[str] = []
+        """Main-thread collectives started after such an abort started, before the path opened."""
+        self.gate = None if self.armed else gate  # the order NVRx takes on a peer of the failing rank
         self.running = False
         self.closing = False  # True while a session's close() runs
         self.actions: list[FaultyActions] = []
@@ -173,6 +193,48 @@ class Probe:
 
         stack.enter_context(patched(Session, "close", make))
 
+    def watch_restart(self, stack: contextlib.ExitStack) -> None:
+        """Know, for the duration of ``stack``, when a session's ``fail()`` or the Wrapper's abort or finalize runs."""
+
+        def make_fail(fail: Any) -> Any:
+            def watched(session: Session, error: BaseException) -> Any:
+                if threading.current_thread() is threading.main_thread():
+                    self.failing = True
+                return fail(session, error)
+
+            return watched
+
+        def make_abort(abort: Any) -> Any:
+            def watched(action: Any, state: Any) -> Any:
+                if threading.current_thread() is threading.main_thread():
+                    self.failing = True
+                    return abort(action, state)
+                if self.abort_at is None:
+                    self.abort_at = time.monotonic()
+                self.abort_thread = threading.get_ident()
+                try:
+                    return abort(action, state)
+                finally:
+                    self.abort_thread = None
+
+            return watched
+
+        def make_finalize(finalize: Any) -> Any:
+            def watched(action: Any, state: Any) -> Any:
+                self.failing = True  # in the main thread: it knows the attempt failed
+                return finalize(action, state)
+
+            return watched
+
+        stack.enter_context(patched(Session, "fail", make_fail))
+        stack.enter_context(patched(SessionAbort, "__call__", make_abort))
+        stack.enter_context(patched(SessionFinalize, "__call__", make_finalize))
+
+    def path_closed(self) -> None:
+        """The next session starts: the previous one's failure path, and any abort of it, are over."""
+        self.failing = False
+        self.abort_at = None
+
     def released(self) -> None:
         """After each release the actions perform: raise the teardown fault from the first one on the failure path."""
         if self.cell.raised == "teardown_step" and self.fired and self.failing and not self.teardown_fired:
@@ -195,19 +257,45 @@ class Probe:
     def _watched(self, name: str) -> Callable[[Any], Any]:
         def make(collective: Any) -> Any:
             def watched(*args: Any, **kwargs: Any) -> Any:
-                main = threading.current_thread() is threading.main_thread()
-                if self.running and self.failing and main:
-                    self.violations.append(name)
-                try:
+                if not self.running:
                     return collective(*args, **kwargs)
+                thread = threading.current_thread()
+                if thread is not threading.main_thread():
+                    # A teardown step on a helper thread, or the Wrapper's abort in its monitor thread.
+                    if self.failing or threading.get_ident() == self.abort_thread:
+                        where = "the abort" if threading.get_ident() == self.abort_thread else f"thread {thread.name}"
+                        self.violations.append(f"{name} in {where}")
+                    return collective(*args, **kwargs)
+                if self.failing:
+                    self.violations.append(name)
+                elif self.abort_at is not None:
+                    self.window.append(name)
+                if self.gate is not None:
+                    self.gate.at_collective()
+                start = time.monotonic()
+                try:
+                    result = collective(*args, **kwargs)
+                    if self.gate is not None:
+                        self.gate.after_collective()
+                    return result
                 except BaseException:
-                    if self.running and main:
-                        self.failing = True
+                    self.failing = True
                     raise
+                finally:
+                    self._bounded(name, start)
 
             return watched
 
         return make
+
+    def _bounded(self, name: str, start: float) -> None:
+        """A violation if collective ``name``, started at ``start``, ended too long after an abort started."""
+        end, abort_at = time.monotonic(), self.abort_at
+        if abort_at is not None and end - max(start, abort_at) > ABORT_BOUND_S:
+            began, late = start - abort_at, end - abort_at
+            self.violations.append(
+                f"{name} (started {began:+.2f} s) ended {late:.1f} s after the abort started (bound {ABORT_BOUND_S} s)"
+            )
 
     def callback(self) -> Callback:
         """A callback that fires at its hook when that is the cell's point, and records each run's session handle."""
@@ -259,6 +347,8 @@ class Probe:
 
         def batch(split: str, index: int) -> Any:
             if split == "train" and index >= world:
+                if self.gate is not None:
+                    self.gate.at_batch()
                 self.fire("step")
             if split == "eval":
                 self.fire("eval")
@@ -364,7 +454,7 @@ class FaultyActions:
         that is gone from one not up yet), which no lifecycle can shorten.
         """
         if name == "init_store":
-            self.probe.failing = False
+            self.probe.path_closed()
             self.probe.fire("pg_init")
         elif name == "init_microbatch_calculator":
             self.probe.fire("globals_init")
@@ -375,7 +465,10 @@ class FaultyActions:
         elif name == "destroy_process_group":
             self.probe.fire_in_success_plan("success_destroy_group")
         elif name == "abort_process_group":
-            self.probe.failing = True
+            if threading.current_thread() is threading.main_thread():
+                self.probe.failing = True
+            elif self.probe.gate is not None:
+                self.probe.gate.at_abort()
 
 
 class WatchedSession(Session):
@@ -389,8 +482,7 @@ class WatchedSession(Session):
     def fail(self, error: BaseException) -> Any:
         """As ``Session.fail``, watched."""
         self.probe.failures.append(error)
-        self.probe.failing = True
-        return super().fail(error)
+        return super().fail(error)  # opens the failure path (Probe.watch_restart)
 
 
 class CallerState:
@@ -467,18 +559,26 @@ def config_for(cell: Cell, rank: int, port: int, workdir: Path, *, retry: bool =
     )
 
 
-def run_cell(cell: Cell, rank: int, ports: tuple[int, int, int, int], base: Path) -> dict[str, Any]:
-    """Run one cell on this rank; return its problems (empty: it passed), elapsed time and whether it fired."""
+def run_cell(
+    cell: Cell, rank: int, ports: tuple[int, int, int, int], base: Path, *, gate: bool = False
+) -> dict[str, Any]:
+    """Run one cell on this rank; return its problems (empty: it passed), elapsed time and whether it fired.
+
+    ``gate``: force NVRx's order on a rank where the fault is not armed (``NvrxOrderGate``).
+    Also returned: ``window``, the main-thread collectives that ran after an abort started
+    in another thread, before this rank learned of the failure; ``gate_held``.
+    """
     problems: list[str] = []
     workdir = base / cell.id
     caller = CallerState(cell, rank, ports[0])
-    probe = Probe(cell, rank)
+    probe = Probe(cell, rank, NvrxOrderGate() if gate else None)
     outcome: Any = None
     elapsed = 0.0
     try:
         caller.create()
         with contextlib.ExitStack() as stack:
             probe.watch(stack)
+            probe.watch_restart(stack)
             probe.watch_close(stack)
             probe.checkpointer_faults(stack)
             config = config_for(cell, rank, ports[1], workdir)
@@ -522,7 +622,9 @@ def run_cell(cell: Cell, rank: int, ports: tuple[int, int, int, int], base: Path
         probe.registered.clear()
         if rank == 0:
             shutil.rmtree(workdir, ignore_errors=True)
-    return {"rank": rank, "problems": problems, "elapsed": elapsed, "fired": probe.fired}
+    held = probe.gate is not None and probe.gate.held
+    return {"rank": rank, "problems": problems, "elapsed": elapsed, "fired": probe.fired, "window": probe.window,
+            "gate_held": held}  # fmt: skip
 
 
 def role(probe: Probe) -> tuple[str, RankOutcome | None]:
@@ -642,8 +744,12 @@ def force_clean() -> list[str]:
     return [f"left live after the cell: {sorted(left)}"] if left else []
 
 
-def serve(conn: Any, rank: int, world_size: int, base: str) -> None:
-    """Run cells received on ``conn`` until it sends None; answer each with its result."""
+def serve(conn: Any, rank: int, world_size: int, base: str, ready_after_s: float = 0.0) -> None:
+    """Say ``("ready", pid)`` on ``conn`` (imports done; ``ready_after_s`` later), then run each cell it sends.
+
+    Each message is ``(cell, ports, options)`` (``options``: ``run_cell``'s keywords);
+    answers each with its result, until ``conn`` sends None (see ``matrix_pool``).
+    """
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1"})
     for name in ("megatron", "nvidia_resiliency_ext", "lifecycle", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -652,10 +758,12 @@ def serve(conn: Any, rank: int, world_size: int, base: str) -> None:
     # NVRx runs full collections at every restart; keep the imported modules out of them.
     gc.collect()
     gc.freeze()
+    time.sleep(ready_after_s)  # as if its imports had taken that much longer
+    conn.send(("ready", os.getpid()))
     while True:
         message = conn.recv()
         if message is None:
             break
-        cell, ports = message
+        cell, ports, options = message
         os.environ["MASTER_PORT"] = str(ports[1])
-        conn.send(run_cell(cell, rank, ports, Path(base)))
+        conn.send(run_cell(cell, rank, ports, Path(base), **options))

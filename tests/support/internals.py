@@ -29,6 +29,7 @@ from lifecycle._core import (
     wrapped,
 )
 from lifecycle._launch import launcher
+from lifecycle._liveness import rank as liveness_rank
 from lifecycle._tools.diagrams import draw as diagrams
 from lifecycle._tools.show import main as show
 from lifecycle._tools.show import model as show_model
@@ -51,6 +52,7 @@ __all__ = [
     "final_states",
     "kill_group",
     "kill_marked",
+    "liveness_rank",
     "marked",
     "page",
     "process_environments",

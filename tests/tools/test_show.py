@@ -42,10 +42,15 @@ def test_show_prints_the_timeline_and_highlights_the_path(tmp_path: Path, capsys
 
 
 def test_show_rejects_a_file_that_is_not_a_journal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A whole line that is not a JSON record makes show exit 2, naming the file and line."""
+    """A file of no journal record makes show exit 2 saying so in one line; with ``--strict``, naming file and line."""
     bad = tmp_path / "rank0.jsonl"
     bad.write_text("not json\n")
     assert show_main([str(bad)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"no journal records in {bad}: {bad}: not a journal (no line of it is a journal record) — skipped\n"
+    )
+    assert show_main([str(bad), "--strict"]) == 2
     assert f"{bad}:1" in capsys.readouterr().err
 
 

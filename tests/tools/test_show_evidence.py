@@ -22,8 +22,8 @@ import pytest
 
 from lifecycle import journal
 from lifecycle._tools.demo import report as demo_report
+from lifecycle._tools.show import cause, synthetic, verdict
 from lifecycle._tools.show import model as show_model
-from lifecycle._tools.show import synthetic, verdict
 from lifecycle._tools.show.main import render_timeline, write_page
 from lifecycle.journal import Failure, Origin, Record, Verdict
 from lifecycle.journal.evidence import (
@@ -213,7 +213,7 @@ def test_a_version_4_verdict_is_rendered_from_its_fields_and_the_killed_rank_say
     text = "\n".join(render_timeline(model))
     assert "killed by its liveness monitor: it hung in state training" in text and "(killed?)" not in text
     paths = dict((members, moves) for moves, members in model.runs[0].drawn[0].overview.paths)
-    assert paths[(1,)][-1] == ("training", show_model.KILLED_TRIGGER, show_model.KILLED)
+    assert paths[(1,)][-1] == ("training", cause.KILLED_TRIGGER, cause.KILLED)
 
 
 def test_a_killed_launcher_is_named(tmp_path: Path) -> None:

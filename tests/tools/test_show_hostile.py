@@ -109,31 +109,42 @@ def test_a_torchrun_restart_after_a_torn_line_reads_as_the_next_attempt(tmp_path
 def test_a_record_that_breaks_the_schema_is_named_by_file_line_and_field(
     tmp_path: Path, change: Callable[[dict[str, Any]], dict[str, Any]], message: str
 ) -> None:
-    """A record with a missing, mistyped or unknown field exits 2 with "file:line: field 'x' ...", no traceback.
+    """A record with a missing, mistyped or unknown field: with ``--strict``, exit 2 with "file:line: field 'x' ...",
+    no traceback; without, one warning naming file, line and field (an unknown kind: the kind), the rest shown, exit 0.
 
     Old show said "missing field 'loss'" and "unknown record kind" without the field, and a lone surrogate ended in a
-    UnicodeEncodeError traceback; its wrong-type messages already had this form (pinned here)."""
+    UnicodeEncodeError traceback; its wrong-type messages already had this form (pinned here). Before issue 37 show
+    refused such a journal without ``--strict`` too."""
     records = lines(call("r", 0, 10.0))
     bad = change(json.loads(records[2]))
     path = tmp_path / "rank0.jsonl"
     path.write_text("\n".join([*records[:2], json.dumps(bad), *records[3:]]) + "\n")
     strict = os.environ | {"PYTHONIOENCODING": "utf-8:strict"}  # a UTF-8 terminal: lone surrogates do not print
-    result = show(path, "--out", tmp_path / "d", env=strict)
+    result = show(path, "--out", tmp_path / "d", "--strict", env=strict)
     assert_no_traceback(result)
     assert result.returncode == 2 and result.stdout == ""
     assert f"{path}:3: {message}" in result.stderr
+    lenient = show(path, "--out", tmp_path / "d", env=strict)
+    assert_no_traceback(lenient)
+    assert lenient.returncode == 0 and "rank 0: ended closed after step 2" in lenient.stdout, lenient.stderr
+    said = "a record of unknown kind 'stepp'" if bad.get("kind") == "stepp" else "a record that breaks the schema"
+    assert f"warning: {path} line 3: {said} skipped" in lenient.stderr
+    assert said != "a record that breaks the schema" or f"skipped ({message}" in lenient.stderr
 
 
 def test_invalid_utf8_names_the_file_line_and_byte(tmp_path: Path) -> None:
-    """Bytes that are not UTF-8 exit 2 with "file:line: not UTF-8 text: byte 0x.. at column N" (old show: the codec's
-    message, "position 26", no column a person can find)."""
+    """Bytes that are not UTF-8: with ``--strict``, exit 2 with "file:line: not UTF-8 text: byte 0x.. at column N" (old
+    show: the codec's message, "position 26", no column a person can find); without, the line is skipped with a
+    warning and the rest shown (before issue 37: refused too)."""
     path = tmp_path / "rank0.jsonl"
     records = lines(call("r", 0, 10.0))
     path.write_bytes(records[0].encode() + b'\n{"version": 2, "kind": "st\xe9p"}\n' + records[1].encode() + b"\n")
-    result = show(path)
+    result = show(path, "--strict")
     assert_no_traceback(result)
     assert result.returncode == 2 and result.stdout == ""
     assert f"{path}:2: not UTF-8 text: byte 0xe9 at column 27" in result.stderr
+    lenient = show(path, "--out", tmp_path / "d")
+    assert lenient.returncode == 0 and f"warning: {path} line 2: a line that is not JSON skipped" in lenient.stderr
 
 
 def test_a_folder_name_that_is_not_utf8_is_printed_escaped(tmp_path: Path) -> None:

@@ -107,3 +107,28 @@ def test_scan_keeps_the_shown_ranks_records_and_tells_what_build_tells(tmp_path:
         line for line in render_timeline(show_model.build(journal.read([tmp_path / "s"]))) if line.startswith("  rank ")
     ]
     assert sum(line.startswith("  rank ") for line in lines) == 40
+
+
+def test_scan_holds_a_few_steps_of_a_long_call_and_tells_what_build_tells(tmp_path: Path) -> None:
+    """A rank's call of 5,000 steps (an evaluation every 100) and a peer's that failed: ``scan`` holds at most four
+    step and evaluation records of each rank's stretch (first and last step, the latest, the last evaluation: one line
+    of a long journal's memory, not one a step), and prints and draws what ``build`` of every record does (issue 37;
+    before, it held all 5,000)."""
+    ranks: dict[int, list[Record]] = {0: [], 1: []}
+    for rank, records in ranks.items():
+        o = journal.Origin("long", rank, 0, "ordinary", 0)
+        call = synthetic.rank_call(o, 2, 100.0, steps=5_000 - 1_000 * rank, end="closed" if rank == 0 else "failed")
+        for r in call:
+            records.append(r)
+            if isinstance(r, journal.TrainStep) and r.step % 100 == 0:
+                records.append(journal.Eval(origin=o, step=r.step, loss=r.loss / 2, start=r.start, end=r.start))
+    synthetic.write(tmp_path / "j", ranks)
+    scanned = show_model.scan([tmp_path / "j"])
+    built = show_model.build(journal.read([tmp_path / "j"]))
+    assert scanned.records == sum(map(len, ranks.values()))
+    (attempt,) = scanned.model.runs[0].attempts
+    for rank_records in attempt.ranks.values():
+        assert sum(isinstance(r, journal.TrainStep | journal.Eval) for r in rank_records) <= 4
+    assert render_timeline(scanned.model, verdicts=True) == render_timeline(built, verdicts=True)
+    (a,), (b,) = scanned.model.runs[0].drawn, built.runs[0].drawn
+    assert gantt.gantt(a) == gantt.gantt(b) and svg.timeline(a) == svg.timeline(b) and svg.path(a) == svg.path(b)

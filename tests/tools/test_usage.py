@@ -71,7 +71,7 @@ def test_the_command_line_help_lists_every_command_with_the_options_its_parser_d
     text = " ".join(cli.usage().split())
     for option in demo_options.OPTIONS:
         assert f"[{option.flag}" in text, option.flag
-    assert "show JOURNAL... [--out DIR] [--ranks LIST] [--html PATH]" in text
+    assert "show JOURNAL... [--out DIR] [--ranks LIST] [--html PATH] [--strict]" in text
     assert "diagrams [--check] [--out DIR]" in text
 
 

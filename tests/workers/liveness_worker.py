@@ -7,6 +7,11 @@ FAIL_RANK. Under torchrun, KIND ``agent-stop`` or ``agent-kill`` has FAIL_RANK s
 (SIGSTOP) or kill (SIGKILL) the torchrun agent, which hosts the store, at step ``FAIL_STEP``;
 each rank then also writes its report to ``OUT_DIR/report-<rank>.json``, and the rank that
 stopped the agent lets it go on (SIGCONT) once every rank has reported (or after 60 s).
+KIND ``monitor-kill`` has FAIL_RANK SIGKILL its own liveness monitor at step ``FAIL_STEP``
+(a new one is started; the run goes on); ``monitor-kill-twice`` kills the new one too, 20
+steps later (the rank then fails with ``MonitorLost``). KIND ``agent-stall`` runs ``pretrain`` on a
+thread of its own (no signal handler can be installed there) and has FAIL_RANK stop the
+agent at step ``FAIL_STEP`` for ``STALL_S`` seconds.
 The monitor beats every 0.25 s with the 2 s floor; the group timeout is 60 s, so only
 the monitor releases the ranks in time. Every step sleeps a base step; with
 JITTER (a factor, e.g. 3), a random time up to JITTER base steps instead, ten at step 40,
@@ -21,6 +26,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -29,12 +35,13 @@ from typing import Any
 warnings.filterwarnings("ignore")
 
 from support.configs import TINY  # noqa: E402
-from support.internals import describe  # noqa: E402
+from support.internals import describe, liveness_rank  # noqa: E402
 
 from lifecycle import (  # noqa: E402
     Callback,
     CheckpointConfig,
     DistributedConfig,
+    ExitConfig,
     FaultInjection,
     LivenessConfig,
     ParallelConfig,
@@ -50,6 +57,7 @@ GROUP_TIMEOUT_S = 60.0
 INTERVAL_S = 0.25
 FLOOR_S = 2.0
 BASE_STEP_S = 0.02
+STALL_S = 12.0
 
 
 class Jitter(Callback):
@@ -78,12 +86,35 @@ class AgentFault(Callback):
             os.kill(os.getppid(), self.signum)
 
 
-AGENT_SIGNALS = {"agent-stop": signal.SIGSTOP, "agent-kill": signal.SIGKILL}
+class MonitorKill(Callback):
+    """At step ``FAIL_STEP`` (and 20 steps later if ``twice``), SIGKILLs this rank's liveness monitor; its pid in
+    ``OUT/monitor``."""
+
+    def __init__(self, out: Path, twice: bool) -> None:
+        self.out, self.twice = out, twice
+
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+        watching = liveness_rank.current()
+        if (step == FAIL_STEP or (self.twice and step == FAIL_STEP + 20)) and watching is not None:
+            (self.out / "monitor").write_text(str(watching.process.pid))
+            os.kill(watching.process.pid, signal.SIGKILL)
+
+
+AGENT_SIGNALS = {"agent-stop": signal.SIGSTOP, "agent-kill": signal.SIGKILL, "agent-stall": signal.SIGSTOP}
+
+
+class AgentStall(AgentFault):
+    """At step ``FAIL_STEP``, stops the torchrun agent (SIGSTOP) and lets it go on (SIGCONT) ``STALL_S`` later."""
+
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+        super().on_step_end(session, step, loss)
+        if step == FAIL_STEP:
+            threading.Timer(STALL_S, os.kill, (os.getppid(), signal.SIGCONT)).start()
 
 
 def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: float) -> int:
     fault = None
-    if kind not in ("none", *AGENT_SIGNALS):
+    if kind not in ("none", "monitor-kill", "monitor-kill-twice", *AGENT_SIGNALS):
         fault = FaultInjection(phase=phase, rank=fail_rank, step=FAIL_STEP, kind=kind)  # type: ignore[arg-type]
     config = PretrainConfig(
         distributed=DistributedConfig(timeout_s=GROUP_TIMEOUT_S),
@@ -94,6 +125,7 @@ def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: f
         journal_dir=str(out),
         fault=fault,
         liveness=LivenessConfig(mode="kill", interval_s=INTERVAL_S, floor_s=FLOOR_S, default_deadline_s=30.0),  # type: ignore[arg-type]
+        exit=ExitConfig(handle_sigterm=kind != "agent-stall"),  # off the main thread no handler can be installed
     )
     error: BaseException | None = None
     last: list[float] = [0.0]
@@ -104,12 +136,24 @@ def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: f
 
     callbacks: list[Callback] = [LastStep(), Jitter(jitter)]
     agent = os.getppid()
+    if kind in ("monitor-kill", "monitor-kill-twice") and fail_rank == RANK:
+        callbacks.append(MonitorKill(out, twice=kind == "monitor-kill-twice"))
     if kind in AGENT_SIGNALS and fail_rank == RANK:
-        callbacks.append(AgentFault(AGENT_SIGNALS[kind], out))
-    try:
-        pretrain(config, callbacks=callbacks)
-    except Exception as exc:  # noqa: BLE001 - what the test inspects
-        error = exc
+        callbacks.append((AgentStall if kind == "agent-stall" else AgentFault)(AGENT_SIGNALS[kind], out))
+
+    def train() -> None:
+        nonlocal error
+        try:
+            pretrain(config, callbacks=callbacks)
+        except Exception as exc:  # noqa: BLE001 - what the test inspects
+            error = exc
+
+    if kind == "agent-stall":
+        thread = threading.Thread(target=train, name="pretrain")
+        thread.start()
+        thread.join()
+    else:
+        train()
     report: dict[str, Any] = {
         "rank": RANK,
         "error": error and describe(error),
@@ -120,7 +164,7 @@ def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: f
     print(json.dumps(report), flush=True)
     if kind in AGENT_SIGNALS:
         (out / f"report-{RANK}.json").write_text(json.dumps(report))
-    if kind == "agent-stop" and fail_rank == RANK:
+    if kind == "agent-stop" and fail_rank == RANK:  # (agent-stall: its timer lets the agent go on)
         world = int(os.environ["WORLD_SIZE"])
         deadline = time.monotonic() + 60.0
         while len(list(out.glob("report-*.json"))) < world and time.monotonic() < deadline:

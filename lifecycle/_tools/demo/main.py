@@ -28,7 +28,12 @@ launcher waits for that at most ``stop_grace_s``, then kills. A second signal ki
 torchrun and the ranks at once. Either way, and on every other way out, the timeline
 of what the journals hold is printed and no process the demo started is left running.
 torchrun gives up a rendezvous it cannot reach after ``--timeout`` seconds, and the
-launcher stops a torchrun whose ranks never start.
+launcher stops a torchrun whose ranks never start. A torchrun agent that is stopped
+(SIGSTOP) never collects its ranks nor exits: once every rank has ended (or none has
+journaled anything for ``AGENT_STALL_S``), the launcher says so, SIGKILLs it and collects
+its ranks (it is their subreaper), and reports (``_AgentWatch``). A killed agent ends
+the wait at once, and is said to be killed; its ranks die with it (their parent-death
+signal).
 
 With ``--retry`` a failure that leaves every process alive is retried in the same
 processes, and torchrun restarts every rank after a lost one (``--max-restarts``,
@@ -61,7 +66,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from lifecycle._launch.launcher import child_env, die_with, kill_group, kill_marked, torchrun_command
+from lifecycle._launch.launcher import (
+    become_subreaper,
+    child_env,
+    die_with,
+    kill_group,
+    kill_marked,
+    marked,
+    process_state,
+    reap_orphans,
+    torchrun_command,
+)
 from lifecycle._tools.demo.console import RANK_LOGS, TORCHRUN_LOG, RankOutput
 from lifecycle._tools.demo.options import UsageError, check_options, demo_config, max_restarts, parser
 from lifecycle._tools.demo.report import Ending, Run, rank_journals, report
@@ -82,6 +97,15 @@ AGENT_MEMORY_MB = 230
 
 STARTUP_S = 120.0
 """How long torchrun and its ranks may take to import torch and start, on top of the rendezvous timeout."""
+
+AGENT_CONFIRM_S = 1.0
+"""How long torchrun's agent must have been seen stopped, every rank ended, before the launcher kills it."""
+
+AGENT_STALL_S = 30.0
+"""How long torchrun's agent may be stopped while no rank journals anything, ranks still running, before it is killed.
+
+The ranks' own liveness monitors fail them (``StoreHostLost``) within the phase's
+deadline and 4 intervals of the store falling silent; this bounds a run without them."""
 
 _RUN_ID = "LIFECYCLE_RUN_ID"
 _POLL_S = 0.1
@@ -359,6 +383,7 @@ def _launch(plan: _Plan) -> int:
     with _Signals().installed() as signals, torchrun_log.open("ab") as log:
         # Said once a Ctrl-C is a stop asked for (recorded, never raised): a test waits for this line to send one.
         print(f"demo: torchrun's own output goes to {torchrun_log}, each rank's to {rank_logs}/", flush=True)
+        become_subreaper()  # ranks a stopped torchrun leaves behind come here to be collected
         process = subprocess.Popen(
             command,
             env=env,
@@ -370,11 +395,12 @@ def _launch(plan: _Plan) -> int:
         )
         console = RankOutput(rank_logs).start()  # the ranks' lines, live; torchrun's stay in its file
         try:
-            ending = _supervise(process, signals, plan, rendezvous, started)
+            ending = _supervise(process, signals, plan, rendezvous, started, run_id)
         finally:
             if process.poll() is None:
                 kill_group(process)
             kill_marked(_RUN_ID, run_id)  # the death signals' backstop
+            reap_orphans()  # what torchrun left (ranks it never collected), re-parented here
             console.stop()
         for note in ending.notes:
             print(f"demo: {note}", file=sys.stderr, flush=True)
@@ -384,15 +410,19 @@ def _launch(plan: _Plan) -> int:
 
 
 def _supervise(
-    process: subprocess.Popen[bytes], signals: _Signals, plan: _Plan, rendezvous: str, started: float
+    process: subprocess.Popen[bytes], signals: _Signals, plan: _Plan, rendezvous: str, started: float, run_id: str
 ) -> Ending:
-    """Wait for torchrun; turn the first signal into a graceful stop and the second into a kill; bound each wait."""
+    """Wait for torchrun; turn the first signal into a graceful stop and the second into a kill; bound each wait.
+
+    A stopped torchrun (``_AgentWatch``) is killed once its ranks have ended or stalled.
+    """
     timeout = plan.options.timeout
     ending = Ending()
     handled = 0
     wall_deadline = started + WALL_LIMIT_S
     start_deadline: float | None = started + STARTUP_S + timeout
     stop_deadline = math.inf
+    agent = _AgentWatch(process.pid, plan.journal_dir, run_id)
     while process.poll() is None:
         time.sleep(_POLL_S)
         now = time.monotonic()
@@ -420,6 +450,9 @@ def _supervise(
             ending.stop_signal = "the wall-clock limit"
             process.send_signal(signal.SIGTERM)
             stop_deadline = now + stop_grace_s(timeout)
+        elif (stuck := agent.check(now)) is not None:
+            ending.killed = stuck
+            break
         elif start_deadline is not None and now > start_deadline:
             if rank_journals(plan.journal_dir):
                 start_deadline = None
@@ -432,7 +465,55 @@ def _supervise(
     if ending.killed is not None:
         kill_group(process)
     ending.returncode = process.wait()
+    if ending.returncode < 0 and ending.killed is None and ending.stop_signal is None:  # not the launcher's signal
+        name = signal.Signals(-ending.returncode).name if -ending.returncode in signal.valid_signals() else ""
+        ending.notes.append(
+            f"torchrun's agent was killed by {name or f'signal {-ending.returncode}'}: its ranks die with it "
+            "(their parent-death signal); a rank named below may be one of them"
+        )
     return ending
+
+
+class _AgentWatch:
+    """Notices torchrun's agent stopped (state ``T``, a SIGSTOP) while nothing can end the run any more.
+
+    A stopped agent neither collects its ranks (they stay zombies once they exit, on a
+    ``StoreHostLost`` or at their last step) nor exits, and a stopped process cannot be
+    asked to stop; ``check`` says when to kill it: every rank ended (no live process of
+    the run but the agent) for ``AGENT_CONFIRM_S``, or ranks running with no journal
+    growing for ``AGENT_STALL_S``. Reads ``/proc/<agent>/stat`` each poll, and more only
+    while the agent is stopped.
+    """
+
+    def __init__(self, pid: int, journal_dir: Path, run_id: str) -> None:
+        self.pid, self.journal_dir, self.run_id = pid, journal_dir, run_id
+        self.since: float | None = None
+        self.size = -1
+        self.progressed = 0.0
+
+    def check(self, now: float) -> str | None:
+        """Why the agent must be killed now, or None (it is not stopped, or may still be waited for)."""
+        if process_state(self.pid) not in ("T", "t"):
+            self.since = None
+            return None
+        size = sum(_size(path) for path in rank_journals(self.journal_dir))
+        if self.since is None or size != self.size:
+            self.since = now if self.since is None else self.since
+            self.size, self.progressed = size, now
+        ranks = [pid for pid in marked(_RUN_ID, self.run_id) if pid != self.pid]
+        who = f"torchrun's agent (pid {self.pid}) is stopped (state T)"
+        if not ranks and now - self.since >= AGENT_CONFIRM_S:
+            return f"{who} and every rank has ended: it would never exit; killed it and collected its ranks"
+        if ranks and now - self.progressed >= AGENT_STALL_S:
+            return f"{who} and no rank has journaled anything for {AGENT_STALL_S:.0f} s: killed torchrun and the ranks"
+        return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _exit_code(verdict: int, plan: _Plan, ending: Ending) -> int:

@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from enum import Enum
 from itertools import groupby
 
+from lifecycle.journal import Verdict
 from lifecycle.journal.evidence import LIVENESS_KINDS, Evidence, Kind
+
+Move = tuple[str, str, str]
+"""One step of a rank's path: (source, trigger, dest)."""
 
 
 class Decided(Enum):
@@ -136,6 +140,27 @@ def from_evidence(facts: Evidence, last_step: int | None, decided: Decided, *, k
     else:
         detail = liveness_detail(kind, state=facts.process_state, silent=silent, killed=killed)
     return Cause(facts.rank, facts.kind, facts.phase, facts.step, last_step, detail, decided)
+
+
+KILLED = "killed by its liveness monitor"
+"""The last place on the path of a rank its own liveness monitor killed (no state of the session: it was killed)."""
+KILLED_TRIGGER = "killed_by_monitor"
+"""The step onto ``KILLED`` (no trigger of the session's table: the diagrams draw none for it)."""
+
+
+def killed_by_monitor(verdict: Verdict) -> bool:
+    """Whether the monitor that wrote ``verdict`` killed its culprit: ``killed`` (version 4), or, in an older
+    journal, the stacks it had dumped (written only before a kill)."""
+    return verdict.killed or bool(verdict.stacks)
+
+
+def killed_path(moves: Sequence[tuple[str, str, str]], records: Iterable[object], rank: int) -> tuple[Move, ...]:
+    """``rank``'s path (``moves``: source, trigger, dest), ending at ``KILLED`` when a verdict in its ``records``
+    says its own monitor killed it before it reached a final state."""
+    final = bool(moves) and moves[-1][2] in ("closed", "failed")
+    if not final and any(isinstance(r, Verdict) and r.culprit == rank and killed_by_monitor(r) for r in records):
+        return (*moves, (moves[-1][2] if moves else "uninitialized", KILLED_TRIGGER, KILLED))
+    return tuple(moves)
 
 
 def unknown(victim: int, kind: str, phase: str, step: int | None, after: int | None, error: str) -> Cause:

@@ -24,10 +24,13 @@ when Graphviz's ``dot`` is installed; next to them, a Mermaid gantt chart of eac
 attempt (``lifecycle._tools.show.gantt``), and with ``--html PATH`` one self-contained page
 of it all (``lifecycle._tools.show.page``).
 
-Real-world journals: torn lines are skipped with a note naming file and line; a line
-that breaks the schema ends ``show`` with ``file:line: field 'x' ...`` (exit 2), never a
-traceback; journals of different runs, and of jobs that shared a run id, are shown as
-separate runs with a warning, never merged; a closed stdout (``| head``) ends it quietly
+Real-world journals: torn lines are skipped with a note naming file and line; damaged
+lines and files (records of an unknown kind, lines that are not JSON, records that break
+the schema, NUL bytes a crash left, a binary file) are skipped with one warning per
+problem of a file (``skipped_text``), and the rest is shown; with ``--strict`` the first
+such line ends ``show`` with ``file:line: field 'x' ...`` (exit 2), never a traceback;
+journals of different runs, and of jobs that shared a run id, are shown as separate
+runs with a warning, never merged; a closed stdout (``| head``) ends it quietly
 (see ``show_main``).
 """
 
@@ -51,9 +54,21 @@ from lifecycle._tools.show import model as _model
 from lifecycle._tools.show import page as _page
 from lifecycle._tools.show import svg as _svg
 from lifecycle._tools.show import verdict as _verdict
-from lifecycle._tools.show.cause import ranks_text
+from lifecycle._tools.show.cause import KILLED, killed_by_monitor, ranks_text
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER, StoppedByLauncher
-from lifecycle.journal import Eval, Left, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition, Verdict
+from lifecycle.journal import (
+    Eval,
+    Left,
+    Problem,
+    Record,
+    RunEnd,
+    RunStart,
+    Skipped,
+    TeardownStep,
+    TrainStep,
+    Transition,
+    Verdict,
+)
 from lifecycle.journal.evidence import Kind
 
 CLOSED_PIPE = 141
@@ -120,12 +135,12 @@ def _summary(call: list[Record]) -> str:
         state = states[-1] if states else State.UNINITIALIZED.value
         last = f"last step {steps[-1].step}" if steps else "no training step recorded"
         rank = call[0].origin.rank if call else -1
-        killers = [r for r in call if isinstance(r, Verdict) and r.culprit == rank and _model.killed_by_monitor(r)]
+        killers = [r for r in call if isinstance(r, Verdict) and r.culprit == rank and killed_by_monitor(r)]
         if killers:
             said = killers[0].evidence
             kind = Kind.named(said.kind if said is not None else killers[0].verdict)
             what = f": it {kind.words}" if kind is not None else ""
-            head = f"{_model.KILLED}{what} in state {state} — {last}"
+            head = f"{KILLED}{what} in state {state} — {last}"
         else:
             head = f"no end record (killed?) in state {state} — {last}"
     if steps:
@@ -349,6 +364,36 @@ def why_not_written(error: OSError, path: Path, *, folder: bool = False) -> str:
     return error.strerror or str(error)
 
 
+def skipped_text(skipped: Skipped) -> str:
+    """What ``show`` says of a problem the reader skipped (a ``journal.Skipped``), after ``warning: ``: the file, the
+    line or lines, how many, what (``rank0.jsonl lines 40-52: 13 lines that are not JSON skipped``)."""
+    path, n, problem = skipped.path, skipped.count, skipped.problem
+    if problem is Problem.NOT_A_JOURNAL:
+        why = "binary" if skipped.binary else "no line of it is a journal record"
+        return f"{path}: not a journal ({why}) — skipped"
+    where = (
+        f"{path} line {skipped.first}"
+        if skipped.first == skipped.last
+        else (f"{path} lines {skipped.first}-{skipped.last}")
+    )
+    if problem is Problem.UNKNOWN_KIND:
+        what = (
+            f"a record of unknown kind {skipped.detail!r}"
+            if n == 1
+            else (f"{n:,} records of unknown kind {skipped.detail!r}")
+        )
+        return f"{where}: {what} skipped"
+    if problem is Problem.NOT_JSON:
+        return f"{where}: {'a line that is' if n == 1 else f'{n:,} lines that are'} not JSON skipped"
+    if problem is Problem.NUL_BYTES:
+        return f"{where}: {n:,} NUL bytes{' at the end' if skipped.at_end else ''} skipped"
+    if problem is Problem.BAD_RECORD:
+        if n == 1:
+            return f"{where}: a record that breaks the schema skipped ({skipped.detail})"
+        return f"{where}: {n:,} records that break the schema skipped (the first: {skipped.detail})"
+    return f"{path}:{skipped.first}: torn line skipped (its writer was killed mid-write?)"
+
+
 def drop_stdout() -> None:
     """Send the rest of stdout to ``os.devnull`` (after a ``BrokenPipeError``), so no later flush raises."""
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -403,12 +448,18 @@ def parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="also write one self-contained HTML page (verdicts, diagrams, timelines) to PATH; it opens offline",
     )
+    made.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse damaged journals: exit 2 at the first line that holds no record (a torn line aside), where show"
+        " otherwise skips it with a warning and shows the rest",
+    )
     return made
 
 
 def show_main(argv: list[str]) -> int:
-    """``show JOURNAL... [--out DIR] [--ranks LIST] [--html PATH]``: print the verdicts and timeline, write the
-    diagrams.
+    """``show JOURNAL... [--out DIR] [--ranks LIST] [--html PATH] [--strict]``: print the verdicts and timeline,
+    write the diagrams.
 
     Returns the exit code. Per attempt, the verdict (which rank failed
     first, how the others ended) comes before its ranks' timelines (grouped past 64 ranks,
@@ -420,14 +471,20 @@ def show_main(argv: list[str]) -> int:
     for its ``rank<R>.jsonl`` files (other ``*.jsonl`` files in it that look like
     journals are noted on stderr and not read), version 2 or 1. A torn line (its
     writer killed mid-write), wherever it is, is skipped and noted on stderr with its
-    file and line. Journals of different runs, or of jobs that shared a run id, are
+    file and line. A damaged line or file (a record of an unknown kind, a line that is
+    not JSON, a record that breaks the schema, NUL bytes, a binary file) is skipped,
+    with one warning on stderr per problem of a file (``skipped_text``: file, line or lines,
+    count); with ``--strict`` it is refused instead, as before issue 37. Journals of
+    different runs, or of jobs that shared a run id, are
     shown as separate runs, with a warning on stderr. Diagrams go to ``--out``
     (default: the folder of the first journal).
 
     Exit code 0, whatever the verdicts say (a failed run is what ``show`` reports, not
-    its own failure); 2 when a journal cannot be read (``file:line: ...``: not UTF-8, not
-    JSON, a record that breaks the schema, ``field 'x' ...``), holds no record, or the
-    diagrams or the page cannot be written (the reason said: a part of the path that is
+    its own failure), and whatever it skipped while some record was read; 2 when no
+    journal holds a readable record (one line: ``no journal records in ...``, with the
+    first problem skipped), with ``--strict`` when a journal has a damaged line (``file:line: ...``: not UTF-8, not
+    JSON, a record that breaks the schema, ``field 'x' ...``), when a journal cannot be
+    read (``OSError``), or when the diagrams or the page cannot be written (the reason said: a part of the path that is
     a file, a read-only folder, no permission; next to the journal, with a hint to give
     ``--out DIR``); 141 (128 + SIGPIPE, what a shell reports for a tool a
     closed pipe stopped) when stdout was closed early (``show ... | head``): the
@@ -438,7 +495,7 @@ def show_main(argv: list[str]) -> int:
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
     try:
-        scanned = _model.scan(args.journals, ranks=args.ranks)
+        scanned = _model.scan(args.journals, ranks=args.ranks, strict=args.strict)
     except (OSError, ValueError) as exc:
         print(f"cannot read the journal: {exc}", file=sys.stderr)
         return 2
@@ -447,8 +504,13 @@ def show_main(argv: list[str]) -> int:
     for where in scanned.torn:
         print(f"{where}: torn line skipped (its writer was killed mid-write?)", file=sys.stderr)
     if not scanned.records:
-        print(f"no journal records in {', '.join(map(str, args.journals))}", file=sys.stderr)
+        skipped = scanned.skipped
+        first = f": {skipped_text(skipped[0])}" if skipped else ""
+        more = f" (and {len(skipped) - 1:,} more problems skipped)" if len(skipped) > 1 else ""
+        print(f"no journal records in {', '.join(map(str, args.journals))}{first}{more}", file=sys.stderr)
         return 2
+    for problem in scanned.skipped:
+        print(f"warning: {skipped_text(problem)}", file=sys.stderr)
     model = scanned.model
     for warning in model.warnings:
         print(f"warning: {warning}", file=sys.stderr)

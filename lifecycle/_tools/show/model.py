@@ -16,16 +16,17 @@ gantt charts, the HTML page) read only this model.
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from lifecycle import journal as _journal
 from lifecycle._tools.show import verdict as _verdict
-from lifecycle._tools.show.cause import compact
-from lifecycle.journal import Origin, Record, RunStart, TeardownStep, TrainStep, Transition
+from lifecycle._tools.show.cause import compact, killed_path
+from lifecycle.journal import Eval, Origin, Record, RunStart, TeardownStep, TrainStep, Transition
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -50,19 +51,6 @@ class AttemptKey:
 
 Ranks = dict[int, list[Record]]
 """Each rank's records of one attempt, in file order, by rank."""
-
-KILLED = "killed by its liveness monitor"
-"""The last place on the path of a rank its own liveness monitor killed (no state of the session: it was killed)."""
-KILLED_TRIGGER = "killed_by_monitor"
-"""The step onto ``KILLED`` (no trigger of the session's table: the diagrams draw none for it)."""
-FINAL_STATES = ("closed", "failed")
-
-
-def killed_by_monitor(verdict: _journal.Verdict) -> bool:
-    """Whether the monitor that wrote ``verdict`` killed its culprit: ``killed`` (version 4), or, in an older
-    journal, the stacks it had dumped (written only before a kill)."""
-    return verdict.killed or bool(verdict.stacks)
-
 
 Path_ = tuple[tuple[str, str, str], ...]
 """A rank's path through the states: its moves as (source, trigger, dest), in order."""
@@ -340,11 +328,7 @@ class _Gather:
         moves: list[tuple[str, str, str]] = []
         first_move = first_event = None
         last_step: TrainStep | None = None
-        killed = False
         for r in records:
-            if isinstance(r, _journal.Verdict):
-                killed = killed or (r.culprit == rank and killed_by_monitor(r))
-                continue
             if isinstance(r, Transition):
                 moves.append((r.source, r.trigger, r.dest))
             elif isinstance(r, RunStart):
@@ -358,11 +342,9 @@ class _Gather:
             first_event = start if first_event is None or start < first_event else first_event
             if not isinstance(r, TeardownStep):
                 first_move = start if first_move is None or start < first_move else first_move
-        if killed and not (moves and moves[-1][2] in FINAL_STATES):
-            moves.append((moves[-1][2] if moves else "uninitialized", KILLED_TRIGGER, KILLED))
         self.ends[rank] = _verdict.rank_end(rank, records)
         self.files[rank] = file
-        self.paths.setdefault(tuple(moves), []).append(rank)
+        self.paths.setdefault(killed_path(moves, records, rank), []).append(rank)
         self.first_move = _least(self.first_move, first_move)
         self.first_event = _least(self.first_event, first_event)
         self.t0 = _least(self.t0, _least(first_event, last_step.end if last_step is not None else None))
@@ -452,29 +434,85 @@ def _assemble(
     return Model(tuple(runs), warnings)
 
 
+class _Thinned:
+    """A file's records as the views need them, as they are read: of each stretch of consecutive training steps and
+    evaluations of one origin, only the first and last step, the step that ended latest and the last evaluation are
+    passed on (in file order); every other record, and every ``Skipped``, as it comes. ``read``: the records taken in.
+
+    What the views read of steps and evaluations is that much (a call's first and last step and last evaluation,
+    a rank's latest time, the last step's end), so their output is the same, and a rank's 700,000 steps are four
+    records: one long journal is read in the memory of a short one (see docs/benchmarks.md, show-long-journal).
+    """
+
+    def __init__(self, items: Iterable[Record | _journal.Skipped]) -> None:
+        self.items = items
+        self.read = 0
+
+    def __iter__(self) -> Iterator[Record | _journal.Skipped]:
+        origin: Origin | None = None  # the stretch's (records of one reading share their Origin object)
+        kept: dict[str, tuple[int, Record]] = {}  # "first", "last", "latest" step, "eval": (position, record)
+        latest = -math.inf
+        for at, item in enumerate(self.items):
+            if kept and (not isinstance(item, TrainStep | Eval) or item.origin is not origin):
+                yield from _kept(kept)
+                kept, latest = {}, -math.inf
+            if isinstance(item, _journal.Skipped):
+                yield item
+                continue
+            self.read += 1
+            if isinstance(item, TrainStep):
+                kept.setdefault("first", (at, item))
+                kept["last"], origin = (at, item), item.origin
+                if item.end is not None and item.end > latest:
+                    kept["latest"], latest = (at, item), item.end
+            elif isinstance(item, Eval):
+                kept["eval"], origin = (at, item), item.origin
+            else:
+                yield item
+        yield from _kept(kept)
+
+
+def _kept(kept: Mapping[str, tuple[int, Record]]) -> list[Record]:
+    """The records kept of a stretch, each once, in file order."""
+    return [record for _, record in sorted(dict(kept.values()).items())]
+
+
 @dataclass(frozen=True, slots=True)
 class Scanned:
     """What ``scan`` read: the ``model``, the torn lines it skipped and the files it ignored (as ``journal.load``'s),
-    and how many ``records`` it read."""
+    how many ``records`` it read, and what else it ``skipped`` (``journal.Skipped``: without ``strict``)."""
 
     model: Model
     torn: tuple[str, ...]
     ignored: tuple[str, ...]
     records: int
+    skipped: tuple[_journal.Skipped, ...] = ()
 
 
-def scan(paths: Iterable[str | os.PathLike[str]], *, ranks: Iterable[int] = ()) -> Scanned:
-    """The model of the journals at ``paths`` (as ``journal.load`` reads them), read one file at a time.
+HELD = 10_000
+"""The most records (thinned: see ``_Thinned``) ``scan`` holds while it reads, so as not to read the files of the
+ranks shown again: more, and it holds none and reads those files again (16,384 ranks' journals hold millions)."""
+
+_Held = dict[tuple[int, AttemptKey, int], list[Record]]
+"""Records ``scan`` holds: by file index, attempt and rank."""
+
+
+def scan(paths: Iterable[str | os.PathLike[str]], *, ranks: Iterable[int] = (), strict: bool = True) -> Scanned:
+    """The model of the journals at ``paths`` (as ``journal.load`` reads them), read one record at a time.
 
     Of each rank of each attempt only its ``RankEnd`` and its part in the attempt's
-    ``Overview`` are kept while the files are read; then the files of the ranks the views
+    ``Overview`` are kept while the files are read; then the records of the ranks the views
     read (``shown``: at most ``TIMELINE_RANKS`` an attempt, ``MAX_ROWS`` and a few beyond)
-    and of the ``ranks`` asked for are read again for their records. One journal file is open at a time, and memory
-    holds one file's records and about a kilobyte a rank and attempt, however many
-    ranks. Where that cannot tell the story (jobs that shared a run id, in-process
+    and of the ``ranks`` asked for are taken from what was held (up to ``HELD`` records), or
+    their files are read again. Steps and evaluations are thinned as they are read
+    (``_Thinned``): the views' output is the same, and a rank's long run of steps costs
+    no memory. One journal file is open at a time, and memory holds one line, one
+    file's thinned records and about a kilobyte a rank and attempt, however many ranks
+    and records. Where that cannot tell the story (jobs that shared a run id, in-process
     iterations drawn together, a rank's records of one attempt in two files) every
-    record is read into memory and ``build`` decides, as before. ``ValueError`` and
-    ``OSError`` as ``journal.load``'s.
+    thinned record is read into memory and ``build`` decides, as before. Damaged lines and
+    files: ``journal.stream``'s ``strict`` (with it, ``ValueError`` as ``journal.load``'s;
+    without, skipped and said in ``skipped``). ``OSError`` as ``journal.load``'s.
     """
     paths, asked = list(paths), set(ranks)
     gathers: dict[AttemptKey, _Gather] = {}
@@ -483,49 +521,79 @@ def scan(paths: Iterable[str | os.PathLike[str]], *, ranks: Iterable[int] = ()) 
     ids: dict[str, None] = {}
     torn: list[str] = []
     ignored: list[str] = []
-    count, whole = 0, False
-    for path, loaded in _journal.load_each(paths):
-        torn += loaded.torn
-        ignored += loaded.ignored
-        if not loaded.records:
+    skipped: list[_journal.Skipped] = []
+    held: _Held | None = {}
+    count, holding, whole = 0, 0, False
+    for path, notes in _journal.each_file(paths):
+        ignored += notes
+        if path.is_dir():
             continue
         here = len(files)
-        files.append(path)
         of_rank: dict[tuple[AttemptKey, int], list[Record]] = {}
         keys: dict[Origin, AttemptKey] = {}
-        for r in loaded.records:
+        origin: Origin | None = None
+        into: list[Record] = []
+        thinned = _Thinned(_journal.stream(path, strict=strict))
+        for r in thinned:
+            if isinstance(r, _journal.Skipped):
+                if r.problem is _journal.Problem.TORN:
+                    torn.append(f"{path}:{r.first}")
+                else:
+                    skipped.append(r)
+                continue
             o = r.origin
-            key = keys.get(o)
-            if key is None:
-                key = keys[o] = AttemptKey(RunKey(o.run_id, 0), o.restart_count, o.attempt, o.restart_mode, o.iteration)
-                ids.setdefault(o.run_id)
+            if o is not origin:
+                key = keys.get(o)
+                if key is None:
+                    key = keys[o] = AttemptKey(
+                        RunKey(o.run_id, 0), o.restart_count, o.attempt, o.restart_mode, o.iteration
+                    )
+                    ids.setdefault(o.run_id)
+                into, origin = of_rank.setdefault((key, o.rank), []), o
             if isinstance(r, RunStart):
-                starts.append((count, r))
-            count += 1
-            of_rank.setdefault((key, o.rank), []).append(r)
+                starts.append((count + thinned.read, r))
+            into.append(r)
+        if not thinned.read:
+            continue
+        count += thinned.read
+        files.append(path)
         for (key, rank), records in of_rank.items():
             gather = gathers.get(key)
             if gather is None:
                 gather = gathers[key] = _Gather()
             whole = not gather.add(rank, records, here) or whole
+            if held is not None:
+                held[(here, key, rank)] = records
+                holding += len(records)
+                held = held if holding <= HELD else None
     whole = whole or any(_jobs_of_starts(starts).values())
     numbered = {(key.run, key.restart_count, key.attempt) for key in gathers}
     whole = whole or len(numbered) < len(gathers)  # in-process iterations: drawn together, from their records
     if whole:
-        loaded = _journal.load(paths)
-        return Scanned(build(loaded.records), loaded.torn, loaded.ignored, len(loaded.records))
+        records = [r for path in files for r in _records_of(path, strict)]
+        return Scanned(build(records), tuple(torn), tuple(ignored), count, tuple(skipped))
     wanted: dict[int, set[tuple[AttemptKey, int]]] = {}
     for key, gather in gathers.items():
         for rank in {*shown(gather.overview(), gather.verdict()), *(r for r in asked if r in gather.files)}:
             wanted.setdefault(gather.files[rank], set()).add((key, rank))
     kept: dict[AttemptKey, Ranks] = {}
     for index in sorted(wanted):
-        for _, again in _journal.load_each([files[index]]):
-            for r in again.records:
-                o = r.origin
-                key = AttemptKey(RunKey(o.run_id, 0), o.restart_count, o.attempt, o.restart_mode, o.iteration)
-                if (key, o.rank) in wanted[index]:
-                    kept.setdefault(key, {}).setdefault(o.rank, []).append(r)
+        if held is not None:
+            for key, rank in wanted[index]:
+                kept.setdefault(key, {})[rank] = held[(index, key, rank)]
+            continue
+        for r in _records_of(files[index], strict):
+            o = r.origin
+            key = AttemptKey(RunKey(o.run_id, 0), o.restart_count, o.attempt, o.restart_mode, o.iteration)
+            if (key, o.rank) in wanted[index]:
+                kept.setdefault(key, {}).setdefault(o.rank, []).append(r)
     kept = {key: dict(sorted(ranks.items())) for key, ranks in kept.items()}
     model = _assemble({key: gathers[key] for key in _ordered(gathers)}, kept, _warnings(list(ids), {}))
-    return Scanned(model, tuple(torn), tuple(ignored), count)
+    return Scanned(model, tuple(torn), tuple(ignored), count, tuple(skipped))
+
+
+def _records_of(path: pathlib.Path, strict: bool) -> Iterator[Record]:
+    """The records of the journal at ``path``, thinned (``_Thinned``), read again: what was skipped was said."""
+    for r in _Thinned(_journal.stream(path, strict=strict)):
+        if not isinstance(r, _journal.Skipped):
+            yield r
