@@ -212,6 +212,7 @@ def test_a_version_4_verdict_is_rendered_from_its_fields_and_the_killed_rank_say
     model = show_model.build(journal.read([folder]))
     text = "\n".join(render_timeline(model))
     assert "killed by its liveness monitor: it hung in state training" in text and "(killed?)" not in text
+    assert "killed by its liveness monitor: rank 1 hung (step 41, phase batch)" in text  # the timeline's event
     paths = dict((members, moves) for moves, members in model.runs[0].drawn[0].overview.paths)
     assert paths[(1,)][-1] == ("training", cause.KILLED_TRIGGER, cause.KILLED)
 

@@ -112,6 +112,12 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
             note = f"  ({r.note})" if r.note else ""
             step = _named(r.step, r.name)
             events.append((r.start, f"    {verb} {step:<32} {_ms(r.end - r.start)}{failed}{note}"))
+        elif isinstance(r, Verdict):  # its words from the typed kind where the record has it (version 4)
+            kind = Kind.named(r.evidence.kind if r.evidence is not None else r.verdict)
+            said = f"rank {r.culprit} {kind.words if kind is not None else r.verdict}"
+            how = KILLED if killed_by_monitor(r) else "named by its liveness monitor"
+            where = f"phase {r.phase}" if r.step is None else f"step {r.step}, phase {r.phase}"
+            events.append((r.time, f"{how}: {said} ({where})"))
     steps = [r for r in call if isinstance(r, TrainStep)]
     last = steps[-1] if steps else None
     if last is not None and last.end is not None:
