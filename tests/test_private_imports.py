@@ -56,6 +56,16 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "tools/test_diagrams.py": frozenset({"lifecycle._tools.diagrams.draw"}),
     "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.show.main"}),
     "tools/test_show.py": frozenset({"lifecycle._tools.show.main", "lifecycle._tools.show.model"}),
+    "tools/test_show_evidence.py": frozenset(
+        {
+            "lifecycle._tools.demo.report",
+            "lifecycle._tools.show.cause",
+            "lifecycle._tools.show.main",
+            "lifecycle._tools.show.model",
+            "lifecycle._tools.show.synthetic",
+            "lifecycle._tools.show.verdict",
+        }
+    ),
     "tools/test_show_model.py": frozenset({"lifecycle._tools.show.model", "lifecycle._tools.show.verdict"}),
     "tools/test_show_scale.py": frozenset(
         {
@@ -68,6 +78,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     ),
     "tools/test_show_verdict.py": frozenset(
         {
+            "lifecycle._tools.show.claims",
             "lifecycle._tools.show.gantt",
             "lifecycle._tools.show.main",
             "lifecycle._tools.show.model",

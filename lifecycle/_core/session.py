@@ -32,6 +32,7 @@ from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.teardown import STEP_CODES, TeardownRunner
 from lifecycle._core.worker import POOL
+from lifecycle.journal.evidence import kind_of
 
 logger = logging.getLogger("lifecycle.session")
 
@@ -549,7 +550,7 @@ class Session:
             error.add_note(announcement.note)
             logger.error("%s: %s", self.label, announcement.note)
         if self._observers:
-            self._notify(FailureEvent(phase, self._step, describe(error), now, announcement))
+            self._notify(FailureEvent(phase, self._step, describe(error), now, announcement, kind_of(error).value))
 
     def _fail_teardown(
         self,

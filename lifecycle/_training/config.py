@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from lifecycle._core.errors import ConfigError, check_number
 from lifecycle._torch.config import DistributedConfig, ParallelConfig
+from lifecycle.journal.evidence import Kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +172,21 @@ class FaultKind(StrEnum):
     """Sleep for good in the phase: a rank waiting on something that never comes (a data loader)."""
     SPIN = "spin"
     """Run a regular expression that backtracks for good: C code holding the GIL, no thread runs Python."""
+
+    @property
+    def failure(self) -> Kind:
+        """The failure this fault is (``lifecycle.journal.evidence.Kind``): what the verdict, the words and the cause
+        call it (``hang`` is ``Kind.HANG`` throughout; ``crash`` a rank that ``died``)."""
+        return _FAILURES[self]
+
+
+_FAILURES = {
+    FaultKind.RAISE: Kind.RAISED,
+    FaultKind.CRASH: Kind.DIED,
+    FaultKind.STOP: Kind.STOPPED,
+    FaultKind.HANG: Kind.HANG,
+    FaultKind.SPIN: Kind.SPINNING,
+}
 
 
 @dataclass(frozen=True, slots=True)

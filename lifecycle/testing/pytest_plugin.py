@@ -427,10 +427,10 @@ def _in_failure_order(bad: list[RankOutcome]) -> list[RankOutcome]:
     """The failed ranks in the order they failed, by ``show``'s rule (``verdict.order``): the cause first (a rank
     whose exception's note names another as first, or that failed on a broken connection, is a consequence; a
     crashed rank is placed before its peers' connection errors), then by the time each raised; timed out last."""
-    from lifecycle._tools.show import verdict  # only a failing world test needs it
+    from lifecycle._tools.show import claims, verdict  # only a failing world test needs it
 
     ends = {
-        o.rank: verdict.claim(o.rank, o.summary, time=o.failed_at, note=o.notes, killed=o.outcome == "crashed")
+        o.rank: claims.claim(o.rank, o.summary, time=o.failed_at, note=o.notes, killed=o.outcome == "crashed")
         for o in bad
         if o.outcome != "timed_out"
     }
