@@ -43,6 +43,15 @@ FIXED: Mapping[str, object] = {
 """The config values the demo sets whatever the options: CPU ranks, its batch, resuming from the latest checkpoint."""
 
 
+SAME_REQUEST_S = 0.2
+"""Signals to the demo within this long of the first are that one stop request, not a second (shown in ``--help``).
+
+One Ctrl-C can arrive several times: GNU ``timeout``, Slurm's ``srun`` and other
+forwarding parents pass the terminal's SIGINT on to a process group that got it
+already. A person cannot press Ctrl-C twice this fast; a second press after it kills.
+"""
+
+
 class UsageError(Exception):
     """A demo option that cannot work: ``flag`` names it, ``message`` says why (exit code 2)."""
 
@@ -282,7 +291,9 @@ def parser() -> argparse.ArgumentParser:
         description=(
             "Train a tiny causal LM on synthetic data with torchrun on CPU/gloo, then print each rank's "
             "lifecycle timeline and draw the path the run took. "
-            "Ctrl-C once: every rank stops after the same step, saves and closes; twice: everything is killed."
+            "Ctrl-C once: every rank stops after the same step, saves and closes; twice: everything is killed "
+            f"(signals within {SAME_REQUEST_S * 1000:.0f} ms of the first are that one request, e.g. a copy "
+            "forwarded by timeout or srun)."
         ),
         epilog=_usage.exit_codes_text(),
         formatter_class=_usage.LineFormatter,
