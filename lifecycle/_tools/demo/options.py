@@ -387,7 +387,7 @@ def max_restarts(options: argparse.Namespace) -> int:
 
 
 def check_options(options: argparse.Namespace) -> PretrainConfig:
-    """Refuse a bad option set before anything starts (no file, no network): ``UsageError`` naming the flag.
+    """Refuse a bad option set before anything starts (nothing written, no network): ``UsageError`` naming the flag.
 
     The configs' own checks run on the configs the ranks will build (plus torchrun's
     options); then the demo's rules: ``--steps`` at least 1, a flag given without the
@@ -417,7 +417,10 @@ def check_options(options: argparse.Namespace) -> PretrainConfig:
         config = demo_config(argparse.Namespace(**{**vars(options), "journal_dir": placeholder}), for_ranks=False)
         config.parallel.check_world(options.nproc)
     except ConfigError as exc:
-        raise UsageError(flag_of(exc.field), exc.message) from None
+        flag = flag_of(exc.field)
+        if flag == "--checkpoint-dir" and options.checkpoint_dir is None:
+            flag = "--journal-dir"  # the default checkpoint folder lies in the journal folder: the fault is there
+        raise UsageError(flag, exc.message) from None
     _check_model_split(config, options.tp)
     fault = config.fault
     if fault is None:
