@@ -50,6 +50,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "restart/test_nvml.py": frozenset({"lifecycle.restart._nvml"}),
     "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo.main", "lifecycle._tools.demo.options"}),
     "tools/test_demo_report.py": frozenset({"lifecycle._tools.demo.report"}),
+    "tools/test_demo_signals.py": frozenset({"lifecycle._tools.demo.main", "lifecycle._tools.demo.options"}),
     "tools/test_usage.py": frozenset(
         {"lifecycle._tools.cli.main", "lifecycle._tools.cli.usage", "lifecycle._tools.demo.options"}
     ),

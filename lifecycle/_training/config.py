@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 
 from lifecycle._core.errors import ConfigError, check_number
 from lifecycle._torch.config import DistributedConfig, ParallelConfig
@@ -94,7 +95,8 @@ class CheckpointConfig:
     ``lifecycle.checkpoint.load_checkpoint``) if there is one. ``keep_last``: after each
     commit keep only that many complete steps, the newest verified one always among
     them (None: keep everything). ``dir`` is created and probed (a file written, fsynced
-    and removed) at setup, before training.
+    and removed) at setup, before training; a ``dir`` that is a file, or lies under
+    one, is refused here, at construction.
     """
 
     dir: str | None = None
@@ -111,6 +113,23 @@ class CheckpointConfig:
             raise ConfigError("checkpoint.dir", "must not be empty (use None for no checkpoints)")
         if self.dir is None and (self.interval or self.resume or self.keep_last is not None):
             raise ConfigError("checkpoint.dir", "interval, resume and keep_last need a checkpoint directory")
+        blocker = None if self.dir is None else _file_in_the_way(Path(self.dir))
+        if blocker is not None:
+            raise ConfigError("checkpoint.dir", f"{blocker} is a file, not a folder")
+
+
+def _file_in_the_way(folder: Path) -> Path | None:
+    """The part of ``folder`` (itself or a parent) that exists and is no folder; None if there is none.
+
+    Only the nearest existing part is looked at (a ``stat`` each, nothing written).
+    """
+    for part in (folder, *folder.parents):
+        try:
+            if part.exists():
+                return None if part.is_dir() else part
+        except OSError:  # unreadable: the probe at setup says why
+            return None
+    return None
 
 
 @dataclass(frozen=True, slots=True)
