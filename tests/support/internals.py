@@ -41,6 +41,7 @@ __all__ = [
     "REGISTRY",
     "WORKERS",
     "AnnouncesFailures",
+    "Attempt",
     "Holdings",
     "Leftover",
     "RunJournal",
@@ -84,6 +85,8 @@ resolve = signals.resolve
 describe = errors.describe
 AnnouncesFailures = seams.AnnouncesFailures
 wrapper_plan = wrapped.wrapper_plan
+Attempt = wrapped.Attempt
+"""The restart wrapper's view of a live attempt: its abort and finalize release through ``Attempt.release``."""
 process_environments = processes.process_environments
 RunJournal = journaling.RunJournal
 final_states = show.final_states

@@ -111,6 +111,7 @@ def wrapped_pretrain(out: Path) -> dict[str, Any]:
         model=ModelConfig(seq_length=8, hidden_size=16, num_layers=1, num_heads=2),
         training=TrainingConfig(iterations=4, log_interval=0),
         checkpoint=CheckpointConfig(dir=str(out / "ckpt"), interval=1, resume=True),
+        journal_dir=str(out / "journal"),
     )
     started = time.monotonic()
     result = restart.wrapped_pretrain(config, None, [FailOnce()], max_restarts=2, **FAST)
