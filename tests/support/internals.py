@@ -31,9 +31,9 @@ from lifecycle._core import (
 from lifecycle._launch import launcher
 from lifecycle._liveness import rank as liveness_rank
 from lifecycle._tools.diagrams import draw as diagrams
+from lifecycle._tools.show import gantt, page, synthetic
 from lifecycle._tools.show import main as show
 from lifecycle._tools.show import model as show_model
-from lifecycle._tools.show import page, synthetic
 from lifecycle._training import journaling
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "diagrams",
     "executor",
     "final_states",
+    "gantt",
     "kill_group",
     "kill_marked",
     "liveness_rank",
