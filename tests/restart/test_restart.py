@@ -447,6 +447,8 @@ def test_a_fault_on_one_rank_restarts_both_ranks_which_then_finish(tmp_path: Pat
             assert run["deferred"] in ([True, False], [False, False])
             assert run["session_teardown_calls_iteration0"] == []
             assert "_abort_process_group" in run["wrapper_calls_iteration0"]
+            # ... and the session's report says so, whichever came first (issue 45)
+            assert "wrapper_abort abort_process_group" in run["released_by_wrapper_iteration0"]
             assert run["wall_s"] < 30
         assert not body["group_left"] and body["globals_left"] == []
     for run0, run1 in zip(results[0]["runs"], results[1]["runs"], strict=True):
