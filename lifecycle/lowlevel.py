@@ -10,13 +10,14 @@ this module exports the rest of what the library is built from. Reach for it to:
 - **plan or run a teardown yourself**, or read one: ``plan_teardown`` (a pure function of
   ledger, restart mode and outcome), ``teardown``, ``Teardown``, ``Plan``, ``Step``,
   ``Outcome``, ``RestartMode``, ``LeftReason``; what ran: ``TeardownReport``,
-  ``StepRecord`` (``session.report``);
+  ``StepRecord`` (``session.report``), and what others released of the session's
+  entries, who and when: ``Released``, ``Releaser`` (``report.released_elsewhere``);
 - **read the ownership ledger**: ``Ledger``, ``LedgerEntry`` (``session.ledger``);
 - **query the transition table**: ``TRANSITIONS``, ``Edge``, ``edges_from``,
   ``reachable_states`` (the diagrams in ``diagrams/`` are drawn from it);
 - **read a session's events**: ``JournalEntry`` (``session.journal``, ``PretrainResult.journal``),
   ``SessionEvent`` and its kinds ``TransitionEvent``, ``TeardownEvent``, ``FailureEvent``,
-  ``ReclaimEvent``;
+  ``ReclaimEvent``, ``ReleaseEvent``;
 - **drive a session on actions of your own**: the seams ``DistributedActions`` (what
   ``Session`` drives; ``TorchActions`` and ``lifecycle.testing.RecordingActions`` are two),
   ``CheckpointWriter`` (what ``Session.track_checkpoints`` takes), ``Announcement``,
@@ -32,11 +33,12 @@ from lifecycle._core.events import (
     FailureEvent,
     JournalEntry,
     ReclaimEvent,
+    ReleaseEvent,
     SessionEvent,
     TeardownEvent,
     TransitionEvent,
 )
-from lifecycle._core.executor import StepRecord, TeardownReport
+from lifecycle._core.executor import Released, Releaser, StepRecord, TeardownReport
 from lifecycle._core.exports import publish
 from lifecycle._core.ownership import Ledger, LedgerEntry
 from lifecycle._core.plans import LeftReason, Outcome, Plan, RestartMode, Step, Teardown, plan_teardown, teardown
@@ -72,6 +74,9 @@ __all__ = [
     "ProgressLog",
     "ProgressSink",
     "ReclaimEvent",
+    "ReleaseEvent",
+    "Released",
+    "Releaser",
     "Releases",
     "Resource",
     "RestartMode",

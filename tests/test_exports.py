@@ -45,6 +45,7 @@ EXPORTS: dict[str, list[str]] = {
         *("Handler", "Releases", "Resource", "WrapperRole"),
         *("declare_resource", "declared_resources", "live_resources", "undeclare_resource"),
         *("JournalEntry", "SessionEvent", "TransitionEvent", "TeardownEvent", "FailureEvent", "ReclaimEvent"),
+        *("ReleaseEvent", "Released", "Releaser"),
         *("Announcement", "CheckpointWriter", "DistributedActions", "ProgressLog", "ProgressSink"),
     ],
     "lifecycle.checkpoint": [

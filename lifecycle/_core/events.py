@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lifecycle._core.executor import StepRecord
+from lifecycle._core.executor import Releaser, StepRecord
 from lifecycle._core.plans import Outcome
 from lifecycle._core.seams import Announcement
 from lifecycle._core.states import State, Trigger
 
-__all__ = ["FailureEvent", "JournalEntry", "ReclaimEvent", "SessionEvent", "TeardownEvent", "TransitionEvent"]
+__all__ = [
+    "FailureEvent",
+    "JournalEntry",
+    "ReclaimEvent",
+    "ReleaseEvent",
+    "SessionEvent",
+    "TeardownEvent",
+    "TransitionEvent",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +63,20 @@ class ReclaimEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseEvent:
+    """A release of one of the session's entries ran outside its own plans: ``by`` whom, ``record`` what and when.
+
+    The restart wrapper's abort (``Releaser.WRAPPER_ABORT``, on NVRx's monitor thread) or
+    finalize, or a step of the session's plan left running past its deadline that returned
+    (``LATE``). Observers get it on the thread that ran the release: it may be any thread,
+    also while the session's own thread is notifying them of something else.
+    """
+
+    by: Releaser
+    record: StepRecord
+
+
+@dataclass(frozen=True, slots=True)
 class FailureEvent:
     """The session is taking its failure edge because of ``error`` (``"Type: message"``), before releasing anything.
 
@@ -73,5 +95,5 @@ class FailureEvent:
     kind: str = "raised"
 
 
-SessionEvent = TransitionEvent | TeardownEvent | ReclaimEvent | FailureEvent
+SessionEvent = TransitionEvent | TeardownEvent | ReclaimEvent | ReleaseEvent | FailureEvent
 """What a session observer is called with (see ``Session.add_observer``)."""

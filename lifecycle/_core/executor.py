@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from lifecycle._core.errors import LifecycleError, describe
 from lifecycle._core.ownership import LedgerEntry
@@ -39,6 +40,34 @@ class StepRecord:
         return self.start + self.duration_s
 
 
+class Releaser(StrEnum):
+    """Who ran a release of a session's entry; the values are the journal's ``teardown`` ``outcome`` words."""
+
+    SUCCESS = "success"
+    """A step of the session's own success plan."""
+    FAILURE = "failure"
+    """A step of the session's own failure plan."""
+    WRAPPER_ABORT = "wrapper_abort"
+    """The restart wrapper's ``abort`` (NVRx: its monitor thread), before, during or after the session's teardown."""
+    WRAPPER_FINALIZE = "wrapper_finalize"
+    """The restart wrapper's ``finalize`` (or ``restart.run`` for it, when an interrupt ended the Wrapper)."""
+    LATE = "late"
+    """A step of the session's plan left running past its deadline, which returned since."""
+
+    @property
+    def own_plan(self) -> bool:
+        """True for the session's own plans, whose steps the session reports as they run."""
+        return self in (Releaser.SUCCESS, Releaser.FAILURE)
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """One release of a session's entry that ran to its end (raised or not): who ran it (``by``), what and when."""
+
+    by: Releaser
+    record: StepRecord
+
+
 @dataclass(frozen=True, slots=True)
 class TeardownReport:
     """What a teardown did: steps run (with start, duration and error) and what it left alone, and why."""
@@ -53,11 +82,25 @@ class TeardownReport:
     """The interrupt that cut it short, raised by the session once it is final; None if none did."""
     left_running: tuple[Step, ...] = ()
     """A step the session stopped waiting for while a worker ran it (it may still finish): neither ran nor abandoned."""
+    released_elsewhere: tuple[Released, ...] = ()
+    """Releases of the session's entries outside its own plans' steps, in the order they ended.
+
+    The restart wrapper's abort (from NVRx's monitor thread, often before the session's
+    failure plan was made: the plan then has no step for what it released) and finalize,
+    and a step left running that returned late. ``Session.report`` fills it as of when it
+    is read; a report made by the executor has none.
+    """
 
     @property
     def ran(self) -> tuple[Step, ...]:
         """Every step that ran, in order, whether or not it raised."""
         return tuple(r.step for r in self.records)
+
+    @property
+    def released_by_wrapper(self) -> tuple[Released, ...]:
+        """The releases of ``released_elsewhere`` that the restart wrapper's abort or finalize ran."""
+        wrapper = (Releaser.WRAPPER_ABORT, Releaser.WRAPPER_FINALIZE)
+        return tuple(r for r in self.released_elsewhere if r.by in wrapper)
 
     @property
     def failed(self) -> tuple[StepFailure, ...]:
@@ -77,6 +120,7 @@ class TeardownReport:
         ]
         out += [f"abandoned {step}" for step in self.abandoned]
         out += [f"left running {step}" for step in self.left_running]
+        out += [f"released by {r.by.value} {r.record.step}" for r in self.released_elsewhere]
         out += [f"left {entry}: {reason}" for entry, reason in self.left]
         return out
 

@@ -11,7 +11,11 @@ A kind without a probe that was pending is recorded as the session's: its releas
 tolerate a resource that was never made.
 
 Releases keep per-entry claims: the restart wrapper's abort releases from its monitor
-thread while the main thread may be tearing down, and a resource is released once.
+thread while the main thread may be tearing down, and a resource is released once. Every
+release that runs here is recorded with who ran it and when (``Released``), in the same
+locked assignment as the ledger's change, and handed to ``on_release``: so a release is
+never silent, whichever thread runs it (the session's plans, the wrapper's abort or
+finalize, a step left running that returns late).
 
 Every ``Holdings`` is known to the process (``REGISTRY``): what a *final* or
 garbage-collected session still holds of a kind it created is a leftover, which the next
@@ -28,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from lifecycle._core.executor import Released, Releaser, StepRecord
 from lifecycle._core.ownership import Ledger, LedgerEntry
-from lifecycle._core.plans import Step
+from lifecycle._core.plans import Outcome, Step
 from lifecycle._core.resources import Releases, Resource, StepKind
 from lifecycle._core.states import Owner, State
 
@@ -100,6 +105,9 @@ class Holdings:
         self._alongside: dict[Key, set[StepKind]] = {}  # aborts running beside a claim (see ``run``)
         self._stuck: set[Key] = set()  # claims whose release was left running past its deadline
         self._reclaimed: set[Key] = set()
+        self._released: list[Released] = []  # every release run here, in the order they ended
+        self.on_release: Callable[[Released], object] | None = None
+        """Called with each ``Released`` right after it is recorded, on the thread that ran it (outside the lock)."""
         self._lock = threading.Lock()
         self._settled = threading.Condition(self._lock)  # notified when a claimed release ends
         REGISTRY.add(self)
@@ -115,6 +123,11 @@ class Holdings:
     def releases(self, key: Key) -> Releases:
         """The release callables bound to the entry ``key`` when it was acquired."""
         return self._releases[key]
+
+    def released(self) -> tuple[Released, ...]:
+        """Every release run through ``run`` so far (raised or not): who ran it and when, in the order they ended."""
+        with self._lock:
+            return tuple(self._released)
 
     def token(self, key: Key) -> weakref.ref[Any] | None:
         """A weak reference to the object ``key`` was acquired as (None where its kind has no identity)."""
@@ -169,8 +182,19 @@ class Holdings:
 
     # -- releasing ----------------------------------------------------------------------
 
-    def run(self, step: Step, call: Callable[[Callable[[], object]], object] = lambda release: release()) -> bool:
-        """Run ``step``'s release callable (through ``call``); False if another thread claimed its entry first.
+    def run(
+        self,
+        step: Step,
+        call: Callable[[Callable[[], object]], object] = lambda release: release(),
+        *,
+        by: Releaser = Releaser.FAILURE,
+    ) -> bool:
+        """Run ``step``'s release (through ``call``) for ``by``; False if another thread claimed its entry first.
+
+        A releasing step that ran (returned or raised) is recorded as ``Released`` (see
+        ``released``) under the lock that changes the ledger, with ``by`` as its runner
+        (``LATE`` instead if it was left running past its deadline meanwhile: ``stuck``),
+        its wall-clock start and duration, and its error; then ``on_release`` gets it.
 
         A releasing step claims its entry first and, once it returned, marks it released
         in the ledger; one that raised gives the claim back and marks the entry failed
@@ -208,21 +232,44 @@ class Holdings:
             else:
                 self._claimed.add(key)
                 self._claim_kind[key] = step.kind
+        start, started = time.time(), time.monotonic()
         try:
             call(release)
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
+                done = self._log(step, by, start, started, exc, alongside)
                 self._unclaim_run(key, step.kind, alongside)
                 if key not in self.ledger.released:
                     self.ledger = self.ledger.release_failed(entry)
                 self._settled.notify_all()
+            self._tell(done)
             raise
         with self._lock:
+            done = self._log(step, by, start, started, None, alongside)
             if key not in self.ledger.released:
                 self.ledger = self.ledger.release(entry)
             self._unclaim_run(key, step.kind, alongside)
             self._settled.notify_all()
+        self._tell(done)
         return True
+
+    def _log(
+        self, step: Step, by: Releaser, start: float, started: float, error: BaseException | None, alongside: bool
+    ) -> Released:
+        """Record that ``step`` ran for ``by`` (``LATE`` if its claim was left stuck meanwhile); lock held."""
+        if by.own_plan and not alongside and step.entry.key in self._stuck:
+            by = Releaser.LATE
+        outcome = Outcome.SUCCESS if by is Releaser.SUCCESS else Outcome.FAILURE
+        as_held = Step(step.kind, self.ledger.entry(*step.entry.key) or step.entry)  # its owner as recorded
+        done = Released(by, StepRecord(as_held, start, time.monotonic() - started, error, outcome))
+        self._released.append(done)
+        return done
+
+    def _tell(self, done: Released) -> None:
+        """Hand ``done`` to ``on_release``, if set (it must not raise ``Exception``; see ``Session``)."""
+        listener = self.on_release
+        if listener is not None:
+            listener(done)
 
     def _unclaim_run(self, key: Key, kind: StepKind, alongside: bool) -> None:
         """A run of ``kind`` on ``key`` ended: drop its claim, or its mark as running alongside one (lock held)."""

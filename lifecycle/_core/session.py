@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
 
+from lifecycle._core import events
 from lifecycle._core.acquiring import Acquirer
 from lifecycle._core.errors import SessionFinished, UnfinishedSession, describe
 from lifecycle._core.events import (
@@ -17,10 +18,9 @@ from lifecycle._core.events import (
     JournalEntry,
     ReclaimEvent,
     SessionEvent,
-    TeardownEvent,
     TransitionEvent,
 )
-from lifecycle._core.executor import StepRecord, TeardownReport, raise_failures
+from lifecycle._core.executor import Releaser, StepRecord, TeardownReport, raise_failures
 from lifecycle._core.failing import fail_surely
 from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.holdings import Holdings
@@ -459,10 +459,11 @@ class Session:
 
     # -- what the teardown runner tells the session (``lifecycle._core.teardown.Host``) --
 
-    def teardown_step_ran(self, outcome: Outcome, record: StepRecord) -> None:
-        """A step of ``outcome``'s plan ran: observers get a ``TeardownEvent``. Never raises."""
+    def teardown_step_ran(self, outcome: Outcome, record: StepRecord, by: Releaser | None = None) -> None:
+        """A step of ``outcome``'s plan ran (``TeardownEvent``), or ``by`` released outside them (``ReleaseEvent``)."""
         if self._observers:
-            self._notify(TeardownEvent(outcome, record, record.start, record.end))
+            told = events.TeardownEvent(outcome, record, record.start, record.end)
+            self._notify(told if by is None else events.ReleaseEvent(by, record))
 
     def teardown_abandoned(self, escalation: TeardownInterrupted) -> None:
         """The caller stopped waiting for the teardown (a second interrupt): the session goes ``failed`` now."""

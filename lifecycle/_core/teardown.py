@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import NoReturn, Protocol
 
 from lifecycle._core.errors import StepTimedOut, describe
-from lifecycle._core.executor import StepRecord, TeardownReport, execute
+from lifecycle._core.executor import Released, Releaser, StepRecord, TeardownReport, execute
 from lifecycle._core.holdings import Holdings
 from lifecycle._core.ownership import Ledger
 from lifecycle._core.plans import Outcome, RestartMode, Step, recorded_owner, teardown
@@ -55,8 +55,8 @@ class Host(Protocol):
         """The session's ledger now."""
         ...
 
-    def teardown_step_ran(self, outcome: Outcome, record: StepRecord) -> None:
-        """A step of ``outcome``'s plan ran (observers are told); never raises."""
+    def teardown_step_ran(self, outcome: Outcome, record: StepRecord, by: Releaser | None = None) -> None:
+        """A step of ``outcome``'s plan ran, or (``by`` given) a release outside its plans did; never raises."""
         ...
 
     def teardown_abandoned(self, escalation: TeardownInterrupted) -> None:
@@ -72,8 +72,7 @@ class TeardownRunner:
         self._host = host
         self._holdings = holdings
         self._shield = shield
-        self.report: TeardownReport | None = None
-        """The report of the last teardown, or None before any ran (the session's ``report``)."""
+        self._report: TeardownReport | None = None
         self._job: Job[TeardownReport] | None = None
         self._left_thread: threading.Thread | None = None  # a worker the session stopped waiting for
         self._records: list[StepRecord] = []  # the records of the plan running now
@@ -81,6 +80,29 @@ class TeardownRunner:
         self._escalated: TeardownInterrupted | None = None
         self.landed: list[BaseException] = []
         """What landed on the waiting thread (asynchronous exceptions), raised once the session is final."""
+        holdings.on_release = self._released
+
+    @property
+    def report(self) -> TeardownReport | None:
+        """The report of the last teardown, or None before any ran (the session's ``report``).
+
+        Its ``released_elsewhere`` is what the holdings released outside the session's own
+        plans up to now (the restart wrapper's abort may run after the teardown ended).
+        """
+        report = self._report
+        if report is None:
+            return None
+        elsewhere = tuple(r for r in self._holdings.released() if not r.by.own_plan)
+        return dataclasses.replace(report, released_elsewhere=elsewhere)
+
+    @report.setter
+    def report(self, report: TeardownReport | None) -> None:
+        self._report = report
+
+    def _released(self, done: Released) -> None:
+        """The holdings ran a release: one outside the session's plans is told to the host as it happens."""
+        if not done.by.own_plan:
+            self._host.teardown_step_ran(done.record.outcome, done.record, done.by)
 
     def abandoned_here(self) -> bool:
         """True on a worker the session stopped waiting for: its late bookkeeping is to be dropped."""
@@ -156,7 +178,7 @@ class TeardownRunner:
         for step in held.plan:
             if not step.kind.abandonable:
                 with contextlib.suppress(Exception):
-                    self._holdings.run(step)
+                    self._holdings.run(step, by=Releaser(outcome.value))
         after = held.plan[held.plan.index(running) + 1 :] if running in held.plan else held.plan
         rest = tuple(step for step in after if step.kind.abandonable and step not in done and step != running)
         left_running = (running,) if isinstance(running, Step) else ()
@@ -192,7 +214,7 @@ class TeardownRunner:
         try:
             report = execute(
                 planned,
-                self._perform,
+                lambda step: self._perform(step, Releaser(outcome.value)),
                 on_step=observed,
                 stop_at_failure=stop_at_failure,
                 escalated=lambda: self._shield.escalation or self._escalated,
@@ -206,8 +228,8 @@ class TeardownRunner:
             self.report = report
         return report
 
-    def _perform(self, step: Step) -> bool:
-        """Run ``step`` through the holdings (claimed, at most once); False if another thread released it first.
+    def _perform(self, step: Step, by: Releaser) -> bool:
+        """Run ``step`` through the holdings for ``by`` (claimed, at most once); False if another thread released it.
 
         A step of a kind that must run on the waiting thread (``StepKind.main_thread``:
         restoring signal handlers) is posted to it when the teardown runs on a worker.
@@ -221,13 +243,13 @@ class TeardownRunner:
             (_run_step if step.kind.abandonable else _run_step_to_the_end)(release)
 
         if job is None:
-            return self._holdings.run(step, call)
+            return self._holdings.run(step, call, by=by)
         job.in_step = step
         try:
             timeout = self._host.release_timeout_s
             if timeout is None or step.kind.main_thread or not step.kind.abandonable:
-                return self._holdings.run(step, call)
-            return self._within(step, timeout, lambda: self._holdings.run(step, call))
+                return self._holdings.run(step, call, by=by)
+            return self._within(step, timeout, lambda: self._holdings.run(step, call, by=by))
         finally:
             job.in_step = None
 

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from lifecycle._core.executor import StepFailure, execute
+from lifecycle._core.executor import Releaser, StepFailure, execute
 from lifecycle._core.ownership import Ledger, LedgerEntry
 from lifecycle._core.plans import Outcome, Plan, RestartMode, Step, Teardown, plan_teardown, teardown
 from lifecycle._core.resources import Resource, WrapperRole, declared_resources
@@ -55,8 +55,12 @@ class Attempt:
     def release(self, *, unblocking_only: bool) -> None:
         """Run the steps of ``wrapper_plan`` not run yet (only those whose kind ``unblocks``, if asked); keep failures.
 
-        Each step runs the release callable the session bound to its entry at acquisition.
+        Each step runs the release callable the session bound to its entry at acquisition,
+        through the session's holdings, which record it (``Holdings.released``) as run by
+        ``Releaser.WRAPPER_ABORT`` (``unblocking_only``: the Wrapper's abort) or
+        ``WRAPPER_FINALIZE``, and tell the session's observers, whatever thread this runs on.
         """
+        by = Releaser.WRAPPER_ABORT if unblocking_only else Releaser.WRAPPER_FINALIZE
         with self.lock:
             steps = tuple(
                 step
@@ -67,7 +71,7 @@ class Attempt:
             skipped: set[tuple[Resource, str]] = set()
 
             def perform(step: Step) -> None:
-                if not self.session.holdings.run(step):  # the main thread is releasing it: not done by us
+                if not self.session.holdings.run(step, by=by):  # the main thread is releasing it: not done by us
                     skipped.add(step.entry.key)
 
             report = execute(owed, perform)

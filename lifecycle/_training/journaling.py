@@ -9,17 +9,28 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 
 from lifecycle import journal as _journal
 from lifecycle._core.errors import describe
-from lifecycle._core.events import FailureEvent, ReclaimEvent, SessionEvent, TransitionEvent
+from lifecycle._core.events import FailureEvent, ReclaimEvent, ReleaseEvent, SessionEvent, TransitionEvent
+from lifecycle._core.executor import Released, Releaser
 from lifecycle._core.session import Session
 from lifecycle._core.states import State
 from lifecycle.journal import Failure, JournalWriter, Left, Origin, Record, RunStart, TeardownStep, Transition
 from lifecycle.journal.evidence import Evidence
 
 logger = logging.getLogger("lifecycle.pretrain")
+
+_RELEASED_BY = {
+    Releaser.SUCCESS: "",
+    Releaser.FAILURE: "",
+    Releaser.WRAPPER_ABORT: "released by the restart wrapper's abort (NVRx's monitor thread)",
+    Releaser.WRAPPER_FINALIZE: "released by the restart wrapper's finalize",
+    Releaser.LATE: "a step left running past its deadline that returned late",
+}
+"""The ``note`` of a ``teardown`` record of a release outside the session's plans, by who ran it."""
 
 
 class RunJournal:
@@ -32,6 +43,15 @@ class RunJournal:
     session's actions' ``attempt`` and ``store_prefix`` (read with
     ``getattr``, None when they have none, as ``TorchActions`` has) are recorded as the
     transition's ``agreed_attempt`` and ``store_prefix``. No method raises ``Exception``.
+
+    A release of the session's entries outside its plans (``ReleaseEvent``: the restart
+    wrapper's abort on NVRx's monitor thread, its finalize, a step that returned late) is a
+    ``teardown`` record whose ``outcome`` names who ran it (``Releaser`` value) and whose
+    ``note`` says it in words, written as it happens from whatever thread ran it: writes
+    are serialised. On the move into a final state, those the holdings recorded and no
+    event wrote yet (``report.released_elsewhere``) are written first: an entry released
+    before the session's teardown is never missing from it. One released after the journal
+    closed is not written (the ``left`` record then said what it was left to).
     """
 
     def __init__(self, directory: str | None, origin: Origin, world_size: int, session: Session) -> None:
@@ -39,6 +59,8 @@ class RunJournal:
         self.origin = origin
         self._session = session
         self._writer: JournalWriter | None = None
+        self._lock = threading.RLock()  # the restart wrapper's abort writes from NVRx's monitor thread
+        self._written: set[object] = set()  # the ``StepRecord`` of each release outside the plans, once written
         if directory is None:
             return
         first = RunStart(
@@ -56,20 +78,26 @@ class RunJournal:
 
     def write(self, record: Record) -> None:
         """Append ``record``; on an error, warn once and stop journaling."""
-        writer = self._writer
-        if writer is None:
-            return
-        try:
-            writer.write(record)
-        except Exception as exc:  # noqa: BLE001 - a journal must never replace the run's own outcome
-            logger.warning("could not write the journal %s: %s; not journaling the rest of this run", writer.path, exc)
-            self.close()
+        with self._lock:
+            writer = self._writer
+            if writer is None:
+                return
+            try:
+                writer.write(record)
+            except Exception as exc:  # noqa: BLE001 - a journal must never replace the run's own outcome
+                logger.warning(
+                    "could not write the journal %s: %s; not journaling the rest of this run", writer.path, exc
+                )
+                self.close()
 
     def observe(self, event: SessionEvent) -> None:
         """Session observer: write the transition, teardown step or failure ``event`` describes."""
         if self._writer is None:
             return
         origin = self.origin
+        if isinstance(event, ReleaseEvent):
+            self._released(Released(event.by, event.record))
+            return
         if isinstance(event, FailureEvent):
             told = event.announcement
             self.write(
@@ -106,6 +134,8 @@ class RunJournal:
             )
             report = self._session.report
             if entry.dest.is_final and report is not None:
+                for done in report.released_elsewhere:
+                    self._released(done)
                 for step in report.abandoned:  # cut off by an escalated interrupt: they never ran
                     self.write(
                         TeardownStep(
@@ -149,6 +179,29 @@ class RunJournal:
             )
         )
 
+    def _released(self, done: Released) -> None:
+        """Write the ``teardown`` record of a release outside the session's plans, unless written already."""
+        record = done.record
+        held = record.step.entry
+        with self._lock:
+            if record in self._written:
+                return
+            self._written.add(record)
+            self.write(
+                TeardownStep(
+                    origin=self.origin,
+                    outcome=done.by.value,
+                    step=record.step.kind.value,
+                    resource=held.resource.value,
+                    name=held.name,
+                    owner=held.owner.value,
+                    start=record.start,
+                    end=record.end,
+                    error=None if record.error is None else describe(record.error),
+                    note=_RELEASED_BY[done.by],
+                )
+            )
+
     def _group_identity(self) -> tuple[int | None, str | None]:
         """The actions' agreed ``attempt`` and ``store_prefix``, each None unless the actions hold one of its type."""
         try:
@@ -163,7 +216,8 @@ class RunJournal:
 
     def close(self) -> None:
         """Close the file; later writes do nothing."""
-        writer, self._writer = self._writer, None
+        with self._lock:
+            writer, self._writer = self._writer, None
         if writer is not None:
             try:
                 writer.close()

@@ -104,8 +104,12 @@ class TeardownStep(_Record):
     (``process_group``), ``name`` the resource's name where its kind has several
     (user resources; "" otherwise), ``owner`` who owned it. ``outcome`` is ``success``
     or ``failure`` (the plan it belongs to), ``reclaim`` for a release of what an
-    earlier session left (``note`` says which and where it was acquired), or
-    ``abandoned`` for a step an escalated interrupt cut off (it did not run).
+    earlier session left (``note`` says which and where it was acquired),
+    ``abandoned`` for a step an escalated interrupt cut off (it did not run), or, for a
+    release of the session's entry outside its plans (version 4, issue 45; ``note`` says
+    it in words), who ran it: ``wrapper_abort`` (the restart wrapper's abort, on NVRx's
+    monitor thread: on a peer of the failed rank, usually before its own failure),
+    ``wrapper_finalize``, or ``late`` (a step left running past its deadline that returned).
     ``error`` is what the step raised, None if nothing.
     """
 

@@ -260,8 +260,9 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
 
 def v4_records() -> list[Record]:
     """One rank's version 4 journal, every record kind version 4 added or typed: the failure with its evidence and
-    the first failure's, a suspicion, its withdrawal, a verdict with its evidence that killed the rank; the v4
-    fixture holds these lines (an issue that adds a record kind or field adds it here and rewrites the fixture)."""
+    the first failure's, a suspicion, its withdrawal, a release by the restart wrapper's abort, a verdict with its
+    evidence that killed the rank; the v4 fixture holds these lines (an issue that adds a record kind or field
+    adds it here and rewrites the fixture)."""
     o = Origin("job-4", 1, 0, "ordinary", 0)
     hang = Evidence("hang", 1, 41, "batch", "S", 4.1, 2.0, "monitor")
     return [
@@ -273,6 +274,11 @@ def v4_records() -> list[Record]:
         MonitorLost(
             origin=o, pid=12, how="was killed by SIGKILL", action="restarted", phase="step", step=14, note="…",
             time=22.0, new_pid=13,
+        ),
+        TeardownStep(
+            origin=o, outcome="wrapper_abort", step="abort_process_group", resource="process_group",
+            owner="restart_wrapper", start=25.2, end=25.3,
+            note="released by the restart wrapper's abort (NVRx's monitor thread)",
         ),
         Failure(
             origin=o, phase="step", step=41, error="StoppedByLauncher: SIGTERM after rank 0 died", time=25.5, seq=2,

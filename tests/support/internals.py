@@ -31,9 +31,9 @@ from lifecycle._core import (
 from lifecycle._launch import launcher
 from lifecycle._liveness import rank as liveness_rank
 from lifecycle._tools.diagrams import draw as diagrams
+from lifecycle._tools.show import gantt, page, synthetic
 from lifecycle._tools.show import main as show
 from lifecycle._tools.show import model as show_model
-from lifecycle._tools.show import page, synthetic
 from lifecycle._training import journaling
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "REGISTRY",
     "WORKERS",
     "AnnouncesFailures",
+    "Attempt",
     "Holdings",
     "Leftover",
     "RunJournal",
@@ -50,6 +51,7 @@ __all__ = [
     "diagrams",
     "executor",
     "final_states",
+    "gantt",
     "kill_group",
     "kill_marked",
     "liveness_rank",
@@ -84,6 +86,8 @@ resolve = signals.resolve
 describe = errors.describe
 AnnouncesFailures = seams.AnnouncesFailures
 wrapper_plan = wrapped.wrapper_plan
+Attempt = wrapped.Attempt
+"""The restart wrapper's view of a live attempt: its abort and finalize release through ``Attempt.release``."""
 process_environments = processes.process_environments
 RunJournal = journaling.RunJournal
 final_states = show.final_states

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 from support.configs import config_of_one
+from support.internals import gantt
 from support.journals import v1_failed_call
 
 from lifecycle import FaultInjection, InjectedFault, Phase, pretrain
 from lifecycle._tools.show.main import final_states, render_timeline, show_main, write_diagrams
 from lifecycle._tools.show.model import build
-from lifecycle.journal import Origin, Record, RunEnd, RunStart, TrainStep, Transition, read
+from lifecycle.journal import Origin, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition, read
 
 
 def test_show_prints_the_timeline_and_highlights_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,3 +130,26 @@ def test_show_presents_torchrun_restarts_as_successive_attempts_of_one_run(tmp_p
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_release_by_the_restart_wrappers_abort_is_in_the_ranks_timeline_and_chart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``wrapper_abort`` record prints as the Wrapper's (in its words, without a note) and labels its bar so."""
+    origin = Origin("job", 0, 0, "inprocess", 0)
+    records: list[Record] = [
+        RunStart(origin=origin, world_size=2, pid=1, host="h", start=10.0),
+        Transition(origin=origin, source="globals_ready", dest="training", trigger="start_training", start=10.1,
+                   end=10.2),
+        TeardownStep(origin=origin, outcome="wrapper_abort", step="abort_process_group", resource="process_group",
+                     owner="restart_wrapper", start=10.5, end=10.51),
+        Transition(origin=origin, source="training", dest="failed", trigger="fail", start=10.6, end=10.7,
+                   detail="RuntimeError: Connection closed by peer"),
+    ]  # fmt: skip
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("".join(json.dumps(record.to_json()) + "\n" for record in records))
+    assert show_main([str(path), "--out", str(tmp_path / "d")]) == 0
+    printed = capsys.readouterr().out
+    line = next(line for line in printed.splitlines() if "abort_process_group" in line)
+    assert "wrapper  abort_process_group" in line and "(released by the restart wrapper's abort)" in line
+    assert ("wrapper abort abort_process_group", "", 10.5, 10.51) in gantt.bars(records, detail=True)

@@ -88,6 +88,11 @@ def _collective_run(store_port: int | None) -> dict[str, Any]:
         "times": times,
         "states": [s.state.value for s in sessions],
         "deferred": [bool(s.report and s.report.deferred_to_wrapper) for s in sessions],
+        # read once the Wrapper returned: its abort ran on every rank by then, before or after the teardown
+        "released_by_wrapper_iteration0": [
+            f"{r.by.value} {r.record.step}"
+            for r in (sessions[0].report.released_by_wrapper if sessions[0].report else ())
+        ],
         "iterations": [s.iteration for s in sessions],
         "session_teardown_calls_iteration0": [c.name for c in by_session(probe, 0)],
         "wrapper_calls_iteration0": [c.name for c in by_wrapper(probe, 0)],
@@ -111,6 +116,7 @@ def wrapped_pretrain(out: Path) -> dict[str, Any]:
         model=ModelConfig(seq_length=8, hidden_size=16, num_layers=1, num_heads=2),
         training=TrainingConfig(iterations=4, log_interval=0),
         checkpoint=CheckpointConfig(dir=str(out / "ckpt"), interval=1, resume=True),
+        journal_dir=str(out / "journal"),
     )
     started = time.monotonic()
     result = restart.wrapped_pretrain(config, None, [FailOnce()], max_restarts=2, **FAST)

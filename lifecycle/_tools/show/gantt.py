@@ -31,6 +31,10 @@ BUDGET = 40_000
 _UNSAFE = re.compile(r"[:;#\n\r\t%`\"<>{}]+")
 
 
+_BY = {"wrapper_abort": "wrapper abort", "wrapper_finalize": "wrapper finalize", "late": "late"}
+"""How a teardown bar is labelled by its record's ``outcome`` (else ``teardown``): who ran the release."""
+
+
 def _label(text: str, limit: int = 70) -> str:
     """``text`` made safe as a gantt task or section name: no ``:``, ``;``, ``#``, line breaks; cut to ``limit``."""
     clean = _UNSAFE.sub(" ", text).strip() or "?"
@@ -66,7 +70,9 @@ def bars(records: Sequence[Record], *, detail: bool) -> list[tuple[str, str, flo
                 tags = "crit" if r.error else ""
                 drawn.append(
                     (
-                        f"teardown {r.step}" + (f":{r.name}" if r.name else "") + (" FAILED" if r.error else ""),
+                        f"{_BY.get(r.outcome, 'teardown')} {r.step}"
+                        + (f":{r.name}" if r.name else "")
+                        + (" FAILED" if r.error else ""),
                         tags,
                         r.start,
                         r.end,

@@ -90,6 +90,23 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
+_VERBS = {
+    "reclaim": "reclaim ",
+    "abandoned": "abandon ",
+    "wrapper_abort": "wrapper ",
+    "wrapper_finalize": "wrapper ",
+    "late": "late    ",
+}
+"""The word a timeline's teardown line starts with, by the record's ``outcome`` (else ``teardown``)."""
+
+_RELEASED_BY = {
+    "wrapper_abort": "released by the restart wrapper's abort",
+    "wrapper_finalize": "released by the restart wrapper's finalize",
+    "late": "a step left running past its deadline that returned late",
+}
+"""What a release outside the session's plans says when its record has no ``note``."""
+
+
 def _events(call: list[Record]) -> list[tuple[float, str]]:
     """The timed lines of one call: ``(start, text)`` for its start, transitions, teardown steps and last step."""
     events: list[tuple[float, str]] = []
@@ -108,8 +125,9 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
             events.append((r.start, text + why))
         elif isinstance(r, TeardownStep):
             failed = f"  FAILED: {_short(r.error)}" if r.error else ""
-            verb = {"reclaim": "reclaim ", "abandoned": "abandon "}.get(r.outcome, "teardown")
-            note = f"  ({r.note})" if r.note else ""
+            verb = _VERBS.get(r.outcome, "teardown")
+            said = r.note or _RELEASED_BY.get(r.outcome, "")
+            note = f"  ({said})" if said else ""
             step = _named(r.step, r.name)
             events.append((r.start, f"    {verb} {step:<32} {_ms(r.end - r.start)}{failed}{note}"))
         elif isinstance(r, Verdict):  # its words from the typed kind where the record has it (version 4)
