@@ -513,13 +513,18 @@ def test_wrapped_pretrain_recovers_from_a_one_off_failure_on_one_rank(tmp_path: 
         assert len(lines) == len(aborted) and all("restart wrapper's abort" in line for line in lines), lines
 
 
+RELEASE_RUNS = int(os.environ.get("LIFECYCLE_RELEASE_RUNS", "5"))
+"""Runs of the scenario in a row: 5 in ``make test-slow`` (about a minute); the issue's 20 with
+``LIFECYCLE_RELEASE_RUNS=20`` (about 4 minutes, passed 20 of 20 when it landed)."""
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(20 * 150)
-def test_iteration_0_is_accounted_for_on_both_ranks_20_runs_in_a_row(tmp_path: Path) -> None:
-    """20 runs of the 2-rank scenario: every one accounts for iteration 0's group and save on both ranks."""
+@pytest.mark.timeout(RELEASE_RUNS * 150)
+def test_iteration_0_is_accounted_for_on_both_ranks_runs_in_a_row(tmp_path: Path) -> None:
+    """Runs of the 2-rank scenario in a row: every one accounts for iteration 0's group and save on both ranks."""
     seen: dict[str, int] = {}
-    for run in range(20):
+    for run in range(RELEASE_RUNS):
         for said in check_wrapped_pretrain(tmp_path / f"run{run}"):
             key = said[Resource.PROCESS_GROUP.value][0]
             seen[key] = seen.get(key, 0) + 1
-    assert sum(seen.values()) == 40, seen
+    assert sum(seen.values()) == 2 * RELEASE_RUNS, seen
