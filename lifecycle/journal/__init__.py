@@ -16,6 +16,8 @@ with ``strict=False`` skips damaged lines and files, saying what it skipped
 - ``RunEnd`` (``end``): the call ended.
 - ``Verdict`` (``verdict``): a liveness monitor named a stopped, spinning, hung, dead or unresponsive rank.
 - ``MonitorLost`` (``monitor_lost``): the rank's liveness monitor exited while it trained, and what the rank did.
+- ``FailedSave`` (``save_failed``): a checkpoint save every rank dropped, the failures it had, what the rank did.
+- ``StepSkipped`` (``step_skipped``): a step whose update no rank applied (its loss was not finite).
 
 Each carries its ``Origin`` (run id, rank, attempt...). ``docs/journal.md`` is the
 schema, field by field, and how versions 1 and 2 read. This package imports nothing
@@ -43,6 +45,7 @@ from lifecycle.journal._records import (
     KINDS,
     VERSION,
     Eval,
+    FailedSave,
     Failure,
     Left,
     MonitorLost,
@@ -50,6 +53,7 @@ from lifecycle.journal._records import (
     Record,
     RunEnd,
     RunStart,
+    StepSkipped,
     TeardownStep,
     TrainStep,
     Transition,
@@ -61,6 +65,7 @@ __all__ = [
     "V1_RUN_ID",
     "VERSION",
     "Eval",
+    "FailedSave",
     "Failure",
     "JournalWriter",
     "Left",
@@ -72,6 +77,7 @@ __all__ = [
     "RunEnd",
     "RunStart",
     "Skipped",
+    "StepSkipped",
     "TeardownStep",
     "TrainStep",
     "Transition",

@@ -256,14 +256,73 @@ class MonitorLost(_Record):
     new_pid: int | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailedSave(_Record):
+    """A checkpoint save of ``step`` that every rank dropped (``lifecycle.checkpoint.SaveFailed``), at ``time``.
+
+    ``failures``: one text per failed rank (the rank, its file, the OS error) or rank
+    0's commit error, the same on every rank. ``consecutive``: failed saves in a row,
+    this one included. ``action``: ``continued`` (training went on) or ``failed`` (the
+    attempt failed on it).
+    """
+
+    kind: ClassVar[str] = "save_failed"
+    origin: Origin
+    step: int
+    failures: tuple[str, ...]
+    consecutive: int
+    action: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSkipped(_Record):
+    """Step ``step``'s update was applied on no rank: the loss was not finite on ``ranks`` rank(s).
+
+    ``loss`` is this rank's own. ``consecutive``: skipped steps in a row, this one included. Written at ``time``.
+    """
+
+    kind: ClassVar[str] = "step_skipped"
+    origin: Origin
+    step: int
+    loss: float
+    ranks: int
+    consecutive: int
+    time: float
+
+
 Record: TypeAlias = (
-    RunStart | Transition | TeardownStep | Left | TrainStep | Eval | RunEnd | Failure | Verdict | MonitorLost
+    RunStart
+    | Transition
+    | TeardownStep
+    | Left
+    | TrainStep
+    | Eval
+    | RunEnd
+    | Failure
+    | Verdict
+    | MonitorLost
+    | FailedSave
+    | StepSkipped
 )
 """Any journal record."""
 
 KINDS: dict[str, type[Record]] = {
     c.kind: c
-    for c in (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict, MonitorLost)
+    for c in (
+        RunStart,
+        Transition,
+        TeardownStep,
+        Left,
+        TrainStep,
+        Eval,
+        RunEnd,
+        Failure,
+        Verdict,
+        MonitorLost,
+        FailedSave,
+        StepSkipped,
+    )
 }
 """Each record class by its JSON ``kind``."""
 

@@ -150,6 +150,8 @@ def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
         "failure",
         "verdict",
         "monitor_lost",
+        "save_failed",
+        "step_skipped",
     }
     for cls in KINDS.values():
         names = [f.name for f in compile_fields(cls, skip=frozenset({"origin"})).fields]
