@@ -1,9 +1,10 @@
 """A step whose loss is not finite: fail, skip its update, or warn (``TrainingConfig.on_nonfinite_loss``).
 
 Decided on a value every rank already agrees on, before the optimizer applies the
-update: each rank adds ``1`` to one slot of the loop's per-step ``all_reduce`` (the one
-that carries the loss and the stop flags) when its own loss is NaN or infinite, so
-every rank reads the same count and takes the same branch, at no extra collective.
+update: each rank whose own loss is NaN or infinite adds ``1``, its rank plus one, and
+that loss to three slots of the loop's per-step ``all_reduce`` (the one that carries the
+loss and the stop flags), so every rank reads the same count (and, when it is one rank,
+which rank and what value) and takes the same branch, at no extra collective.
 Why the loss and not the gradient norm: ``pretrain``'s optimizer is a plain
 ``torch.optim.Adam``, not Megatron's distributed optimizer, so no found-inf flag or
 gradient norm is reduced already; computing one would cost a pass over every gradient
@@ -37,8 +38,11 @@ class NonfiniteGuard:
         self.in_a_row = 0
         self.warned = 0
 
-    def apply(self, step: int, loss: float, ranks: int) -> bool:
-        """Whether step ``step``'s update is to be applied; ``ranks``: how many ranks' loss was not finite (agreed).
+    def apply(self, step: int, loss: float, ranks: int, culprit: int | None, value: float) -> bool:
+        """Whether step ``step``'s update is to be applied; the arguments are the agreed sums (``loss``: this rank's).
+
+        ``ranks``: how many ranks' loss was not finite; ``culprit`` and ``value``: the
+        rank and its loss when it was one rank (else None, and a non-finite value).
 
         Raises ``NonfiniteLoss`` under ``fail``, and under ``skip`` at the
         ``max_consecutive_skipped_steps``-th skip in a row. Same answer on every rank.
@@ -48,7 +52,7 @@ class NonfiniteGuard:
             return True
         policy = self.config.on_nonfinite_loss
         if policy is OnNonfiniteLoss.FAIL:
-            raise NonfiniteLoss(step, self.rank, loss, ranks, 0)
+            raise NonfiniteLoss(step, culprit, value, ranks, 0)
         if policy is OnNonfiniteLoss.WARN:
             self.warned += 1
             if self.warned == 1 and self.rank == 0:
@@ -60,7 +64,7 @@ class NonfiniteGuard:
             return True
         self.in_a_row += 1
         if self.in_a_row >= self.config.max_consecutive_skipped_steps:
-            raise NonfiniteLoss(step, self.rank, loss, ranks, self.in_a_row)
+            raise NonfiniteLoss(step, culprit, value, ranks, self.in_a_row)
         self.skipped += 1
         self.journal.write(
             StepSkipped(

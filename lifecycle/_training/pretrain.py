@@ -450,7 +450,7 @@ class _Run:
                     local_loss,
                     float(self.stops.requested() is not None),
                     float(timed_out),
-                    float(not math.isfinite(local_loss)),
+                    *((1.0, self.rank + 1.0, local_loss) if not math.isfinite(local_loss) else (0.0, 0.0, 0.0)),
                 ],
                 dtype=torch.float64,
                 device=self.device,
@@ -458,7 +458,9 @@ class _Run:
             dist.all_reduce(flags)
             flags = flags.cpu()
             try:
-                apply = self.guard.apply(step, local_loss, int(flags[3].item()))
+                bad = int(flags[3].item())
+                culprit = int(flags[4].item()) - 1 if bad == 1 else None
+                apply = self.guard.apply(step, local_loss, bad, culprit, flags[5].item())
             except NonfiniteLoss:
                 if checkpointer is not None and checkpointer.in_flight:
                     self.commit(checkpointer)  # every rank is here: the last good save still lands

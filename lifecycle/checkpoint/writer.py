@@ -208,7 +208,15 @@ class AsyncCheckpointer:
         if self.layout is not None and not self.layout.writes:
             # A replica: the slice's first replica writes the same state. Nothing to stage.
             replica = Pending(step, 0, None)
-            replica.future.set_result(Shard(0, bytes(32), written=False))
+            try:
+                if self._before_write is not None:
+                    self._before_write()  # the fault seam: a replica's "write" can fail too
+            except Exception as exc:  # noqa: BLE001 - reported in the commit, like a writer's failure
+                replica.future.set_exception(
+                    CheckpointError(f"rank {self._rank} (a replica) failed its save: {os_error_text(exc)}")
+                )
+            else:
+                replica.future.set_result(Shard(0, bytes(32), written=False))
             with self._lock:
                 self._refuse_if_aborted()
                 self._pending = replica
