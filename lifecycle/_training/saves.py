@@ -82,7 +82,7 @@ class Saves:
             FailedSave(
                 origin=self.journal.origin,
                 step=exc.step,
-                failures=exc.failures,
+                error=str(exc),
                 consecutive=len(self.in_a_row),
                 action="failed" if error is not None else "continued",
                 time=time.time(),

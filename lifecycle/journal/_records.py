@@ -260,16 +260,16 @@ class MonitorLost(_Record):
 class FailedSave(_Record):
     """A checkpoint save of ``step`` that every rank dropped (``lifecycle.checkpoint.SaveFailed``), at ``time``.
 
-    ``failures``: one text per failed rank (the rank, its file, the OS error) or rank
-    0's commit error, the same on every rank. ``consecutive``: failed saves in a row,
-    this one included. ``action``: ``continued`` (training went on) or ``failed`` (the
-    attempt failed on it).
+    ``error``: the failure as every rank raised it (``SaveFailed``'s text: each failed
+    rank with its file and OS error, or rank 0's commit error), the same on every rank.
+    ``consecutive``: failed saves in a row, this one included. ``action``:
+    ``continued`` (training went on) or ``failed`` (the attempt failed on it).
     """
 
     kind: ClassVar[str] = "save_failed"
     origin: Origin
     step: int
-    failures: tuple[str, ...]
+    error: str
     consecutive: int
     action: str
     time: float

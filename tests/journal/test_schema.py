@@ -17,7 +17,20 @@ import pytest
 from support.internals import synthetic
 from support.journals import v1_failed_call
 
-from lifecycle.journal import KINDS, VERSION, Left, MonitorLost, Origin, TeardownStep, TrainStep, Verdict, parse, read
+from lifecycle.journal import (
+    KINDS,
+    VERSION,
+    FailedSave,
+    Left,
+    MonitorLost,
+    Origin,
+    StepSkipped,
+    TeardownStep,
+    TrainStep,
+    Verdict,
+    parse,
+    read,
+)
 from lifecycle.journal._records import build, usual
 from lifecycle.journal._schema import compile_fields
 
@@ -215,7 +228,12 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
         origin=ORIGIN, pid=7, how="was killed by SIGKILL", action="restarted", phase="step", step=3, note="…",
         time=5.0, new_pid=8,
     )  # fmt: skip
-    records = [*synthetic_run, left, verdict, lost]
+    failed_save = FailedSave(
+        origin=ORIGIN, step=4, error="rank 1 could not write: [Errno 28 ENOSPC]", consecutive=1,
+        action="continued", time=5.0,
+    )  # fmt: skip
+    skipped = StepSkipped(origin=ORIGIN, step=5, loss=float("inf"), ranks=1, consecutive=1, time=6.0)
+    records = [*synthetic_run, left, verdict, lost, failed_save, skipped]
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
     shared: dict[object, object] = {}
     fast = []

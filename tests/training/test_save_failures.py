@@ -52,7 +52,7 @@ def test_a_failed_save_is_recorded_and_training_goes_on(tmp_path: Path) -> None:
     assert found is not None and found[0] == 6
     (record,) = failed_saves(tmp_path)
     assert (record.step, record.consecutive, record.action) == (2, 1, "continued")
-    assert "rank 0" in record.failures[0] and "ENOSPC" in record.failures[0]
+    assert "rank 0 could not write" in record.error and "ENOSPC" in record.error
     assert not any(p.name.startswith("__0_") for p in (tmp_path / "ckpt" / "step_0000000002").glob("*"))
 
 

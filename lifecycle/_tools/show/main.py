@@ -115,7 +115,7 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
         elif isinstance(r, FailedSave):
             then = "training went on" if r.action == "continued" else "the attempt failed on it"
             text = f"checkpoint save of step {r.step} FAILED ({r.consecutive} in a row; {then}): "
-            events.append((r.time, text + _short("; ".join(r.failures))))
+            events.append((r.time, text + _short(r.error)))
         elif isinstance(r, StepSkipped):
             text = f"step {r.step} skipped: its loss was not finite on {r.ranks} rank(s) ({r.consecutive} in a row)"
             events.append((r.time, text))
