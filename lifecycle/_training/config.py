@@ -232,7 +232,9 @@ class FaultInjection:
     For the phases in ``STEPPED_PHASES`` it fires the first time that phase runs at a
     step >= ``step``; the other phases run once per ``pretrain`` call. ``kind``
     (``FaultKind``, default ``raise``) says what it does: raise ``InjectedFault``, or,
-    silently, kill, stop, hang or spin the rank's process.
+    silently, kill, stop, hang or spin the rank's process; the data faults
+    (``DATA_FAULTS``: a save's write failing with ``ENOSPC``, a NaN loss) fire once, at
+    their own phase only, and leave the rank running.
     """
 
     phase: Phase
