@@ -93,3 +93,25 @@ def test_a_save_policy_is_read_from_its_name() -> None:
     assert CheckpointConfig(dir="x", on_save_error="fail").on_save_error is OnSaveError.FAIL  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"checkpoint\.on_save_error"):
         CheckpointConfig(dir="x", on_save_error="ignore")  # type: ignore[arg-type]
+
+
+class RequestExitAt(Callback):
+    """Requests a graceful exit from ``on_step_end`` at one step."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+        if step == self.step:
+            session.request_exit("test")
+
+
+def test_a_requested_stop_whose_final_save_fails_becomes_a_failure_naming_the_last_good_step(tmp_path: Path) -> None:
+    """A stop requested at step 5 ends after step 6; its final save fails: SaveFailures names step 4, still latest."""
+    fault = FaultInjection(Phase.CHECKPOINT, rank=0, step=5, kind=FaultKind.SAVE_ERROR)
+    config = config_of_one(tmp_path, iterations=10, interval=4, fault=fault)
+    with pytest.raises(SaveFailures, match=r"the final checkpoint \(step 6\) failed") as caught:
+        pretrain(config, callbacks=[RequestExitAt(5)])
+    assert caught.value.last_committed == 4
+    found = latest_checkpoint(tmp_path / "ckpt")
+    assert found is not None and found[0] == 4
