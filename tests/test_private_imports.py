@@ -51,12 +51,23 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "restart/test_nvml.py": frozenset({"lifecycle.restart._nvml"}),
     "tools/test_demo_options.py": frozenset({"lifecycle._tools.demo.main", "lifecycle._tools.demo.options"}),
     "tools/test_demo_report.py": frozenset({"lifecycle._tools.demo.report"}),
+    "tools/test_demo_signals.py": frozenset({"lifecycle._tools.demo.main", "lifecycle._tools.demo.options"}),
     "tools/test_usage.py": frozenset(
         {"lifecycle._tools.cli.main", "lifecycle._tools.cli.usage", "lifecycle._tools.demo.options"}
     ),
     "tools/test_diagrams.py": frozenset({"lifecycle._tools.diagrams.draw"}),
     "tools/test_mermaid_parse.py": frozenset({"lifecycle._tools.show.main"}),
     "tools/test_show.py": frozenset({"lifecycle._tools.show.main", "lifecycle._tools.show.model"}),
+    "tools/test_show_evidence.py": frozenset(
+        {
+            "lifecycle._tools.demo.report",
+            "lifecycle._tools.show.cause",
+            "lifecycle._tools.show.main",
+            "lifecycle._tools.show.model",
+            "lifecycle._tools.show.synthetic",
+            "lifecycle._tools.show.verdict",
+        }
+    ),
     "tools/test_show_model.py": frozenset({"lifecycle._tools.show.model", "lifecycle._tools.show.verdict"}),
     "tools/test_show_scale.py": frozenset(
         {
@@ -69,6 +80,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     ),
     "tools/test_show_verdict.py": frozenset(
         {
+            "lifecycle._tools.show.claims",
             "lifecycle._tools.show.gantt",
             "lifecycle._tools.show.main",
             "lifecycle._tools.show.model",

@@ -12,8 +12,9 @@ the exception of a failed iteration).
 from __future__ import annotations
 
 import math
-import re
 from typing import TYPE_CHECKING
+
+from lifecycle.journal.evidence import Kind
 
 if TYPE_CHECKING:
     from lifecycle._core.states import State, Trigger
@@ -41,19 +42,6 @@ def describe(error: BaseException) -> str:
         except Exception:  # noqa: BLE001 - an error being handled must never be replaced by its own text
             continue
     return f"{name} (its str() and repr() raise)"
-
-
-BROKEN_CONNECTION = re.compile(
-    r"connection (?:reset|closed|refused|lost)|closed by peer|broken pipe|read error|write error|ECONNRESET|EPIPE"
-    r"|socket (?:timeout|closed)|the store is gone|is unreachable",
-    re.IGNORECASE,
-)
-"""What an error says when a rank's connection to a peer that failed broke: a consequence, never a cause."""
-
-
-def broken_connection(error: str) -> bool:
-    """Whether ``error`` (``describe``'s text) is a broken connection: a consequence of a peer's failure."""
-    return BROKEN_CONNECTION.search(error) is not None
 
 
 class InvalidTransition(LifecycleError):
@@ -106,6 +94,8 @@ class StepTimedOut(LifecycleError, TimeoutError):
 class StoreHostLost(LifecycleError):
     """The rendezvous store's host stopped answering: raised into the training thread by the rank's liveness monitor.
 
+    Its ``failure_kind`` is ``Kind.STORE_HOST_LOST``.
+
     The store's host is torchrun's agent under torchrun (rank 0 under lifecycle's own
     launcher). Its monitor found the store silent for longer than the phase's deadline plus
     four intervals (``LivenessConfig``), and the session had not finished: without the
@@ -114,6 +104,8 @@ class StoreHostLost(LifecycleError):
     names it too and says for how long it was silent. Raised only in ``kill`` mode, from a signal handler
     (``pretrain`` installs it on the main thread).
     """
+
+    failure_kind = Kind.STORE_HOST_LOST
 
     def __init__(self, host: str, detail: str) -> None:
         self.host = host
@@ -129,8 +121,11 @@ class MonitorLost(LifecycleError):
     lost too (or cannot be started), a rank in ``kill`` mode fails with this rather than
     train on unsupervised (``report`` mode goes on without). ``rank`` is the rank,
     ``detail`` says how each monitor ended. Raised from the same signal handler as
-    ``StoreHostLost`` (``pretrain`` installs it on the main thread).
+    ``StoreHostLost`` (``pretrain`` installs it on the main thread). Its ``failure_kind``
+    is ``Kind.MONITOR_LOST``.
     """
+
+    failure_kind = Kind.MONITOR_LOST
 
     def __init__(self, rank: int, detail: str) -> None:
         self.rank = rank

@@ -61,7 +61,8 @@ class FailureEvent:
     ``time``: when (wall clock). ``phase`` and ``step``: where the caller said it was
     (``Session.progress``), else the state's name and None. ``announcement``: what came
     of telling the other ranks (``AnnouncesFailures``); actions that cannot tell them
-    give one with ``seq`` None and ``unpublished`` saying so.
+    give one with ``seq`` None and ``unpublished`` saying so. ``kind``: what the failure
+    is (a ``lifecycle.journal.evidence.Kind`` value; ``raised`` unless known otherwise).
     """
 
     phase: str
@@ -69,6 +70,7 @@ class FailureEvent:
     error: str
     time: float
     announcement: Announcement
+    kind: str = "raised"
 
 
 SessionEvent = TransitionEvent | TeardownEvent | ReclaimEvent | FailureEvent

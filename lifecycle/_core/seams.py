@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from lifecycle._core.errors import describe
 from lifecycle._core.resources import Handler, Resource
+from lifecycle.journal.evidence import Evidence
 
 
 class DistributedActions(Protocol):
@@ -68,13 +69,15 @@ class Announcement:
     ``unpublished`` says why. ``first_rank``: the peer whose notice has the lowest
     sequence number, when that is not this rank (None otherwise, or unknown). ``note``:
     the note for this rank's exception ("" when this rank's notice came first): a
-    peer's failure came first, or the first failure is unknown and why.
+    peer's failure came first, or the first failure is unknown and why. ``first``: the
+    first failure's typed facts, when a peer's and its notice or verdict carried them.
     """
 
     seq: int | None
     unpublished: str = ""
     first_rank: int | None = None
     note: str = ""
+    first: Evidence | None = None
 
 
 @runtime_checkable

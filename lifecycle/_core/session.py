@@ -21,6 +21,7 @@ from lifecycle._core.events import (
     TransitionEvent,
 )
 from lifecycle._core.executor import StepRecord, TeardownReport, raise_failures
+from lifecycle._core.failing import fail_surely
 from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.holdings import Holdings
 from lifecycle._core.machine import Driver
@@ -32,6 +33,7 @@ from lifecycle._core.shield import Shield, TeardownInterrupted
 from lifecycle._core.states import Owner, State, Trigger
 from lifecycle._core.teardown import STEP_CODES, TeardownRunner
 from lifecycle._core.worker import POOL
+from lifecycle.journal.evidence import kind_of
 
 logger = logging.getLogger("lifecycle.session")
 
@@ -247,9 +249,18 @@ class Session:
         ``lifecycle._core.worker``): an exception raised into this thread meanwhile (NVRx's
         ``RankShouldRestart``, raised again and again past its soft timeout) cannot cut it
         short. The first one is raised from ``error`` once the session is final, so a
-        restart wrapper still gets its request; later ones are noted on ``error``.
+        restart wrapper still gets its request; later ones are noted on ``error``. One that
+        lands before that wait (from this method's first instruction that does anything on)
+        does not stop the teardown either: it is raised from ``error`` once the session is
+        final (``lifecycle._core.failing``).
         """
-        return self._shielded(lambda: self._fail(error), Outcome.FAILURE, error)
+        try:
+            return self._shielded(lambda: self._fail(error), Outcome.FAILURE, error)
+        except BaseException as landed:
+            if self.state.is_final:
+                raise
+            fail_surely(self, error, [landed])  # final, then raises ``landed`` from ``error``
+            raise
 
     def _shielded(
         self, work: Callable[[], TeardownReport], outcome: Outcome, cause: BaseException | None
@@ -276,6 +287,10 @@ class Session:
             raise escalation from cause
         self._teardowns.raise_landed(cause)
         return report
+
+    def final_landings(self, cause: BaseException) -> tuple[TeardownInterrupted | None, list[BaseException]]:
+        """Once final: remove the shield; (the escalation if any, what landed on the waiting thread: emptied)."""
+        return self._end_shield(cause), self._teardowns.take_landed()
 
     def _end_shield(self, cause: BaseException | None = None) -> TeardownInterrupted | None:
         """Once final: remove the shield (a deferred Ctrl-C is raised from ``cause``); return an escalation.
@@ -402,13 +417,13 @@ class Session:
             self._exit(exc)
         except BaseException as landed:  # what lands on _exit's first line included
             if not self.state.is_final:
-                self._fail_surely(exc if exc is not None else landed)
+                fail_surely(self, exc if exc is not None else landed, [])
             raise
 
     def _exit(self, exc: BaseException | None) -> None:
         """The context manager's exit: the failure edge for ``exc``, else finish and close (see the class)."""
         if exc is not None:
-            self._fail_surely(exc)
+            fail_surely(self, exc, [])
             return
         try:
             if self.state is State.TRAINING:
@@ -417,46 +432,11 @@ class Session:
                 self.close()
             elif not self.state.is_final:
                 error = UnfinishedSession(self.state)
-                self._fail_surely(error)
+                fail_surely(self, error, [])
                 raise error
         except BaseException as landed:
-            self._fail_surely(landed)
+            fail_surely(self, landed, [])
             raise
-
-    def _fail_surely(self, error: BaseException) -> None:
-        """``fail(error)`` unless final, also when an exception lands before ``fail`` got going.
-
-        Such an exception (asynchronous: it lands on the first bytecode of ``fail``, or on
-        this loop's own, and the session is still live) does not stop the teardown:
-        ``fail`` runs again, and the first one is raised from ``error`` once the session is
-        final. Two levels: a landing on the first level's own lines is caught by the second.
-        """
-        landed: list[BaseException] = []
-        try:
-            self._fail_loop(error, landed)
-        except BaseException as exc:  # noqa: BLE001 - landed on the loop's own lines: the second level
-            landed.append(exc)
-            self._fail_loop(error, landed)
-        if landed:
-            raise landed[0] from error
-
-    def _fail_loop(self, error: BaseException, landed: list[BaseException]) -> None:
-        """Call ``fail(error)`` until final (at most 100 tries); what it raises before that goes to ``landed``.
-
-        Once final, the shield is removed here too: a landing can cut ``fail`` short between
-        the teardown and the removal.
-        """
-        for _ in range(100):
-            try:
-                if self.state.is_final:
-                    escalation = self._end_shield(error)
-                    landed.extend(self._teardowns.take_landed())
-                    if escalation is not None:
-                        landed.insert(0, escalation)
-                    return
-                self.fail(error)
-            except BaseException as exc:  # noqa: BLE001 - kept: raised once final
-                landed.append(exc)
 
     # -- internals --------------------------------------------------------------------
 
@@ -549,7 +529,7 @@ class Session:
             error.add_note(announcement.note)
             logger.error("%s: %s", self.label, announcement.note)
         if self._observers:
-            self._notify(FailureEvent(phase, self._step, describe(error), now, announcement))
+            self._notify(FailureEvent(phase, self._step, describe(error), now, announcement, kind_of(error).value))
 
     def _fail_teardown(
         self,

@@ -112,9 +112,15 @@ class TeardownRunner:
         a step that does not return within ``STEP_GRACE_S`` (a release that hangs), this
         thread leaves it running there, runs what must not be skipped, and the session
         goes ``failed`` (``Host.teardown_abandoned``); the interrupt is raised.
+
+        An exception that lands before the wait loop (``run_waiting``) propagates and
+        leaves the job on record: the next ``wait`` goes on with that job, not ``work``
+        (it may be running already: there must never be two teardowns).
         """
-        job: Job[TeardownReport] = Job(work)
-        self._job = job
+        job = self._job
+        if job is None or job.done.is_set() or job.abandoned:
+            job = Job(work)
+            self._job = job
         try:
             run_waiting(job, self.landed, _serve, stop=(TeardownInterrupted,))
         except TeardownInterrupted as escalation:
@@ -131,7 +137,8 @@ class TeardownRunner:
                     self.landed.append(exc)
                 running = job.in_step
         finally:
-            self._job = None
+            if job.done.is_set() or job.abandoned:
+                self._job = None
         if job.error is not None:
             raise job.error
         assert job.result is not None

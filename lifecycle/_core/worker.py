@@ -74,9 +74,16 @@ class Job(Generic[T]):
         self.thread: threading.Thread | None = None
         self.waiter = threading.current_thread()
         """The thread that made the job and waits for it: ``on_caller`` runs there."""
+        self._claim = threading.Lock()
 
     def run(self) -> None:
-        """Run ``fn`` here (a worker's thread, or the caller's own as a fallback); never raises."""
+        """Run ``fn`` here (a worker's thread, or the caller's own as a fallback); never raises.
+
+        At most once: a job handed over again (a landing cut its first hand-over short) runs
+        where it was claimed first; the other ``run`` returns at once.
+        """
+        if not self._claim.acquire(blocking=False):
+            return
         self.thread = threading.current_thread()
         try:
             self.result = self._fn()
@@ -247,10 +254,12 @@ def run_waiting(
     idle worker, it runs here, unprotected. An exception ``serve`` raises that is one of
     ``stop`` (an escalated interrupt) ends the wait and propagates (the job runs on).
     Returns the job (``result`` / ``error`` set once ``done``).
+
+    Before the wait loop, what lands here propagates: call it again with the same job to
+    go on (the job is handed over again, and runs once however often it was).
     """
     if not POOL.submit(job):
-        job.run()
-        return job
+        job.run()  # a no-op where a worker claimed it already: the loop then waits for that one
     while True:
         try:
             while not job.done.is_set():

@@ -32,7 +32,7 @@ Every ``interval_s`` it
   the phase's deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
   ``kill`` mode, the rank is told (``check_store``).
 
-A verdict on its own rank (kind ``stopped``, ``spinning``, ``waiting``, or ``died`` when
+A verdict on its own rank (kind ``stopped``, ``spinning``, ``hang``, or ``died`` when
 the rank's process is gone without saying it was done) is published as the rank's
 failure notice (``<prefix>/failures/<seq>``, the format of ``lifecycle._torch.notice``)
 and as ``<prefix>/liveness/verdict/<n>``; then, unless ``mode`` is ``report``, the
@@ -56,16 +56,19 @@ import time
 
 if __package__:
     from lifecycle._liveness.deadlines import LOOP_PHASES, Deadlines
-    from lifecycle._liveness.page import PAGE_SIZE, Position, kind_words, process_state, read_marks, write_verdict
+    from lifecycle._liveness.page import PAGE_SIZE, Position, process_state, read_marks, write_verdict
     from lifecycle._liveness.settings import Settings
     from lifecycle._liveness.summary import Summary, summarize
     from lifecycle._liveness.wire import StoreClient, StoreError
+    from lifecycle.journal.evidence import VERDICT_PREFIX, Evidence, Kind
 else:  # run as a script (python -S -E -s monitor.py): its folder is on the path; never import the package (torch)
+    # The evidence module is standard library only, like this folder's: loaded from its file, not its package.
+    sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "journal"))
     from deadlines import LOOP_PHASES, Deadlines  # type: ignore[import-not-found,no-redef]
+    from evidence import VERDICT_PREFIX, Evidence, Kind  # type: ignore[import-not-found,no-redef]
     from page import (  # type: ignore[import-not-found,no-redef]
         PAGE_SIZE,
         Position,
-        kind_words,
         process_state,
         read_marks,
         write_verdict,
@@ -74,7 +77,7 @@ else:  # run as a script (python -S -E -s monitor.py): its folder is on the path
     from summary import Summary, summarize  # type: ignore[import-not-found,no-redef]
     from wire import StoreClient, StoreError  # type: ignore[import-not-found,no-redef]
 
-JOURNAL_VERSION = 3
+JOURNAL_VERSION = 4
 """The ``lifecycle.journal`` schema version of the verdict records this monitor writes (a test keeps it equal)."""
 
 # -- the monitor -------------------------------------------------------------------------
@@ -132,7 +135,7 @@ class Monitor:
             self.observe(position, now)
             if self.parent_died or process_state(self.s.pid) is None:
                 if not self.judged and not read_marks(self.page).done:
-                    self.judge("died", position, now - self.changed, None, "its process is gone")
+                    self.judge(Kind.DIED, position, now - self.changed, None, "its process is gone")
                 return 0
             if not self.judged:  # first, from /proc: a frozen store must not delay it
                 self.classify(position, now)
@@ -250,16 +253,16 @@ class Monitor:
         if state is None:
             return  # the next tick reports the death
         if state in ("T", "t"):
-            self.judge("stopped", position, age, deadline, f"its process is stopped (state {state})")
+            self.judge(Kind.STOPPED, position, age, deadline, f"its process is stopped (state {state})", state)
         elif state == "R":
             self.running_ticks += 1
             if self.running_ticks >= 2:
-                self.judge("spinning", position, age, deadline, "its process runs without progress")
+                self.judge(Kind.SPINNING, position, age, deadline, "its process runs without progress", state)
         else:
             self.running_ticks = 0
             behind = "" if self.seen else self.behind(position, age)
             if behind and not self.verdict_out():
-                self.judge("waiting", position, age, deadline, f"it sleeps in {position.where()}; {behind}")
+                self.judge(Kind.HANG, position, age, deadline, f"it sleeps in {position.where()}; {behind}", state)
 
     def verdict_out(self) -> bool:
         """Whether the attempt has a verdict already (then copied to the page and acknowledged, as ``look`` does).
@@ -349,36 +352,39 @@ class Monitor:
         _, _, _, step, phase = json.loads(beat)[:5]
         where = f"phase {phase}" if step is None else f"step {step}, phase {phase}"
         note = (
-            f"rank {self.neighbour} is unresponsive: its monitor has not beaten for {silent:.1f} s "
+            f"rank {self.neighbour} {Kind.UNRESPONSIVE.words}: its monitor has not beaten for {silent:.1f} s "
             f"(last at {where}; its host or monitor is gone, no connection reset)"
         )
-        self.publish(self.neighbour, "unresponsive", phase, step, note, pid=0)
-        self.record(self.neighbour, "unresponsive", phase, step, note)
+        facts = Evidence(Kind.UNRESPONSIVE.value, self.neighbour, step, phase, "", silent, None, "neighbour")
+        self.publish(facts, note, pid=0)
+        self.record(facts, note)
         self.neighbour_changed = now + 3600.0
 
-    def judge(self, kind: str, position: Position, age: float, deadline: float | None, why: str) -> None:
-        """Publish the verdict on this rank; then (``kill`` mode) dump its stacks and kill it."""
+    def judge(
+        self, kind: Kind, position: Position, age: float, deadline: float | None, why: str, state: str = ""
+    ) -> None:
+        """Publish the verdict on this rank (its ``/proc`` ``state``); then (``kill`` mode) dump its stacks, kill it."""
         self.judged = True
-        if kind == "died":
+        facts = Evidence(kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor")
+        if kind is Kind.DIED:
             note = f"rank {self.s.rank} died at {position.where()} ({why}; it reported no failure of its own)"
         else:
             note = (
-                f"rank {self.s.rank} {kind_words(kind, position)}: no progress for {age:.1f} s "
+                f"rank {self.s.rank} {kind.words} at {position.where()}: no progress for {age:.1f} s "
                 f"(deadline {deadline:.1f} s); {why}"
             )
             if self.s.mode == "kill":
                 note += f"; its Python stacks are in {self.s.stacks}"
-        verdict = (self.s.rank, kind, position.phase, position.step, note)
-        first = self.publish(*verdict, pid=self.s.pid)
+        first = self.publish(facts, note, pid=self.s.pid)
         _log(f"lifecycle liveness: {note}")
-        stacks = self.s.stacks if self.s.mode == "kill" and kind != "died" else ""
-        self.record(*verdict, stacks=stacks)
-        if kind == "died" or self.s.mode != "kill" or read_marks(self.page).done:
+        stacks = self.s.stacks if self.s.mode == "kill" and kind is not Kind.DIED else ""
+        self.record(facts, note, stacks=stacks, killed=self.s.mode == "kill" and kind is not Kind.DIED)
+        if kind is Kind.DIED or self.s.mode != "kill" or read_marks(self.page).done:
             return  # a rank done since (finished, or failing on its own) is signalled nothing: its handlers may be gone
-        self.dump(kind)
-        if first is None and kind == "stopped":
+        self.dump(kind.value)
+        if first is None and kind is Kind.STOPPED:
             # A stopped rank that hosts the store froze the store too: it answers again now.
-            first = self.publish(*verdict, pid=self.s.pid)
+            first = self.publish(facts, note, pid=self.s.pid)
         if first:
             self.wait_until_seen()
         try:
@@ -402,8 +408,11 @@ class Monitor:
                 return
             time.sleep(min(0.02, self.s.interval_s / 4))
 
-    def record(self, rank: int, kind: str, phase: str, step: int | None, note: str, *, stacks: str = "") -> None:
+    def record(self, facts: Evidence, note: str, *, stacks: str = "", killed: bool = False) -> None:
         """Append the verdict to the rank's journal (a ``lifecycle.journal`` ``verdict`` record); never raises.
+
+        ``facts`` is the verdict's evidence (typed fields of the record); ``killed``: this
+        monitor kills the culprit (its own rank) right after.
 
         One ``write`` on a file opened for appending: the rank's own records, written the
         same way, never interleave with it; after a line the rank's death tore, it starts
@@ -415,14 +424,16 @@ class Monitor:
             "version": JOURNAL_VERSION,
             "kind": "verdict",
             **self.s.origin,
-            "culprit": rank,
-            "verdict": kind,
-            "phase": phase,
-            "step": step,
+            "culprit": facts.rank,
+            "verdict": facts.kind,
+            "phase": facts.phase,
+            "step": facts.step,
             "note": note,
             "time": time.time(),
             "seq": self.seq,
             "stacks": stacks,
+            "evidence": facts.to_json(),
+            "killed": killed,
         }
         data = (json.dumps(line) + "\n").encode()
         try:
@@ -437,15 +448,26 @@ class Monitor:
         except OSError as exc:
             _log(f"lifecycle liveness: could not write the verdict to {self.s.journal}: {exc}")
 
-    def publish(self, rank: int, kind: str, phase: str, step: int | None, note: str, *, pid: int) -> bool | None:
-        """The failure notice of ``rank`` and the verdict, in the store (best effort, each call bounded).
+    def publish(self, facts: Evidence, note: str, *, pid: int) -> bool | None:
+        """The failure notice of the rank ``facts`` name and the verdict, in the store (best effort, bounded).
+
+        Both carry the evidence as typed fields (``kind``, ``evidence``) beside the words.
 
         True if this is the attempt's first verdict (the one every monitor copies to its
         page), False if another came first, None if the store failed.
         """
         now = time.time()
         self.seq = None
-        verdict = {"rank": rank, "kind": kind, "phase": phase, "step": step, "note": note, "time": now}
+        rank, phase, step = facts.rank, facts.phase, facts.step
+        verdict = {
+            "rank": rank,
+            "kind": facts.kind,
+            "phase": phase,
+            "step": step,
+            "note": note,
+            "time": now,
+            "evidence": facts.to_json(),
+        }
         try:
             seq = self.store.add(f"{self.s.prefix}/failures/count", 1)
             notice = {
@@ -454,9 +476,11 @@ class Monitor:
                 "pid": pid,
                 "phase": phase,
                 "step": step,
-                "error": f"LivenessVerdict: {note}"[:300],
+                "error": f"{VERDICT_PREFIX}{note}"[:300],
                 "time": now,
                 "seq": seq,
+                "kind": facts.kind,
+                "evidence": facts.to_json(),
             }
             self.store.set(f"{self.s.prefix}/failures/{seq}", json.dumps(notice).encode())
             self.seq = seq

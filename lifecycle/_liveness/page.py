@@ -80,9 +80,3 @@ def process_state(pid: int) -> str | None:
         return None
     state = text.rsplit(b")", 1)[1].split()[0].decode()
     return None if state in ("Z", "X") else state
-
-
-def kind_words(kind: str, position: Position) -> str:
-    """How a verdict says ``kind``: ``"is stopped at step 3, phase step"``."""
-    words = {"stopped": "is stopped", "spinning": "is spinning", "waiting": "is waiting"}[kind]
-    return f"{words} at {position.where()}"

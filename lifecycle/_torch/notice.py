@@ -4,7 +4,8 @@ Under the attempt's store prefix ``P`` (the one its default group was created on
 failing rank adds 1 to the counter ``P/failures/count``: the result is its sequence
 number (1: the first rank of the attempt to fail, as the store saw it). It then writes
 its notice, ``P/failures/<seq>`` (JSON: ``rank``, ``host``, ``pid``, ``phase``, ``step``,
-``error``, ``time``, ``seq``), and, unless it is first, reads notice 1 to name the rank
+``error``, ``time``, ``seq``, ``kind``: a ``lifecycle.journal.evidence.Kind`` value; a
+liveness monitor's notice adds its ``evidence``), and, unless it is first, reads notice 1 to name the rank
 that failed first: three store requests a rank, whatever the number of ranks failing.
 The first rank's notice may lag its count by a moment (it counts, then writes): a later
 rank waits for it at most ``PEER_WAIT_S``, on the key (no polling).
@@ -13,8 +14,9 @@ The store numbers notices in the order they arrive, which is not always the orde
 ranks failed in. A publish that missed its deadline is not counted after the fact (its
 worker checks the deadline first); one whose count came back late is written with
 ``"late": true``, and a later rank does not take its number as the first failure. Nor
-does it name a notice 1 whose error is a broken connection (``broken_connection``): that
-is a consequence of another rank's failure, whose own notice may simply have arrived
+does it name a notice 1 whose error is a consequence (``lifecycle.journal.evidence.consequence``: a
+broken connection, a timed-out receive, a stop by the launcher) of another rank's failure, whose own notice
+may simply have arrived
 later; ``lifecycle show`` decides from every rank's journal.
 
 A notice must never hold up a teardown, nor raise: ``publish`` returns within
@@ -32,6 +34,7 @@ operation at once (its connection is closed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -42,10 +45,11 @@ from datetime import timedelta
 
 from torch.distributed import DistStoreError, PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
 
-from lifecycle._core.errors import broken_connection, describe
+from lifecycle._core.errors import describe
 from lifecycle._core.seams import Announcement
 from lifecycle._core.worker import POOL as WORKERS
 from lifecycle._liveness import rank as liveness
+from lifecycle.journal.evidence import VERDICT_PREFIX, Evidence, Kind, consequence, error_kind, kind_of
 
 DEADLINE_S = 0.25
 """Bound on the whole of ``publish``, whatever the store does."""
@@ -64,9 +68,6 @@ NAMESPACE = "failures"
 
 VERDICT_WAIT_MAX_S = 1.0
 """The longest a failing rank waits for a liveness verdict (two monitor intervals, at most this)."""
-
-VERDICT_ERROR = "LivenessVerdict: "
-"""How the error of a notice a liveness monitor published begins."""
 
 VERDICTS = "liveness/verdict"
 """The liveness monitors' verdicts (``lifecycle._liveness.monitor``), numbered from 1, under the attempt's prefix."""
@@ -89,6 +90,7 @@ class FailureNotice:
     """One rank's notice: it failed with ``error`` in ``phase`` at training ``step`` (None: none), at ``time``.
 
     ``seq`` is its number in the attempt's count (1 = first); 0 until the store numbered it.
+    ``kind``: what the failure is (a ``Kind`` value; ``raised`` in a notice that has none).
     """
 
     rank: int
@@ -99,6 +101,7 @@ class FailureNotice:
     error: str
     time: float
     seq: int
+    kind: str = Kind.RAISED.value
 
     @classmethod
     def parse(cls, text: str) -> FailureNotice:
@@ -107,13 +110,30 @@ class FailureNotice:
         if not isinstance(data, dict):
             raise ValueError(f"a failure notice is a JSON object, not {type(data).__name__}")
         try:
-            return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+            given = {name: data[name] for name in cls.__dataclass_fields__ if name != "kind"}
+            return cls(**given, kind=str(data.get("kind", Kind.RAISED.value)))
         except KeyError as exc:
             raise ValueError(f"a failure notice without {exc.args[0]!r}") from None
 
     def where(self) -> str:
         """``"step 30, phase step"``, or ``"phase setup"`` without a step."""
         return f"phase {self.phase}" if self.step is None else f"step {self.step}, phase {self.phase}"
+
+    def words(self) -> str:
+        """The kind's words (``lifecycle.journal.evidence``): ``hung``, ``timed out waiting for a peer``."""
+        known = Kind.named(self.kind)
+        if known is Kind.RAISED or known is None:  # an older notice's kind: its error may say more
+            known = error_kind(self.error) or Kind.RAISED
+        return known.words
+
+    def evidence(self, written: dict[str, object]) -> Evidence:
+        """The notice's typed facts: the ``evidence`` a monitor's notice (``written``: its JSON) carries, else its
+        own fields'."""
+        facts = written.get("evidence")
+        if isinstance(facts, dict):
+            with contextlib.suppress(TypeError, ValueError):
+                return Evidence.from_json(facts)
+        return Evidence(self.kind, self.rank, self.step, self.phase)
 
 
 def publish(
@@ -142,7 +162,7 @@ def publish(
     unknown.
     """
     error_line = _line(describe(error), ERROR_CHARS)
-    mine = FailureNotice(rank, socket.gethostname(), os.getpid(), phase, step, error_line, at, seq=0)
+    mine = FailureNotice(rank, socket.gethostname(), os.getpid(), phase, step, error_line, at, 0, kind_of(error).value)
     # On a worker started with the session (no thread starts on the failure path). It gets the
     # notice's text, never ``error``: a worker left behind must not keep the failure's frames
     # (and the process groups they reference) alive.
@@ -171,7 +191,16 @@ def _from_page(outcome: Announcement, verdict: dict[str, object] | None, rank: i
     note = f"lifecycle: {verdict.get('note')}"
     if outcome.note:
         note += f" (the store said: {outcome.note.removeprefix('lifecycle: ')})"
-    return Announcement(outcome.seq, outcome.unpublished, int(str(verdict["rank"])), note)
+    return Announcement(outcome.seq, outcome.unpublished, int(str(verdict["rank"])), note, _facts(verdict))
+
+
+def _facts(verdict: dict[str, object]) -> Evidence | None:
+    """The typed facts a liveness verdict (its JSON, from the page) carries; None if it has none."""
+    facts = verdict.get("evidence")
+    if isinstance(facts, dict):
+        with contextlib.suppress(TypeError, ValueError):
+            return Evidence.from_json(facts)
+    return None
 
 
 def _publish(
@@ -219,21 +248,27 @@ def _publish(
             why = f"notice 1 was counted but not written within {PEER_WAIT_S * 1000:g} ms (its rank may have died)"
             return _first_unknown(seq, why)
         first = FailureNotice.parse(found)
-        first_late = json.loads(found).get("late") is True
+        written = json.loads(found)
+        first_late = written.get("late") is True
     except Exception as exc:  # noqa: BLE001 - an unreadable first notice: unknown, and why
         return _first_unknown(seq, f"notice 1 could not be read: {_brief(exc)}")
     if first_late:
         found_first = _first_unknown(seq, f"rank {first.rank}'s notice 1 was numbered after its deadline (ignored)")
-    elif broken_connection(first.error) and not first.error.startswith(VERDICT_ERROR):
+    elif consequence(first.error, first.kind):
         why = (
-            f"notice 1 is rank {first.rank}'s broken connection ({first.where()}: {first.error}), "
-            "a consequence of another rank's failure"
+            f"notice 1 is rank {first.rank}'s, which {first.words()} ({first.where()}: {first.error}): a consequence"
+            " of another rank's failure, never its cause"
         )
         found_first = _first_unknown(seq, why)
+    elif first.rank == mine.rank and first.kind == Kind.UNRESPONSIVE.value:
+        # A peer's monitor published this rank as silent while it still ran: a stale notice, not its failure.
+        why = "notice 1 is a stale notice: a peer's monitor named this rank unresponsive while it still ran"
+        found_first = _first_unknown(seq, why)
     else:
-        note = f"lifecycle: rank {first.rank} failed first ({first.where()}): {first.error}"
-        found_first = Announcement(seq, "", first.rank, note)
-    if verdict_wait > 0 and not first.error.startswith(VERDICT_ERROR):
+        said = "" if first.words() == Kind.RAISED.words else f"; it {first.words()}"  # a raise: its error says it
+        note = f"lifecycle: rank {first.rank} failed first ({first.where()}{said}): {first.error}"
+        found_first = Announcement(seq, "", first.rank, note, first.evidence(written))
+    if verdict_wait > 0 and not first.error.startswith(VERDICT_PREFIX):
         # Notice 1 may be a peer that a dead rank reset before the dead rank's monitor spoke.
         return _verdict(read_page, seq, verdict_wait, found_first)
     return found_first
@@ -268,7 +303,8 @@ def _verdict(
     while read_page is not None:
         verdict = read_page()
         if verdict is not None and isinstance(verdict.get("rank"), int):
-            return Announcement(seq, "", int(str(verdict["rank"])), f"lifecycle: {verdict.get('note')}")
+            note = f"lifecycle: {verdict.get('note')}"
+            return Announcement(seq, "", int(str(verdict["rank"])), note, _facts(verdict))
         if time.monotonic() >= deadline:
             break
         time.sleep(_POLL_S * 5)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import TypeVar
 
 from lifecycle._core.errors import ConfigError, check_number
 from lifecycle._torch.config import DistributedConfig, ParallelConfig
+from lifecycle.journal.evidence import Kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +126,8 @@ class CheckpointConfig:
     ``lifecycle.checkpoint.load_checkpoint``) if there is one. ``keep_last``: after each
     commit keep only that many complete steps, the newest verified one always among
     them (None: keep everything). ``dir`` is created and probed (a file written, fsynced
-    and removed) at setup, before training.
+    and removed) at setup, before training; a ``dir`` that is a file, or lies under
+    one, is refused here, at construction.
 
     ``on_save_error`` (``OnSaveError``): ``continue`` (default) drops a save that failed
     on any rank (its write, the commit, a write past its bound) on every rank alike,
@@ -154,6 +157,23 @@ class CheckpointConfig:
             raise ConfigError("checkpoint.dir", "must not be empty (use None for no checkpoints)")
         if self.dir is None and (self.interval or self.resume or self.keep_last is not None):
             raise ConfigError("checkpoint.dir", "interval, resume and keep_last need a checkpoint directory")
+        blocker = None if self.dir is None else _file_in_the_way(Path(self.dir))
+        if blocker is not None:
+            raise ConfigError("checkpoint.dir", f"{blocker} is a file, not a folder")
+
+
+def _file_in_the_way(folder: Path) -> Path | None:
+    """The part of ``folder`` (itself or a parent) that exists and is no folder; None if there is none.
+
+    Only the nearest existing part is looked at (a ``stat`` each, nothing written).
+    """
+    for part in (folder, *folder.parents):
+        try:
+            if part.exists():
+                return None if part.is_dir() else part
+        except OSError:  # unreadable: the probe at setup says why
+            return None
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,9 +240,27 @@ class FaultKind(StrEnum):
     NAN = "nan"
     """At phase ``step``: the rank's loss of that one step becomes NaN (its gradients with it)."""
 
+    @property
+    def failure(self) -> Kind:
+        """The failure this fault is (``lifecycle.journal.evidence.Kind``): what the verdict, the words and the cause
+        call it (``hang`` is ``Kind.HANG`` throughout; ``crash`` a rank that ``died``)."""
+        return _FAILURES[self]
+
 
 DATA_FAULTS: dict[FaultKind, Phase] = {FaultKind.SAVE_ERROR: Phase.CHECKPOINT, FaultKind.NAN: Phase.STEP}
 """Faults that change what the rank computes or writes, once, instead of stopping it; each at its one phase."""
+
+
+_FAILURES = {
+    FaultKind.RAISE: Kind.RAISED,
+    FaultKind.CRASH: Kind.DIED,
+    FaultKind.STOP: Kind.STOPPED,
+    FaultKind.HANG: Kind.HANG,
+    FaultKind.SPIN: Kind.SPINNING,
+    # When they fail the attempt (on_save_error="fail"; a NaN loss by default) they raise on every rank.
+    FaultKind.SAVE_ERROR: Kind.RAISED,
+    FaultKind.NAN: Kind.RAISED,
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from lifecycle._core.errors import ConfigError, InvalidTransition, SessionFinished, UnfinishedSession
 from lifecycle.journal import RunEnd, TrainStep, journal_path, load, run_id
+from lifecycle.journal.evidence import Kind
 
-STOPPED_BY_LAUNCHER = "stopped_by_launcher"
+STOPPED_BY_LAUNCHER = Kind.STOPPED_BY_LAUNCHER.value
 """A failed call's ``exit_reason`` in its journal's ``end`` record when the launcher stopped it after a peer failed."""
 
 NO_PROGRESS_LIMIT = 3
@@ -75,11 +76,15 @@ class ExitCode(IntEnum):
 class StoppedByLauncher(BaseException):
     """The launcher stopped this rank (``signal``, e.g. SIGTERM) because another rank failed: ``why`` says which.
 
+    Its ``failure_kind`` is ``Kind.STOPPED_BY_LAUNCHER``: a consequence, never the cause.
+
     Not a requested exit: the rank takes the failure edge at once (no final save); a
     restart resumes from the last committed checkpoint (``exit_code``: ``RESTART``). A
     ``BaseException``, like ``KeyboardInterrupt``: the process was told to end, so a
     retry loop that catches ``Exception`` does not start another attempt in it.
     """
+
+    failure_kind = Kind.STOPPED_BY_LAUNCHER
 
     def __init__(self, signal: str, why: str) -> None:
         """Record the signal's name and the peer's failure, as evidence."""

@@ -17,6 +17,7 @@ from lifecycle._core.events import FailureEvent, ReclaimEvent, SessionEvent, Tra
 from lifecycle._core.session import Session
 from lifecycle._core.states import State
 from lifecycle.journal import Failure, JournalWriter, Left, Origin, Record, RunStart, TeardownStep, Transition
+from lifecycle.journal.evidence import Evidence
 
 logger = logging.getLogger("lifecycle.pretrain")
 
@@ -82,6 +83,8 @@ class RunJournal:
                     unpublished=told.unpublished,
                     first_rank=told.first_rank,
                     note=told.note,
+                    evidence=Evidence(event.kind, origin.rank, event.step, event.phase),
+                    first=told.first,
                 )
             )
             return

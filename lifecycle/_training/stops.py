@@ -36,15 +36,10 @@ from lifecycle._core.states import State
 from lifecycle._core.worker import POOL as WORKERS
 from lifecycle._liveness.rank import RankMonitor
 from lifecycle._training.exits import StoppedByLauncher
+from lifecycle.journal.evidence import VERDICT_PREFIX, Kind, consequence, error_kind, kind_of
 
 STORE_READ_S = 0.2
 """The longest a SIGTERM waits for the store to say whether a peer failed (a live store answers in well under 1 ms)."""
-
-_LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
-"""How gloo says a collective lost a peer's process."""
-
-_VERDICT_ERROR = "LivenessVerdict: "
-"""How a notice a liveness monitor published begins its error (``lifecycle._torch.notice.VERDICT_ERROR``)."""
 
 _TRAINING_STATES = (State.DIST_READY, State.GLOBALS_READY, State.TRAINING)
 """Where a SIGTERM with evidence raises: user code runs, no teardown."""
@@ -139,7 +134,7 @@ class LauncherStops:
     def peer_failure(self, error: BaseException | None) -> str | None:
         """A peer's failure this rank knows of, in words; None if none (see the module docstring for the order)."""
         found = self._page() or self._notice()
-        if found is None and error is not None and any(mark in str(error) for mark in _LOST_PEER):
+        if found is None and error is not None and kind_of(error) is Kind.CONNECTION_LOST:
             found = "a peer's process left (this rank's collective lost its connection)"
         return found
 
@@ -191,11 +186,14 @@ def _first_notice(store: Store, rank: int) -> str | None:
         if not store.check(["failures/1"]):
             return None
         notice = json.loads(bytes(store.get("failures/1")).decode())
-        first, error = int(notice["rank"]), str(notice["error"])
+        first, error, kind = int(notice["rank"]), str(notice["error"]), str(notice.get("kind", ""))
     except Exception:  # noqa: BLE001 - an unreadable notice is no evidence
         return None
     if first == rank:
         return None
-    if error.startswith(_VERDICT_ERROR):
-        return error.removeprefix(_VERDICT_ERROR)
+    if error.startswith(VERDICT_PREFIX):
+        return error.removeprefix(VERDICT_PREFIX)
+    if consequence(error, kind):  # never the cause: say what it was, and that the cause is not named
+        said = Kind.named(kind) if kind and kind != Kind.RAISED.value else error_kind(error)
+        return f"rank {first} {said.words if said else 'failed'} (a consequence; the cause is not named): {error}"
     return f"rank {first} failed: {error}"

@@ -1,9 +1,9 @@
-"""The run journal, a file format: one file per rank, one JSON record per line, schema version 3.
+"""The run journal, a file format: one file per rank, one JSON record per line, schema version 4.
 
 ``pretrain`` (with ``journal_dir``) writes a rank's records to ``<dir>/rank<R>.jsonl``
 as they happen; ``python -m lifecycle show`` reads them, and so can anyone: ``read``
 (or ``load``, which also reports torn lines; ``load_each``, a file at a time; ``stream``,
-a record at a time) returns typed, frozen records, version 1 and 2 files included, and
+a record at a time) returns typed, frozen records, version 1, 2 and 3 files included, and
 with ``strict=False`` skips damaged lines and files, saying what it skipped
 (``Skipped``); ``JournalWriter`` appends them. The record types:
 
@@ -18,9 +18,15 @@ with ``strict=False`` skips damaged lines and files, saying what it skipped
 - ``MonitorLost`` (``monitor_lost``): the rank's liveness monitor exited while it trained, and what the rank did.
 - ``FailedSave`` (``save_failed``): a checkpoint save every rank dropped, the failures it had, what the rank did.
 - ``StepSkipped`` (``step_skipped``): a step whose update no rank applied (its loss was not finite).
+- ``Suspicion`` (``suspicion``) and ``Withdrawal`` (``withdrawal``): a monitor's suspicion of a rank, and its
+  withdrawal when the rank made progress again: never a failure.
+
+A failure's facts are typed once, in ``lifecycle.journal.evidence`` (its ``Kind``, their
+words, ``Evidence``, the rule that tells a consequence): the ``evidence`` and ``first``
+fields of ``Failure`` and ``Verdict`` records hold them.
 
 Each carries its ``Origin`` (run id, rank, attempt...). ``docs/journal.md`` is the
-schema, field by field, and how versions 1 and 2 read. This package imports nothing
+schema, field by field, and how versions 1, 2 and 3 read. This package imports nothing
 but the standard library (no torch): a tool may read journals anywhere.
 """
 
@@ -54,10 +60,12 @@ from lifecycle.journal._records import (
     RunEnd,
     RunStart,
     StepSkipped,
+    Suspicion,
     TeardownStep,
     TrainStep,
     Transition,
     Verdict,
+    Withdrawal,
 )
 
 __all__ = [
@@ -78,10 +86,12 @@ __all__ = [
     "RunStart",
     "Skipped",
     "StepSkipped",
+    "Suspicion",
     "TeardownStep",
     "TrainStep",
     "Transition",
     "Verdict",
+    "Withdrawal",
     "each_file",
     "journal_files",
     "journal_path",

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from lifecycle.journal._older import V1_RUN_ID, from_v1, from_v2
+from lifecycle.journal._older import V1_RUN_ID, from_v1, from_v2, from_v3
 from lifecycle.journal._records import (
     KINDS,
     VERSION,
@@ -158,7 +158,7 @@ def _cut_off(text: str, error: json.JSONDecodeError) -> bool:
 
 
 def parse(data: object) -> Record:
-    """The record in the decoded JSON ``data``: a version 3 or version 2 record (see ``docs/journal.md``).
+    """The record in the decoded JSON ``data``: a version 4, 3 or 2 record (see ``docs/journal.md``).
 
     ``ValueError`` saying what is wrong with it, ``field 'x' ...`` where a field is
     (missing, of the wrong type, text no output can write, an unknown ``kind`` or
@@ -173,11 +173,11 @@ def parse(data: object) -> Record:
 def _parse(data: dict[str, Any], shared: Shared | None, *, check: bool) -> Record:
     """``parse``'s work on a JSON object; ``check``: look for unwritable text (``check_text``) first."""
     version = data.get("version")
-    if type(version) is not int or version not in (2, VERSION):
+    if type(version) is not int or version not in (2, 3, VERSION):
         raise unknown_version(data)
     if check:
         check_text(data)
-    return build(data if version == VERSION else from_v2(data), shared)
+    return build(data if version == VERSION else from_v3(from_v2(data) if version == 2 else data), shared)
 
 
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]

@@ -1,4 +1,9 @@
-"""Records of schema versions 1 and 2, read as version 3 records.
+"""Records of schema versions 1, 2 and 3, read as version 4 records.
+
+Version 3 had the same records as version 4 without the typed evidence (``evidence``,
+``first``, ``killed``; read as None, None, False) and called the ``hang`` verdict
+``waiting``; ``from_v3`` renames it. The prose of a version 3 note is read by ``show``
+(``lifecycle._tools.show.older``), never here.
 
 Version 2 had the same records with two fields of prose: a teardown step's ``step``
 was ``kind:name`` (``release_user_resource:cache``), and a left resource's
@@ -18,6 +23,18 @@ from lifecycle.journal._schema import brief
 
 V1_RUN_ID = "v1"
 """The ``run_id`` of records read from a version 1 journal, which had none."""
+
+
+V3_VERDICTS = {"waiting": "hang"}
+"""Version 3's verdict names that version 4 renamed (one name per concept: the fault flag's)."""
+
+
+def from_v3(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The version 4 JSON object for the version 3 (or older, converted) object ``data``: a ``waiting`` verdict
+    reads as ``hang``; every other field as it was (the new ones take their defaults)."""
+    if data.get("kind") == "verdict" and data.get("verdict") in V3_VERDICTS:
+        return {**data, "verdict": V3_VERDICTS[data["verdict"]]}
+    return data
 
 
 def from_v2(data: Mapping[str, Any]) -> Mapping[str, Any]:

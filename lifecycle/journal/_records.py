@@ -1,6 +1,6 @@
-"""The journal's record types (schema version 3): frozen dataclasses, one flat JSON object per line.
+"""The journal's record types (schema version 4): frozen dataclasses, one flat JSON object per line.
 
-The schema, field by field, and what changed from versions 1 and 2 are in
+The schema, field by field, and what changed from versions 1, 2 and 3 are in
 ``docs/journal.md``. Every record's JSON object holds ``version``, ``kind``, the
 fields of its ``Origin`` and its own fields; each field's type is compiled when this
 module loads (``lifecycle.journal._schema``), so a field of a type JSON cannot hold
@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
 from lifecycle.journal._schema import Fields, brief, compile_fields, text_problem
+from lifecycle.journal.evidence import Evidence
 
-VERSION = 3
-"""The schema version this module writes; ``parse`` also reads 2, and the reader version 1 files."""
+VERSION = 4
+"""The schema version this module writes; ``parse`` also reads 3 and 2, and the reader version 1 files."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +193,10 @@ class Failure(_Record):
     when the notice could not be published (``unpublished`` says why, e.g. the store
     is unreachable). ``first_rank`` is the peer whose notice came first, when that was
     not this rank, and ``note`` the note added to this rank's exception ("" if none).
+    ``evidence`` (version 4): this failure's facts, typed (``lifecycle.journal.evidence``:
+    its kind, rank, step, phase, who decided); ``first``: the first failure's facts as
+    this rank learned them (the peer's notice or its monitor's verdict), when that was a
+    peer's. None where unknown, and in records read from older versions.
     """
 
     kind: ClassVar[str] = "failure"
@@ -204,6 +209,8 @@ class Failure(_Record):
     unpublished: str = ""
     first_rank: int | None = None
     note: str = ""
+    evidence: Evidence | None = None
+    first: Evidence | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -217,7 +224,10 @@ class Verdict(_Record):
     stopped hearing from (``unresponsive``). ``note`` is the verdict's words (what every
     rank's exception carries when the notice could be read), ``seq`` the failure notice's
     sequence number (None: not published), ``stacks`` the file the culprit's Python
-    stacks were dumped into ("" if none).
+    stacks were dumped into ("" if none). Version 4: ``verdict`` is a ``Kind`` value
+    (``hang``, which version 3 called ``waiting``); ``evidence`` the verdict's facts,
+    typed (process state, seconds without progress, the deadline, who decided); ``killed``
+    whether the monitor killed the culprit after it (its own rank, in ``kill`` mode).
     """
 
     kind: ClassVar[str] = "verdict"
@@ -230,6 +240,8 @@ class Verdict(_Record):
     time: float
     seq: int | None = None
     stacks: str = ""
+    evidence: Evidence | None = None
+    killed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -291,6 +303,38 @@ class StepSkipped(_Record):
     time: float
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Suspicion(_Record):
+    """A liveness monitor suspects rank ``culprit`` (``evidence``) at ``time``: journaled, not yet a verdict.
+
+    A suspicion kills nothing and names no cause; it is withdrawn (``Withdrawal``) when
+    progress resumes, or followed by a ``Verdict``. ``stacks``: the file its Python
+    stacks were dumped into ("" if none). Version 4.
+    """
+
+    kind: ClassVar[str] = "suspicion"
+    origin: Origin
+    culprit: int
+    evidence: Evidence
+    time: float
+    stacks: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Withdrawal(_Record):
+    """A liveness monitor withdrew its suspicion of rank ``culprit`` at ``time``: it made progress again.
+
+    ``step``, ``phase``: where it was seen moving again. Version 4.
+    """
+
+    kind: ClassVar[str] = "withdrawal"
+    origin: Origin
+    culprit: int
+    time: float
+    step: int | None = None
+    phase: str = ""
+
+
 Record: TypeAlias = (
     RunStart
     | Transition
@@ -304,26 +348,13 @@ Record: TypeAlias = (
     | MonitorLost
     | FailedSave
     | StepSkipped
+    | Suspicion
+    | Withdrawal
 )
 """Any journal record."""
 
-KINDS: dict[str, type[Record]] = {
-    c.kind: c
-    for c in (
-        RunStart,
-        Transition,
-        TeardownStep,
-        Left,
-        TrainStep,
-        Eval,
-        RunEnd,
-        Failure,
-        Verdict,
-        MonitorLost,
-        FailedSave,
-        StepSkipped,
-    )
-}
+_CLASSES = (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict, MonitorLost)
+KINDS: dict[str, type[Record]] = {c.kind: c for c in (*_CLASSES, Suspicion, Withdrawal, FailedSave, StepSkipped)}
 """Each record class by its JSON ``kind``."""
 
 _ORIGIN = compile_fields(Origin)
@@ -399,7 +430,7 @@ _BY_KIND: dict[str, _Kind] = {kind: _Kind(cls, _COMPILED[cls]) for kind, cls in 
 
 
 def usual(data: Any, shared: Shared) -> Record | None:
-    """The record in ``data`` if it is the usual line: a version 3 JSON object of a known kind whose every field
+    """The record in ``data`` if it is the usual line: a version 4 JSON object of a known kind whose every field
     has a type it takes as it is (see ``_Kind``); else None, to be read the checked way (``build``)."""
     if type(data) is not dict:
         return None
@@ -411,7 +442,7 @@ def usual(data: Any, shared: Shared) -> Record | None:
 
 
 def build(data: Mapping[str, Any], shared: Shared | None = None) -> Record:
-    """The version 3 record in the JSON object ``data`` (its ``version`` already checked; its text too).
+    """The version 4 record in the JSON object ``data`` (its ``version`` already checked; its text too).
 
     ``shared``: the ``Origin`` objects built so far, by value; a record of an origin
     seen before shares its object (a journal's records share a handful of shared).
@@ -444,4 +475,4 @@ def check_text(data: Mapping[str, Any]) -> None:
 def unknown_version(data: Mapping[str, Any]) -> ValueError:
     """The error for a record of a version this module does not read."""
     version = brief(data.get("version"))
-    return ValueError(f"field 'version' is {version}: journal version {version} is not supported (known: 1, 2, 3)")
+    return ValueError(f"field 'version' is {version}: journal version {version} is not supported (known: 1, 2, 3, 4)")

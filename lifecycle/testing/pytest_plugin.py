@@ -17,7 +17,8 @@ only modules already in ``sys.modules``, the fixtures import torch when called.
   test that leaked). What a wider-scoped fixture creates is its own until it is torn
   down. ``@pytest.mark.lifecycle_allow_leak(*kinds)`` allows a test's deliberate leaks.
   Every setting is checked when pytest configures (``check_settings``): a bad value is
-  a usage error naming it, never an INTERNALERROR.
+  a usage error naming it, never an INTERNALERROR; so are the selected tests' markers,
+  once collected, before any test runs.
 - ``@pytest.mark.world(n, timeout=60)``: the test function runs on ``n`` gloo ranks,
   each in its own process (see ``lifecycle.testing.world``); it may take only ``world``,
   ``session``, ``megatron_parallel`` and its parametrize values (pickled), and every
@@ -40,6 +41,7 @@ from typing import Any
 import pytest
 
 from lifecycle._core.errors import ConfigError, check_number
+from lifecycle.testing import leaks as _leaks
 from lifecycle.testing.factories import MegatronParallelFactory, SessionFactory
 from lifecycle.testing.leaks import THREAD, Leak, LifecycleLeakWarning, Snapshot, find_leaks, release_leaks, snapshot
 from lifecycle.testing.world import FIXTURES, Call, RankOutcome, World, WorldPool
@@ -374,6 +376,33 @@ def _params(item: pytest.Function) -> dict[str, Any]:
     return dict(callspec.params) if callspec is not None else {}
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Check the selected tests' ``world`` and ``lifecycle_allow_leak`` markers before any test runs.
+
+    A bad one (``world(0)``, a timeout that is no positive number, an unknown leak kind)
+    ends pytest with one usage error (exit code 4) naming each such test and its marker,
+    as a bad setting does; no test runs.
+    """
+    problems = []
+    for item in items:
+        marker = item.get_closest_marker("world")
+        if marker is not None:
+            try:
+                _world_of(marker)
+            except pytest.UsageError as exc:
+                problems.append(f"{item.nodeid}: {exc}")
+        for marker in item.iter_markers("lifecycle_allow_leak"):
+            unknown = [repr(kind) for kind in marker.args if kind not in _leaks.KINDS]
+            if unknown:
+                problems.append(
+                    f"{item.nodeid}: @pytest.mark.lifecycle_allow_leak: unknown kind(s) {', '.join(unknown)}; "
+                    f"kinds: {', '.join(_leaks.KINDS)}"
+                )
+    if problems:
+        raise pytest.UsageError("\n".join(problems))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Refuse, before any fixture, a world test that asks for fixtures its ranks cannot have."""
@@ -427,10 +456,10 @@ def _in_failure_order(bad: list[RankOutcome]) -> list[RankOutcome]:
     """The failed ranks in the order they failed, by ``show``'s rule (``verdict.order``): the cause first (a rank
     whose exception's note names another as first, or that failed on a broken connection, is a consequence; a
     crashed rank is placed before its peers' connection errors), then by the time each raised; timed out last."""
-    from lifecycle._tools.show import verdict  # only a failing world test needs it
+    from lifecycle._tools.show import claims, verdict  # only a failing world test needs it
 
     ends = {
-        o.rank: verdict.claim(o.rank, o.summary, time=o.failed_at, note=o.notes, killed=o.outcome == "crashed")
+        o.rank: claims.claim(o.rank, o.summary, time=o.failed_at, note=o.notes, killed=o.outcome == "crashed")
         for o in bad
         if o.outcome != "timed_out"
     }

@@ -153,6 +153,18 @@ def test_keep_last_is_validated_in_the_config(fields: dict[str, object], field: 
 
 
 @pytest.mark.parametrize("problem", ["a-file", "under-a-file"])
+def test_a_checkpoint_dir_that_is_a_file_is_refused_by_the_config(tmp_path: Path, problem: str) -> None:
+    """CheckpointConfig(dir=<a file, or under one>): a ConfigError saying which is a file (was: "File exists" later)."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    path = blocker if problem == "a-file" else blocker / "ckpt"
+    with pytest.raises(ConfigError) as raised:
+        CheckpointConfig(dir=str(path))
+    assert (raised.value.field, raised.value.message) == ("checkpoint.dir", f"{blocker} is a file, not a folder")
+    assert CheckpointConfig(dir=str(tmp_path / "new" / "ckpt")).dir  # a folder yet to be made is fine
+
+
+@pytest.mark.parametrize("problem", ["a-file", "under-a-file"])
 def test_a_folder_that_cannot_hold_checkpoints_fails_at_construction(tmp_path: Path, problem: str) -> None:
     """A checkpoint path that is a file, or lies under one, raises CheckpointError naming it and the OS error."""
     blocker = tmp_path / "blocker"

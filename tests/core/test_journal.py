@@ -76,7 +76,7 @@ def test_every_record_kind_round_trips_through_the_writer_and_reader(tmp_path: P
     assert len(lines) == len(records)
     assert all(json.loads(line)["version"] == VERSION for line in lines)
     assert json.loads(lines[2]) | {} == {
-        "version": 3, "kind": "step", "run_id": "job-7", "rank": 1, "attempt": 2, "restart_mode": "inprocess",
+        "version": 4, "kind": "step", "run_id": "job-7", "rank": 1, "attempt": 2, "restart_mode": "inprocess",
         "iteration": 3, "restart_count": 1, "step": 1, "loss": 3.25, "start": 100.3, "end": 100.4,
     }  # fmt: skip
     moved = json.loads(lines[1])
@@ -196,7 +196,7 @@ def test_a_record_with_a_bad_field_or_version_is_rejected(tmp_path: Path) -> Non
         ({k: v for k, v in data.items() if k != "kind"}, "field 'kind' is missing"),
         (data | {"kind": "nope"}, "field 'kind' is 'nope': unknown record kind"),
         (data | {"kind": ["step"]}, r"field 'kind' is \['step'\]: unknown record kind"),
-        (data | {"version": 4}, "field 'version' is 4: journal version 4 is not supported"),
+        (data | {"version": 5}, "field 'version' is 5: journal version 5 is not supported"),
         (data | {"rank": None}, "field 'rank' must be int"),
         (data | {"run_id": "\udcff"}, "field 'run_id' is not valid text: surrogates not allowed"),
     ]:

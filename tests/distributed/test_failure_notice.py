@@ -23,6 +23,7 @@ from support.processes import stop_process
 
 from lifecycle._torch.notice import DEADLINE_S, publish, store_name
 from lifecycle.journal import Failure, read
+from lifecycle.journal.evidence import Kind
 from lifecycle.lowlevel import Announcement
 
 PEER_NOTE = (
@@ -140,6 +141,64 @@ def test_a_notice_on_a_live_store_takes_milliseconds_and_a_later_one_names_the_f
     assert (first.seq, first.note, second.seq, second.first_rank) == (1, "", 2, 3)
     assert second.note == "lifecycle: rank 3 failed first (step 5, phase step): RuntimeError: boom"
     assert took_first < 0.05 and took_second < 0.05, (took_first, took_second)
+
+
+@pytest.mark.parametrize("kind", list(Kind), ids=lambda k: k.value)
+def test_every_kind_is_said_in_a_later_ranks_note(kind: Kind) -> None:
+    """Notice 1 of each ``Kind``: a later rank's note says the kind's words (``Kind.words``; a raise by its error
+    alone), as a cause or, for a consequence, as what notice 1 was: the notes need no branch of their own per kind."""
+    server = _server()
+    client = _client(server.port)
+    prefix = "lifecycle/g0/attempt-0"
+    first = {
+        "rank": 0, "host": "h", "pid": 0, "phase": "step", "step": 41, "time": time.time(), "seq": 1,
+        "error": "E: it failed", "kind": kind.value,
+    }  # fmt: skip
+    client.add(f"{prefix}/failures/count", 1)
+    client.set(f"{prefix}/failures/1", json.dumps(first))
+    _, told = _publish_to(client)
+    words = "" if kind is Kind.RAISED else f"it {kind.words}" if not kind.consequence else f"which {kind.words}"
+    assert words in told.note and "E: it failed" in told.note, told.note
+    assert (told.first_rank is None) == kind.consequence, told
+
+
+@pytest.mark.timeout(30)
+def test_a_stale_unresponsive_notice_on_this_rank_is_never_failed_first() -> None:
+    """Notice 1 is a peer's monitor naming rank 3 unresponsive (its own monitor was killed) while rank 3 trained on;
+    rank 3's later failure does not read "rank 3 failed first": the note says notice 1 is stale (issue 37: the
+    survivor blamed itself with a stale step)."""
+    server = _server()
+    client = _client(server.port)
+    prefix = "lifecycle/g0/attempt-0"
+    stale = {
+        "rank": 3, "host": "h", "pid": 0, "phase": "step", "step": 1, "time": time.time(), "seq": 1,
+        "error": "LivenessVerdict: rank 3 went unresponsive: its monitor has not beaten for 2.5 s",
+        "kind": "unresponsive",
+        "evidence": {"kind": "unresponsive", "rank": 3, "step": 1, "phase": "step", "decided_by": "neighbour"},
+    }  # fmt: skip
+    client.add(f"{prefix}/failures/count", 1)
+    client.set(f"{prefix}/failures/1", json.dumps(stale))
+    _, told = _publish_to(client)
+    assert told.seq == 2 and told.first_rank is None, told
+    assert "rank 3 failed first" not in told.note and "stale" in told.note, told.note
+
+
+@pytest.mark.timeout(30)
+def test_a_consequence_as_notice_1_is_not_named_first_and_the_note_says_why() -> None:
+    """Notice 1 is rank 0's timed-out receive (typed ``collective_timeout``): a later rank's note says it is a
+    consequence, in the kind's words, and names nobody first."""
+    server = _server()
+    client = _client(server.port)
+    prefix = "lifecycle/g0/attempt-0"
+    victim = {
+        "rank": 0, "host": "h", "pid": 0, "phase": "step", "step": 41, "time": time.time(), "seq": 1,
+        "error": "RuntimeError: Timed out waiting 30000ms for recv operation to complete", "kind": "collective_timeout",
+    }  # fmt: skip
+    client.add(f"{prefix}/failures/count", 1)
+    client.set(f"{prefix}/failures/1", json.dumps(victim))
+    _, told = _publish_to(client)
+    assert told.first_rank is None and "rank 0 failed first" not in told.note, told
+    assert "rank 0's, which timed out waiting for a peer" in told.note and "never its cause" in told.note, told.note
 
 
 @pytest.mark.timeout(30)

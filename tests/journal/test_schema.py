@@ -21,18 +21,26 @@ from lifecycle.journal import (
     KINDS,
     VERSION,
     FailedSave,
+    Failure,
     Left,
     MonitorLost,
     Origin,
+    Record,
+    RunEnd,
+    RunStart,
     StepSkipped,
+    Suspicion,
     TeardownStep,
     TrainStep,
+    Transition,
     Verdict,
+    Withdrawal,
     parse,
     read,
 )
 from lifecycle.journal._records import build, usual
 from lifecycle.journal._schema import compile_fields
+from lifecycle.journal.evidence import Evidence, Kind
 
 ORIGIN = Origin(run_id="r", rank=0, attempt=0, restart_mode="ordinary", iteration=0)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -163,6 +171,8 @@ def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
         "failure",
         "verdict",
         "monitor_lost",
+        "suspicion",
+        "withdrawal",
         "save_failed",
         "step_skipped",
     }
@@ -178,7 +188,7 @@ def test_version_3_keeps_a_resources_kind_name_and_owner_apart() -> None:
         origin=ORIGIN, outcome="failure", step="release_user_resource", resource="user", name="cache", owner="caller",
         start=1.0, end=2.0,
     )  # fmt: skip
-    assert left.to_json()["version"] == VERSION == 3
+    assert left.to_json()["version"] == VERSION == 4
     assert {k: left.to_json()[k] for k in ("resource", "name", "owner")} == {
         "resource": "user", "name": "cache", "owner": "caller"
     }  # fmt: skip
@@ -233,13 +243,18 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
         action="continued", time=5.0,
     )  # fmt: skip
     skipped = StepSkipped(origin=ORIGIN, step=5, loss=float("inf"), ranks=1, consecutive=1, time=6.0)
-    records = [*synthetic_run, left, verdict, lost, failed_save, skipped]
+    suspicion = Suspicion(origin=ORIGIN, culprit=1, evidence=Evidence("hang", 1, 3, "batch", "S", 4.0, 2.0), time=4.0)
+    withdrawal = Withdrawal(origin=ORIGIN, culprit=1, time=4.5, step=4, phase="batch")
+    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal, failed_save, skipped]
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
     shared: dict[object, object] = {}
     fast = []
     for record in records:
         data = record.to_json()
         fast.append(usual(data, shared))
+        if isinstance(record, Suspicion):  # a nested field (its evidence): always read the checked way
+            assert fast.pop() is None and build(data) == record
+            continue
         assert fast[-1] == build(data) == record and type(fast[-1]) is type(record)
     assert len({id(r.origin) for r in fast if r is not None}) == 2  # one Origin object per origin
     owners = [r.owner for r in fast if isinstance(r, TeardownStep)]
@@ -250,3 +265,59 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
     assert build(data | {"start": 1}) == parse(data | {"start": 1.0})
     with pytest.raises(ValueError, match="field 'rank' must be int, got True"):
         build(data | {"rank": True})
+
+
+def v4_records() -> list[Record]:
+    """One rank's version 4 journal, every record kind version 4 added or typed: the failure with its evidence and
+    the first failure's, a suspicion, its withdrawal, a verdict with its evidence that killed the rank; the v4
+    fixture holds these lines (an issue that adds a record kind or field adds it here and rewrites the fixture)."""
+    o = Origin("job-4", 1, 0, "ordinary", 0)
+    hang = Evidence("hang", 1, 41, "batch", "S", 4.1, 2.0, "monitor")
+    return [
+        RunStart(origin=o, world_size=2, pid=11, host="h", start=20.0),
+        Transition(origin=o, source="globals_ready", dest="training", trigger="start_training", start=20.3, end=20.4),
+        TrainStep(origin=o, step=40, loss=2.5, start=20.4, end=20.5),
+        Suspicion(origin=o, culprit=1, evidence=Evidence("hang", 1, 12, "batch", "S", 1.2, 2.0, "monitor"), time=21.0),
+        Withdrawal(origin=o, culprit=1, time=21.5, step=13, phase="batch"),
+        MonitorLost(
+            origin=o, pid=12, how="was killed by SIGKILL", action="restarted", phase="step", step=14, note="…",
+            time=22.0, new_pid=13,
+        ),
+        Failure(
+            origin=o, phase="step", step=41, error="StoppedByLauncher: SIGTERM after rank 0 died", time=25.5, seq=2,
+            first_rank=0, note="lifecycle: rank 0 failed first (step 41, phase step; it died): LivenessVerdict: ...",
+            evidence=Evidence("stopped_by_launcher", 1, 41, "step"), first=Evidence("died", 0, 41, "step", "", 3.0),
+        ),
+        Verdict(
+            origin=o, culprit=1, verdict="hang", phase="batch", step=41, note="rank 1 hung at step 41, phase batch",
+            time=25.0, seq=1, stacks="/tmp/j/rank1.stacks.txt", evidence=hang, killed=True,
+        ),
+        RunEnd(
+            origin=o, state="failed", exit_reason="stopped_by_launcher", final_step=40, checkpoint_step=None,
+            error="StoppedByLauncher: SIGTERM after rank 0 died", end=26.0,
+        ),
+    ]  # fmt: skip
+
+
+def test_the_version_4_fixture_is_what_the_writer_writes_and_reads_back_typed() -> None:
+    """The v4 fixture (checked in) holds exactly the lines ``v4_records`` writes today, and reads back as them: the
+    evidence fields typed, suspicion and withdrawal their own kinds. A schema change that forgets the fixture fails."""
+    path = FIXTURES / "v4" / "rank1.jsonl"
+    expected = v4_records()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [r.to_json() for r in expected]
+    records = read([path])
+    assert records == expected
+    verdict = next(r for r in records if isinstance(r, Verdict))
+    assert verdict.evidence is not None and verdict.evidence.what is Kind.HANG and verdict.killed
+    assert [r.kind for r in records if isinstance(r, Suspicion | Withdrawal)] == ["suspicion", "withdrawal"]
+
+
+def test_a_version_3_journal_reads_as_version_4_records_without_evidence() -> None:
+    """The v3 fixture (checked in): its ``waiting`` verdict reads as ``hang`` (one name per concept), with no typed
+    evidence, not killed by the field (v3 had none); every other record as it was written."""
+    records = read([FIXTURES / "v3" / "rank1.jsonl"])
+    assert [r.kind for r in records] == ["run", "transition", "transition", "transition", "step", "verdict"]
+    verdict = records[-1]
+    assert isinstance(verdict, Verdict) and verdict.verdict == "hang" and verdict.evidence is None
+    assert not verdict.killed and verdict.stacks == "/tmp/j/rank1.stacks.txt"
+    assert {r.origin for r in records} == {Origin("job-3", 1, 0, "ordinary", 0)}

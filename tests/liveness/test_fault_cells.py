@@ -36,10 +36,10 @@ CELLS = [
 ]  # fmt: skip
 """{stop, spin, hang in the batch provider, crash} x {rank 0, the last rank} x {2, 4 ranks}: two in make test."""
 
-VERDICTS = {"stop": "stopped", "spin": "spinning", "hang": "waiting", "crash": "died"}
+VERDICTS = {"stop": "stopped", "spin": "spinning", "hang": "hang", "crash": "died"}
 """The verdict record's word for each fault kind."""
 
-KIND_WORDS = {"stop": "is stopped", "spin": "is spinning", "hang": "is waiting", "crash": "died"}
+KIND_WORDS = {"stop": "stopped", "spin": "was spinning", "hang": "hung", "crash": "died"}
 
 
 def _marks_pages() -> set[str]:

@@ -199,7 +199,7 @@ def test_a_neighbour_that_stops_beating_is_published_unresponsive_once_and_a_don
         watcher.look(now=1.5)
         notice = json.loads(server.get("p/failures/1"))
         assert (notice["rank"], notice["step"], notice["phase"]) == (1, 12, "step")
-        assert "rank 1 is unresponsive" in json.loads(server.get("p/liveness/verdict/1"))["note"]
+        assert "rank 1 went unresponsive" in json.loads(server.get("p/liveness/verdict/1"))["note"]
         watcher.look(now=9.0)
         assert server.add("p/failures/count", 0) == 1
 
@@ -266,7 +266,7 @@ def test_a_rank_is_judged_waiting_only_behind_a_peer_that_went_on_and_never_once
         notices = server.add("p/failures/count", 0)
         assert notices == (1 if judged else 0)
         if judged:
-            assert "rank 1 is waiting at step 60, phase step" in json.loads(server.get("p/failures/1"))["error"]
+            assert "rank 1 hung at step 60, phase step" in json.loads(server.get("p/failures/1"))["error"]
         if verdict:  # copied to the page, acknowledged: the rank's failure path names rank 2
             assert watcher.seen and server.add("p/liveness/seen/1", 0) == 1
         watcher.page.close()

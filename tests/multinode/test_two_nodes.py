@@ -193,7 +193,7 @@ def test_partition_with_liveness_is_bounded_by_the_group_timeout_and_named(
         assert 0.8 * TIMEOUT_S <= released.at - cut <= TIMEOUT_S + 15, f"released at {released.at - cut:.1f} s"
         assert all(g is not None for g in gone), job.output()
         own = {int(rank) for rank in re.findall(r"\[rank (\d+)\] training from step", out)}
-        named = {int(rank) for rank in re.findall(r"rank (\d+) is unresponsive", out)}
+        named = {int(rank) for rank in re.findall(r"rank (\d+) went unresponsive", out)}
         assert named and not named & own, (own, named, out)
         assert "no connection reset" in out, out
         report("e. partition with liveness", node0_released_s=released.at - cut, named=sorted(named))

@@ -71,6 +71,29 @@ def test_a_bad_ini_value_ends_pytest_with_a_usage_error_not_an_internal_error(
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("marker", "named"),
+    [
+        ("world(0)", "@pytest.mark.world(n=...): "),
+        ("world(2, timeout=-1)", "@pytest.mark.world(timeout=...): "),
+        ('lifecycle_allow_leak("thraed")', "@pytest.mark.lifecycle_allow_leak: unknown kind(s) 'thraed'; "),
+    ],
+    ids=["world-0", "world-timeout", "unknown-kind"],
+)
+def test_a_bad_marker_ends_pytest_with_a_usage_error_naming_the_test_before_any_runs(
+    pytester: pytest.Pytester, marker: str, named: str
+) -> None:
+    """A bad marker: exit 4 when pytest starts, ``ERROR: <test>: <marker> ...``; no test runs, no traceback."""
+    source = f"import pytest\n\ndef test_first():\n    pass\n\n@pytest.mark.{marker}\ndef test_bad(world):\n    pass\n"
+    pytester.makepyfile(test_marked=source)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=60)
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, output
+    assert f"ERROR: test_marked.py::test_bad: {named}" in result.stderr.str(), output
+    assert "passed" not in output and "Traceback" not in output and "INTERNALERROR" not in output, output
+
+
+@pytest.mark.timeout(90)
 def test_ignoring_user_warnings_leaves_the_guards_report_visible(pytester: pytest.Pytester) -> None:
     """``-W ignore::UserWarning``: leaked signal handlers are still reported as leaks (before: hidden)."""
     assert not issubclass(LifecycleLeakWarning, UserWarning) and issubclass(LifecycleLeakWarning, Warning)

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,12 +164,16 @@ class RunningDemo:
 
 
 @contextlib.contextmanager
-def started_demo(*args: str, cwd: Path) -> Iterator[RunningDemo]:
-    """Start ``python -m lifecycle demo ARGS`` in its own session; on leaving, SIGKILL whatever of it still runs."""
+def started_demo(*args: str, cwd: Path, wrapper: Sequence[str] = ()) -> Iterator[RunningDemo]:
+    """Start ``[WRAPPER...] python -m lifecycle demo ARGS`` in its own session; on leaving, SIGKILL what still runs.
+
+    ``wrapper``: a command the demo runs under (``timeout 300``); the session's process
+    group is then the wrapper's, and ``RunningDemo.process`` is the wrapper.
+    """
     mark = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "PET_"))}
     process = subprocess.Popen(
-        demo_command(*args),
+        [*wrapper, *demo_command(*args)],
         env={**env, **suite_env(), DEMO_MARK: mark},
         cwd=cwd,
         stdin=subprocess.DEVNULL,

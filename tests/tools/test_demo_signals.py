@@ -9,6 +9,9 @@ and a SIGKILLed launcher left torchrun and the ranks running.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import signal
 import sys
 import time
@@ -19,6 +22,8 @@ from support.internals import final_states
 from support.launch import started_demo
 
 from lifecycle import ExitCode
+from lifecycle._tools.demo.main import _Signals
+from lifecycle._tools.demo.options import SAME_REQUEST_S, parser
 from lifecycle.journal import RunEnd, read
 
 TRAINING = "tokens/s"
@@ -74,6 +79,49 @@ def test_a_second_sigint_kills_everything_at_once_without_a_traceback(tmp_path: 
     assert done.returncode == (ExitCode.STOPPED if closed else ExitCode.RESTART), (states, done.stdout[-3000:])
     last = done.stdout.strip().splitlines()[-1]
     assert closed or (last.startswith("demo: FAILED") and "SIGINT again" in last), last
+
+
+def test_signals_within_the_window_are_one_request_and_a_later_one_is_a_second() -> None:
+    """A forwarded copy of a Ctrl-C (within ``SAME_REQUEST_S``) is the first request; one after the window escalates."""
+    now = [100.0]
+    signals = _Signals(clock=lambda: now[0])
+    signals._record(signal.SIGINT, None)
+    now[0] += 0.001  # timeout's copy to the child, then its copy to the group
+    signals._record(signal.SIGINT, None)
+    signals._record(signal.SIGTERM, None)
+    now[0] = 100.0 + SAME_REQUEST_S * 0.99
+    signals._record(signal.SIGINT, None)
+    assert (signals.received, signals.merged) == (["SIGINT"], 3)
+    now[0] = 100.0 + SAME_REQUEST_S  # a person's second Ctrl-C
+    signals._record(signal.SIGINT, None)
+    assert signals.received == ["SIGINT", "SIGINT"]
+
+
+def test_help_and_tutorial_state_the_window_in_which_signals_are_one_request() -> None:
+    """``--help`` and the tutorial say how far apart two Ctrl-C must be to kill (the declared ``SAME_REQUEST_S``)."""
+    text = " ".join(parser().format_help().split())
+    assert f"within {SAME_REQUEST_S * 1000:.0f} ms of the first are that one request" in text, text
+    tutorial = " ".join((Path(__file__).parents[2] / "docs" / "tutorial.md").read_text().split())
+    assert f"Signals within {SAME_REQUEST_S * 1000:.0f} ms of the first are that first request" in tutorial
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs GNU timeout")
+def test_one_ctrl_c_under_timeout_is_one_graceful_stop_with_a_final_checkpoint(tmp_path: Path) -> None:
+    """``timeout 300 demo``, one SIGINT to its process group (timeout forwards copies): exit 75, a final checkpoint."""
+    journal, checkpoints = tmp_path / "journal", tmp_path / "checkpoints"
+    args = (*ENDLESS, f"--journal-dir={journal}", f"--checkpoint-dir={checkpoints}")
+    with started_demo(*args, cwd=tmp_path, wrapper=("timeout", "300")) as demo:
+        demo.wait_for(TRAINING, timeout=90)
+        os.killpg(demo.process.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+        done = demo.finish(timeout=90)
+        assert demo.left_running() == [], done.stdout[-3000:]
+    assert "again: killed" not in done.stdout, done.stdout[-3000:]
+    assert done.returncode == ExitCode.STOPPED, done.stdout[-3000:]
+    end = ends(journal)
+    assert {rank: e.state for rank, e in end.items()} == {0: "closed", 1: "closed"}, end
+    assert end[0].final_step == end[1].final_step == end[0].checkpoint_step, end
+    assert json.loads((checkpoints / "latest").read_bytes())["step"] == end[0].checkpoint_step
 
 
 @pytest.mark.slow

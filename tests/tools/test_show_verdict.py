@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle import journal
-from lifecycle._tools.show import gantt, svg, synthetic, verdict
+from lifecycle._tools.show import claims, gantt, svg, synthetic, verdict
 from lifecycle._tools.show import model as show_model
 from lifecycle._tools.show.main import render_timeline, show_main, write_diagrams, write_page
 from lifecycle.journal import Origin, Record
@@ -146,15 +146,15 @@ def test_a_notice_naming_the_cause_outranks_its_own_sequence_number() -> None:
 
 def test_the_liveness_kinds_are_said_in_plain_words() -> None:
     """Each liveness verdict in a survivor's note gives the cause's kind word: hung (waiting), spinning, stopped,
-    died, went silent (unresponsive)."""
+    died, went unresponsive (a version 3 note's words)."""
     notes = {
         "hung in the batch provider at step 41 (alive, no progress for 4.1 s": "rank 1 is waiting at step 41, phase"
         " batch: no progress for 4.1 s (deadline 2.0 s); it sleeps in step 41, phase batch; rank(s) 0 went on past it",
         "was spinning in the training step at step 9 (running, no progress for 2.5 s": "rank 1 is spinning at step 9,"
         " phase step: no progress for 2.5 s (deadline 2.0 s); its process runs without progress",
-        "went silent in the training step at step 7 (its monitor stopped beating for 3.0 s": "rank 1 is unresponsive:"
-        " its monitor has not beaten for 3.0 s (last at step 7, phase step; its host or monitor is gone, no"
-        " connection reset)",
+        "went unresponsive in the training step at step 7 (its monitor stopped beating for 3.0 s": "rank 1 is"
+        " unresponsive: its monitor has not beaten for 3.0 s (last at step 7, phase step; its host or monitor is gone,"
+        " no connection reset)",
     }
     for words, note in notes.items():
         ranks = attempt(
@@ -368,17 +368,18 @@ def test_the_timeline_svg_keeps_the_culprits_row_among_1024_ranks() -> None:
 
 
 def test_the_world_report_orders_ranks_by_the_same_rule() -> None:
-    """``verdict.order`` on what a world test's ranks report (no journal): a crashed rank comes before its peers'
-    connection errors; a survivor whose note names rank 2 comes after rank 2, whatever the clocks say."""
+    """``verdict.order`` on what a world test's ranks report (no journal; ``claims.claim``): a crashed rank comes
+    before its peers' connection errors; a survivor whose note names rank 2 comes after rank 2, whatever the clocks
+    say."""
     crashed = {
-        0: verdict.claim(0, PEER, time=T0),
-        1: verdict.claim(1, "", time=None, killed=True),
+        0: claims.claim(0, PEER, time=T0),
+        1: claims.claim(1, "", time=None, killed=True),
     }
     assert [e.rank for e in verdict.order(crashed)] == [1, 0]
     note = "lifecycle: rank 2 failed first (step 3, phase step): ValueError: bad batch"
     named = {
-        0: verdict.claim(0, "RuntimeError: gloo timeout", time=T0, note=note),
-        2: verdict.claim(2, "ValueError: bad batch", time=T0 + 0.5),
+        0: claims.claim(0, "RuntimeError: gloo timeout", time=T0, note=note),
+        2: claims.claim(2, "ValueError: bad batch", time=T0 + 0.5),
     }
     assert [e.rank for e in verdict.order(named)] == [2, 0]
 

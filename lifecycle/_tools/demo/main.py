@@ -25,8 +25,10 @@ gets SIGKILL if torchrun dies (Linux: a parent-death signal). The first SIGINT,
 SIGTERM or SIGHUP becomes a SIGTERM for torchrun, which forwards it to the ranks:
 each takes the requested exit (stops after the same step, saves, closes). The
 launcher waits for that at most ``stop_grace_s``, then kills. A second signal kills
-torchrun and the ranks at once. Either way, and on every other way out, the timeline
-of what the journals hold is printed and no process the demo started is left running.
+torchrun and the ranks at once; signals within ``SAME_REQUEST_S`` of the first are
+that first request (``timeout`` and ``srun`` forward a copy of the terminal's Ctrl-C).
+Either way, and on every other way out, the timeline of what the journals hold is
+printed and no process the demo started is left running.
 torchrun gives up a rendezvous it cannot reach after ``--timeout`` seconds, and the
 launcher stops a torchrun whose ranks never start. A torchrun agent that is stopped
 (SIGSTOP) never collects its ranks nor exits: once every rank has ended (or none has
@@ -78,7 +80,7 @@ from lifecycle._launch.launcher import (
     torchrun_command,
 )
 from lifecycle._tools.demo.console import RANK_LOGS, TORCHRUN_LOG, RankOutput
-from lifecycle._tools.demo.options import UsageError, check_options, demo_config, max_restarts, parser
+from lifecycle._tools.demo.options import SAME_REQUEST_S, UsageError, check_options, demo_config, max_restarts, parser
 from lifecycle._tools.demo.report import Ending, Run, rank_journals, report
 from lifecycle._tools.demo.worker import STOP_MARKER
 from lifecycle._training.exits import ExitCode
@@ -329,15 +331,29 @@ def stop_grace_s(timeout_s: float) -> float:
 
 
 class _Signals:
-    """SIGINT, SIGTERM and SIGHUP while the launcher runs: recorded by name, never raised."""
+    """SIGINT, SIGTERM and SIGHUP while the launcher runs: recorded by name, never raised.
+
+    ``received`` holds one name per request: a signal within ``SAME_REQUEST_S`` of the
+    first one is that request again (a forwarding parent's copy of one Ctrl-C), not
+    recorded; ``merged`` counts those.
+    """
 
     NAMES: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.received: list[str] = []
+        self.merged = 0
+        self._clock = clock
+        self._first: float | None = None
         self._previous: dict[int, object] = {}
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
+        now = self._clock()
+        if self._first is None:
+            self._first = now
+        elif now - self._first < SAME_REQUEST_S:
+            self.merged += 1
+            return
         self.received.append(signal.Signals(signum).name)
 
     @contextlib.contextmanager

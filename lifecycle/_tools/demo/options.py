@@ -52,6 +52,15 @@ FIXED: Mapping[str, object] = {
 """The config values the demo sets whatever the options: CPU ranks, its batch, resuming from the latest checkpoint."""
 
 
+SAME_REQUEST_S = 0.2
+"""Signals to the demo within this long of the first are that one stop request, not a second (shown in ``--help``).
+
+One Ctrl-C can arrive several times: GNU ``timeout``, Slurm's ``srun`` and other
+forwarding parents pass the terminal's SIGINT on to a process group that got it
+already. A person cannot press Ctrl-C twice this fast; a second press after it kills.
+"""
+
+
 class UsageError(Exception):
     """A demo option that cannot work: ``flag`` names it, ``message`` says why (exit code 2)."""
 
@@ -321,7 +330,9 @@ def parser() -> argparse.ArgumentParser:
         description=(
             "Train a tiny causal LM on synthetic data with torchrun on CPU/gloo, then print each rank's "
             "lifecycle timeline and draw the path the run took. "
-            "Ctrl-C once: every rank stops after the same step, saves and closes; twice: everything is killed."
+            "Ctrl-C once: every rank stops after the same step, saves and closes; twice: everything is killed "
+            f"(signals within {SAME_REQUEST_S * 1000:.0f} ms of the first are that one request, e.g. a copy "
+            "forwarded by timeout or srun)."
         ),
         epilog=_usage.exit_codes_text(),
         formatter_class=_usage.LineFormatter,
@@ -415,7 +426,7 @@ def max_restarts(options: argparse.Namespace) -> int:
 
 
 def check_options(options: argparse.Namespace) -> PretrainConfig:
-    """Refuse a bad option set before anything starts (no file, no network): ``UsageError`` naming the flag.
+    """Refuse a bad option set before anything starts (nothing written, no network): ``UsageError`` naming the flag.
 
     The configs' own checks run on the configs the ranks will build (plus torchrun's
     options); then the demo's rules: ``--steps`` at least 1, a flag given without the
@@ -448,7 +459,10 @@ def check_options(options: argparse.Namespace) -> PretrainConfig:
         config = demo_config(argparse.Namespace(**{**vars(options), "journal_dir": placeholder}), for_ranks=False)
         config.parallel.check_world(options.nproc)
     except ConfigError as exc:
-        raise UsageError(flag_of(exc.field), exc.message) from None
+        flag = flag_of(exc.field)
+        if flag == "--checkpoint-dir" and options.checkpoint_dir is None:
+            flag = "--journal-dir"  # the default checkpoint folder lies in the journal folder: the fault is there
+        raise UsageError(flag, exc.message) from None
     _check_model_split(config, options.tp)
     fault = config.fault
     if fault is None:

@@ -10,6 +10,7 @@ or whose journal has no end record, did not. A failed run's last line names its 
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 from pathlib import Path
 
@@ -97,10 +98,25 @@ def report(run: Run, ending: Ending, elapsed: float) -> int:
     elif ok:
         verdict = f"succeeded in {elapsed:.1f} s {facts}"
     else:
-        why = ending.killed or _why_failed(states, model, run)
+        launcher = launcher_words(ending)
+        why = ending.killed or "; ".join(part for part in (launcher, _why_failed(states, model, run)) if part)
         verdict = f"FAILED in {elapsed:.1f} s: {why} {facts}"
     print(f"demo: {verdict}", flush=True)
     return 0 if ok else 1
+
+
+def launcher_words(ending: Ending) -> str:
+    """What became of torchrun's agent when a signal from outside ended it (its exit code is minus the signal's
+    number, and the demo sent none): ``torchrun's agent was killed (SIGKILL)``; "" otherwise."""
+    code = ending.returncode
+    if code is None or code >= 0 or ending.killed is not None or ending.stop_signal is not None:
+        return ""
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    verb = "was killed" if name == "SIGKILL" else "was stopped from outside"
+    return f"torchrun's agent {verb} ({name})"
 
 
 def _cause(model: _model.Model | None) -> str:

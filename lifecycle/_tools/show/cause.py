@@ -1,22 +1,26 @@
-"""The cause's words: how the verdict names the rank whose failure came first, and what it reads in errors.
+"""The cause's words: how the verdict names the rank whose failure came first, or says it is unknown.
 
 ``Decided`` says how the cause was found; ``Cause`` is the cause in plain words
-(``rank 1 died in the training step at step 80 (killed: ...)``); ``consequence_error``
-tells a broken connection (a consequence of a peer's failure, never a cause);
-``liveness_cause`` reads a liveness monitor's verdict out of a notice or an error;
-``compact``, ``ranks_text`` and ``kind_of`` spell ranks and errors. The rule that picks the
-cause is ``lifecycle._tools.verdict.find_cause``.
+(``rank 1 died in the training step at step 80 (killed: ...)``), rendered from a
+failure's typed facts (``lifecycle.journal.evidence``: its ``Kind`` and ``Evidence``,
+whose words every view shares); ``compact``, ``ranks_text`` and ``kind_of`` spell ranks
+and errors. A version 4 journal's facts are read as they are; the prose of older
+journals is read in ``lifecycle._tools.show.older``. The rule that picks the cause is
+``lifecycle._tools.show.verdict.find_cause``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from itertools import groupby
 
-VERDICT_ERROR = "LivenessVerdict: "
-"""How the error of a liveness monitor's failure notice begins (``lifecycle._torch.notice.VERDICT_ERROR``)."""
+from lifecycle.journal import Verdict
+from lifecycle.journal.evidence import LIVENESS_KINDS, Evidence, Kind
+
+Move = tuple[str, str, str]
+"""One step of a rank's path: (source, trigger, dest)."""
 
 
 class Decided(Enum):
@@ -28,31 +32,11 @@ class Decided(Enum):
     BY_VERDICT = "named by its liveness monitor's verdict, in its journal (the store did not number it)"
     BY_CONSEQUENCE = "no failure notice of its own: its peers' connection errors are consequences of its death"
     BY_WALL_TIME = "by wall time, a fallback: no failure notice was journaled (hosts' clocks may differ)"
+    UNKNOWN = (
+        "every failure journaled is a consequence of another's (a broken connection, a timed-out receive, a"
+        " launcher's stop)"
+    )
 
-
-CONNECTION = re.compile(
-    r"connection (?:reset|closed|refused|lost)|closed by peer|broken pipe|read error|write error|ECONNRESET|EPIPE"
-    r"|socket (?:timeout|closed)|timed out waiting|the store is gone|is unreachable|^StoppedByLauncher:",
-    re.IGNORECASE,
-)
-"""What a peer's error says when its connection to a rank that failed broke, a receive from it timed out, or the
-launcher stopped it after that rank's death (``StoppedByLauncher``): a consequence, never a cause."""
-
-
-def consequence_error(error: str) -> bool:
-    """Whether ``error`` is a broken connection (reset, closed by peer, ...): the mark of a peer's failure."""
-    return CONNECTION.search(error) is not None
-
-
-LIVENESS = re.compile(
-    r"rank (?P<rank>\d+) (?P<kind>died|is stopped|is spinning|is waiting|is unresponsive)"
-    r"(?: at (?:step (?P<step>\d+), )?phase (?P<phase>\w+))?"
-)
-_LAST_AT = re.compile(r"last at (?:step (?P<step>\d+), )?phase (?P<phase>\w+)")
-_NO_PROGRESS = re.compile(r"no progress for (?P<age>[\d.]+) s")
-_SILENT = re.compile(r"has not beaten for (?P<age>[\d.]+) s")
-_PROC_STATE = re.compile(r"\(state (?P<state>\w)\)")
-FIRST_NOTE = re.compile(r"^lifecycle: rank (?P<rank>\d+) failed first \([^)]*\): (?P<error>.*)$")
 
 PHASE_WORDS = {
     "batch": "in the batch provider",
@@ -67,26 +51,35 @@ PHASE_WORDS = {
 }
 """How the cause's line says a phase (``Session.progress``'s and the failure notice's names)."""
 
-KINDS = ("raised", "died", "stopped", "hung", "spinning", "unresponsive", "failed")
-"""The kinds of cause the first line names: an exception, a death, a stop, a hang, a spin, a silent host, other."""
+FAILED = "failed"
+"""A cause's kind when its failure's kind is not known (an older journal's error of no known kind)."""
+
+UNNAMED_HINT = (
+    "a liveness monitor names a rank behind its peers (LivenessConfig), and each rank's Python stacks"
+    " (py-spy dump, faulthandler) show where it waited"
+)
+"""What would name the rank an unknown cause leaves unnamed."""
 
 
 @dataclass(frozen=True, slots=True)
 class Cause:
     """The cause of an attempt: the rank whose failure came first, what kind, where, and how it was found.
 
-    ``kind`` is one of ``KINDS``; ``phase`` a phase name (``step``, ``batch``) or ``state
+    ``rank`` is None when no rank can be named (``Decided.UNKNOWN``): ``victim`` is then
+    the rank whose consequence came first, and the words say so. ``kind`` is a ``Kind``
+    value, or ``FAILED``; ``phase`` a phase name (``step``, ``batch``) or ``state
     <name>``; ``step`` the step it failed at (None: unknown, ``after`` the last it
-    recorded); ``detail`` the error or the liveness monitor's evidence.
+    recorded); ``detail`` the error or the evidence, in words.
     """
 
-    rank: int
+    rank: int | None
     kind: str
     phase: str
     step: int | None
     after: int | None
     detail: str
     decided: Decided
+    victim: int | None = None
 
     def where(self) -> str:
         """``in the training step at step 50``, ``in state training after step 49``."""
@@ -102,51 +95,85 @@ class Cause:
             at = ""
         return " ".join(part for part in (place, at) if part)
 
+    def verb(self) -> str:
+        """The kind's words (``Kind.words``: ``hung``, ``was spinning``), ``failed`` for a kind not known."""
+        known = Kind.named(self.kind)
+        return known.words if known is not None else FAILED
+
     def words(self) -> str:
-        """The cause in plain words: ``rank 1 died in the training step at step 80 (killed: no end record, ...)``."""
-        verb = {"spinning": "was spinning", "unresponsive": "went silent"}.get(self.kind, self.kind)
+        """The cause in plain words: ``rank 1 died in the training step at step 80 (killed: no end record, ...)``;
+        unknown: ``unknown: rank 0 timed out waiting for a peer in the training step; the rank it waited on was
+        not named``."""
         where = self.where()
-        head = f"rank {self.rank} {verb}" + (f" {where}" if where else "")
-        if self.kind in ("raised", "failed"):
+        if self.rank is None:
+            head = f"unknown: rank {self.victim} {self.verb()}" + (f" {where}" if where else "")
+            return f"{head}; the rank it waited on was not named ({self.detail})"
+        head = f"rank {self.rank} {self.verb()}" + (f" {where}" if where else "")
+        if self.kind in (Kind.RAISED.value, FAILED):
             return f"{head}: {self.detail}"
         return f"{head} ({self.detail})"
 
     def line(self) -> str:
         """The verdict's first line: the cause's words, then how it was found."""
+        if self.rank is None:
+            return f"{self.words()} — the cause is unknown: {self.decided.value}; {UNNAMED_HINT}"
         return f"{self.words()} — the cause, {self.decided.value}"
 
 
-def liveness_cause(rank: int, last_step: int | None, text: str, decided: Decided) -> Cause | None:
-    """The cause a liveness monitor's words in ``text`` (a peer's note or error) give for ``rank`` (whose last
-    recorded step was ``last_step``), if any."""
-    found = LIVENESS.search(text)
-    if found is None or int(found["rank"]) != rank:
-        return None
-    kind = {"died": "died", "is stopped": "stopped", "is spinning": "spinning", "is waiting": "hung"}.get(
-        found["kind"], "unresponsive"
-    )
-    step, phase = found["step"], found["phase"]
-    last = _LAST_AT.search(text)
-    if kind == "unresponsive" and last is not None:
-        step, phase = last["step"], last["phase"]
-    age = _NO_PROGRESS.search(text)
-    silent = age["age"] if age is not None else ""
-    killed = "killed by its liveness monitor" if "stacks are in" in text else "named by its liveness monitor"
-    if kind == "died":
-        detail = "killed: no end record, its process gone, its heartbeat stopped"
-    elif kind == "stopped":
-        state = _PROC_STATE.search(text)
-        detail = (
-            f"its process stopped in state {state['state'] if state else 'T'}, no progress for {silent} s; {killed}"
-        )
-    elif kind == "hung":
-        detail = f"alive, no progress for {silent} s while its peers went on; {killed}"
-    elif kind == "spinning":
-        detail = f"running, no progress for {silent} s; {killed}"
+def liveness_detail(kind: Kind, *, state: str, silent: str, killed: bool) -> str:
+    """A liveness verdict's evidence in words (``Kind.detail``: ``kind``; its ``/proc`` ``state``; ``silent``:
+    seconds without progress, as text; ``killed``: its monitor killed it), as every version's reading says it."""
+    judged = "killed by its liveness monitor" if killed else "named by its liveness monitor"
+    return kind.detail(state=state, silent=silent, judged=judged) or judged
+
+
+def from_evidence(facts: Evidence, last_step: int | None, decided: Decided, *, killed: bool, error: str = "") -> Cause:
+    """The cause a failure's typed ``facts`` give (a version 4 verdict or notice): no text is parsed.
+
+    ``last_step``: the last step the rank recorded; ``killed``: its monitor killed it;
+    ``error``: its error, the detail of a kind no liveness monitor names.
+    """
+    kind = Kind.named(facts.kind)
+    silent = f"{facts.silent_s:.1f}" if facts.silent_s is not None else "?"
+    if kind is None or kind not in LIVENESS_KINDS:
+        detail = error or (kind.words if kind is not None else facts.kind)
     else:
-        beat = _SILENT.search(text)
-        detail = f"its monitor stopped beating for {beat['age'] if beat else '?'} s: its host or monitor is gone"
-    return Cause(rank, kind, phase or "", int(step) if step is not None else None, last_step, detail, decided)
+        detail = liveness_detail(kind, state=facts.process_state, silent=silent, killed=killed)
+    return Cause(facts.rank, facts.kind, facts.phase, facts.step, last_step, detail, decided)
+
+
+KILLED = "killed by its liveness monitor"
+"""The last place on the path of a rank its own liveness monitor killed (no state of the session: it was killed)."""
+KILLED_TRIGGER = "killed_by_monitor"
+"""The step onto ``KILLED`` (no trigger of the session's table: the diagrams draw none for it)."""
+
+
+def killed_by_monitor(verdict: Verdict) -> bool:
+    """Whether the monitor that wrote ``verdict`` killed its culprit: ``killed`` (version 4), or, in an older
+    journal, the stacks it had dumped (written only before a kill)."""
+    return verdict.killed or bool(verdict.stacks)
+
+
+def killed_path(moves: Sequence[tuple[str, str, str]], records: Iterable[object], rank: int) -> tuple[Move, ...]:
+    """``rank``'s path (``moves``: source, trigger, dest), ending at ``KILLED`` when a verdict in its ``records``
+    says its own monitor killed it before it reached a final state."""
+    final = bool(moves) and moves[-1][2] in ("closed", "failed")
+    if not final and any(isinstance(r, Verdict) and r.culprit == rank and killed_by_monitor(r) for r in records):
+        return (*moves, (moves[-1][2] if moves else "uninitialized", KILLED_TRIGGER, KILLED))
+    return tuple(moves)
+
+
+def unknown(victim: int, kind: str, phase: str, step: int | None, after: int | None, error: str) -> Cause:
+    """The cause when every failure is a consequence: unknown, said from the first one seen (``victim``'s, of
+    ``kind``, in ``phase`` at ``step`` or ``after`` its last, with ``error``)."""
+    return Cause(None, kind, phase, step, after, error, Decided.UNKNOWN, victim)
+
+
+def quoted_error(note: str) -> str:
+    """The first rank's error as a note quotes it (``lifecycle: rank R failed first (...): error``); the note itself
+    otherwise. Text is split, not parsed: the error is whatever follows the parenthesis."""
+    head, _, error = note.partition("): ")
+    return error if head.startswith("lifecycle: rank ") and error else note.removeprefix("lifecycle: ")
 
 
 def compact(ranks: Iterable[int]) -> str:
@@ -173,9 +200,6 @@ def ranks_text(ranks: Sequence[int], limit: int = 80) -> str:
     return f"ranks {ranges}"
 
 
-_NUMBER = re.compile(r"\d+")
-
-
 def kind_of(error: str) -> str:
     """What errors that differ only in their numbers (ports, pids, ranks, addresses) share."""
-    return _NUMBER.sub("#", error)
+    return "".join("#" if digits else "".join(chars) for digits, chars in groupby(error, str.isdigit))

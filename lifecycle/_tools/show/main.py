@@ -54,7 +54,7 @@ from lifecycle._tools.show import model as _model
 from lifecycle._tools.show import page as _page
 from lifecycle._tools.show import svg as _svg
 from lifecycle._tools.show import verdict as _verdict
-from lifecycle._tools.show.cause import ranks_text
+from lifecycle._tools.show.cause import KILLED, killed_by_monitor, ranks_text
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER, StoppedByLauncher
 from lifecycle.journal import (
     Eval,
@@ -69,7 +69,9 @@ from lifecycle.journal import (
     TeardownStep,
     TrainStep,
     Transition,
+    Verdict,
 )
+from lifecycle.journal.evidence import Kind
 
 CLOSED_PIPE = 141
 """The exit code of a command whose stdout was closed before it was done (128 + SIGPIPE); ``cli`` uses it too."""
@@ -119,6 +121,12 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
         elif isinstance(r, StepSkipped):
             text = f"step {r.step} skipped: its loss was not finite on {r.ranks} rank(s) ({r.consecutive} in a row)"
             events.append((r.time, text))
+        elif isinstance(r, Verdict):  # its words from the typed kind where the record has it (version 4)
+            kind = Kind.named(r.evidence.kind if r.evidence is not None else r.verdict)
+            said = f"rank {r.culprit} {kind.words if kind is not None else r.verdict}"
+            how = KILLED if killed_by_monitor(r) else "named by its liveness monitor"
+            where = f"phase {r.phase}" if r.step is None else f"step {r.step}, phase {r.phase}"
+            events.append((r.time, f"{how}: {said} ({where})"))
     steps = [r for r in call if isinstance(r, TrainStep)]
     last = steps[-1] if steps else None
     if last is not None and last.end is not None:
@@ -141,7 +149,15 @@ def _summary(call: list[Record]) -> str:
         states = [r.dest for r in call if isinstance(r, Transition)]
         state = states[-1] if states else State.UNINITIALIZED.value
         last = f"last step {steps[-1].step}" if steps else "no training step recorded"
-        head = f"no end record (killed?) in state {state} — {last}"
+        rank = call[0].origin.rank if call else -1
+        killers = [r for r in call if isinstance(r, Verdict) and r.culprit == rank and killed_by_monitor(r)]
+        if killers:
+            said = killers[0].evidence
+            kind = Kind.named(said.kind if said is not None else killers[0].verdict)
+            what = f": it {kind.words}" if kind is not None else ""
+            head = f"{KILLED}{what} in state {state} — {last}"
+        else:
+            head = f"no end record (killed?) in state {state} — {last}"
     if steps:
         first, last_step = steps[0], steps[-1]
         head += f"; loss {first.loss:.3f} (step {first.step}) → {last_step.loss:.3f} (step {last_step.step})"

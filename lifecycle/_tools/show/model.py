@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from lifecycle import journal as _journal
 from lifecycle._tools.show import verdict as _verdict
-from lifecycle._tools.show.cause import compact
+from lifecycle._tools.show.cause import compact, killed_path
 from lifecycle.journal import Eval, Origin, Record, RunStart, TeardownStep, TrainStep, Transition
 
 
@@ -344,7 +344,7 @@ class _Gather:
                 first_move = start if first_move is None or start < first_move else first_move
         self.ends[rank] = _verdict.rank_end(rank, records)
         self.files[rank] = file
-        self.paths.setdefault(tuple(moves), []).append(rank)
+        self.paths.setdefault(killed_path(moves, records, rank), []).append(rank)
         self.first_move = _least(self.first_move, first_move)
         self.first_event = _least(self.first_event, first_event)
         self.t0 = _least(self.t0, _least(first_event, last_step.end if last_step is not None else None))

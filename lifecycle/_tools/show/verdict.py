@@ -7,14 +7,13 @@ HTML page, the demo's summary, the world tests' report): the earliest failure in
 store's order of failure notices and liveness verdicts. A rank killed without a word
 is named by its liveness monitor's verdict (the ``verdict`` record in its journal, which
 places it at the verdict's time, or the verdict its peers' notices carry), or, without
-one, placed before the connection errors its death caused; a connection error on a peer is a
-consequence, said to be one, and never the cause; wall time decides only where no
-notice was journaled, and the line says so. The first line names the cause in plain
+one, placed before the connection errors its death caused; a consequence (a broken connection, a timed-out
+receive, a launcher's stop: ``lifecycle.journal.evidence``) is said to be one and is never the cause: when
+every failure is one, the cause is unknown, said so. The first line names the cause in plain
 words (``rank 1 died in the training step at step 80 (killed: no end record, ...)``,
-``rank 2 hung in the batch provider at step 41 (alive, no progress for 4.1 s ...)``).
-Ranks that ended alike are grouped (``ranks 0, 2-1023: failed 60-80 ms after rank
-1 ...``), ranks of the world (``RunStart.world_size``) with no journal are named, and
-``Verdict.lines`` keeps the whole at most 24 lines however many ranks and errors.
+``rank 2 hung in the batch provider at step 41 (alive, no progress for 4.1 s ...)``). Ranks that ended alike
+are grouped (``ranks 0, 2-1023: failed 60-80 ms after rank 1 ...``), ranks of the world with no journal are
+named, and ``Verdict.lines`` keeps the whole at most 24 lines however many ranks and errors.
 """
 
 from __future__ import annotations
@@ -28,18 +27,19 @@ from lifecycle import journal as _journal
 from lifecycle._core.plans import Outcome as PlanOutcome
 from lifecycle._core.states import State
 from lifecycle._tools.show.cause import (
-    FIRST_NOTE,
-    LIVENESS,
-    VERDICT_ERROR,
+    FAILED,
     Cause,
     Decided,
     compact,
-    consequence_error,
+    from_evidence,
     kind_of,
-    liveness_cause,
+    quoted_error,
     ranks_text,
+    unknown,
 )
+from lifecycle._tools.show.older import FIRST_NOTE, liveness_cause
 from lifecycle.journal import Failure, Record, RunEnd, RunStart, TeardownStep, TrainStep, Transition
+from lifecycle.journal.evidence import VERDICT_PREFIX, Evidence, Kind, consequence, error_kind
 
 MAX_LINES = 24
 """The most lines a verdict takes, whatever the number of ranks."""
@@ -78,6 +78,9 @@ class RankEnd:
     the last training step it recorded; ``last_state`` the state it last reached;
     ``last_time`` the wall time of its last timed record; ``note`` its ``Failure``
     record's note (which names the first rank, or says why that is unknown).
+    Version 4 adds typed facts: ``kind`` (a ``Kind`` value; "" if none), ``facts`` (its
+    failure's ``Evidence``, or its verdict's), ``first`` (the first failure's, as its
+    notice learned them), ``killed`` (its liveness monitor killed it).
     """
 
     rank: int
@@ -94,6 +97,24 @@ class RankEnd:
     last_time: float | None
     error: str
     note: str = ""
+    kind: str = ""
+    facts: Evidence | None = None
+    first: Evidence | None = None
+    killed: bool = False
+
+    @property
+    def consequence(self) -> bool:
+        """Whether its failure is a consequence of another rank's (never the cause): its kind says so (version 4),
+        or, in an older journal, its error does (``lifecycle.journal.evidence.consequence``)."""
+        known = Kind.named(self.kind) if self.kind else None
+        return self.failed and (known.consequence if known is not None else not self.kind and consequence(self.error))
+
+    @property
+    def judged(self) -> bool:
+        """Whether a liveness monitor's verdict is its failure (its typed facts, or an older journal's words)."""
+        if self.facts is not None:
+            return self.facts.decided_by in ("monitor", "neighbour")
+        return self.error.startswith(VERDICT_PREFIX)
 
     @property
     def failed(self) -> bool:
@@ -136,9 +157,9 @@ class Group:
 class Verdict:
     """The verdict on one attempt.
 
-    ``first``: the rank whose failure is the cause (None: no rank failed), placed where
+    ``first``: the rank whose failure is the cause (None: none failed, or the cause is unknown), placed where
     the cause rule (``find_cause``) puts it; ``cause``: its words; ``decided``: how it
-    was found (the store's order, a peer's notice, by wall time; ``NO_FAILURE`` when none failed);
+    was found (the store's order, a notice, by wall time; ``NO_FAILURE``: none failed; ``UNKNOWN``: no rank named);
     ``independent``: other ranks that failed on their own, not because of ``first``;
     ``groups``: every other rank, grouped by how it ended; ``ends``: each rank's end,
     by rank (ranks with no journal included); ``notes``: what else to say.
@@ -160,7 +181,9 @@ class Verdict:
         """The verdict as at most ``limit`` lines (groups past that are counted in a last ``… and N more`` line)."""
         head: list[str] = []
         world = len(self.ends)
-        if self.first is None:
+        if self.first is None and self.cause is not None:  # failures, every one a consequence: the cause is unknown
+            head.append(self.cause.line())
+        elif self.first is None:
             cut = any(g.outcome is Outcome.CUT for g in self.groups)
             # Ranks cut short without a failure (a Ctrl-C, a SIGKILL): none reported one, which is not "none failed".
             said = "no rank reported a failure" if cut else "no rank failed"
@@ -300,6 +323,9 @@ def rank_end(rank: int, records: Sequence[Record]) -> RankEnd:
         last_time=last_time,
         error=_short(error) or "(no error recorded)",
         note=sys.intern(failure.note) if failure is not None else "",  # the same few words on thousands of ranks
+        kind=failure.evidence.kind if failure is not None and failure.evidence is not None else "",
+        facts=failure.evidence if failure is not None else None,
+        first=failure.first if failure is not None else None,
     )
 
 
@@ -326,8 +352,11 @@ def _judged(
         last_step=last_step,
         last_state=last_move.dest if last_move is not None else State.UNINITIALIZED.value,
         last_time=last_time,
-        error=_short(f"{VERDICT_ERROR}{verdict.note}"),
+        error=_short(f"{VERDICT_PREFIX}{verdict.note}"),
         note=verdict.note,
+        kind=verdict.verdict if verdict.evidence is not None else "",
+        facts=verdict.evidence,
+        killed=verdict.killed,
     )
 
 
@@ -351,8 +380,15 @@ def _missing(rank: int) -> RankEnd:
 
 
 def _cause_of(end: RankEnd, decided: Decided, named_by: RankEnd | None = None) -> Cause:
-    """``end``'s failure as the cause: from its own record, or (``named_by``) from the peer's note that names it."""
-    if named_by is not None:
+    """``end``'s failure as the cause: from its own record, or (``named_by``) from the peer's note that names it.
+
+    A version 4 journal's typed facts are rendered as they are; only older journals' words are read
+    (``lifecycle._tools.show.older``)."""
+    if named_by is not None and (facts := named_by.first) is not None and facts.rank == end.rank:
+        return from_evidence(facts, end.last_step, decided, killed=end.killed, error=quoted_error(named_by.note))
+    if end.facts is not None and end.failed:
+        return from_evidence(end.facts, end.last_step, decided, killed=end.killed, error=end.error)
+    if named_by is not None and named_by.facts is None:
         for text in (named_by.note, named_by.error):
             cause = liveness_cause(end.rank, end.last_step, text, decided)
             if cause is not None:
@@ -360,17 +396,17 @@ def _cause_of(end: RankEnd, decided: Decided, named_by: RankEnd | None = None) -
         said = FIRST_NOTE.match(named_by.note)
         if said is not None and not end.failed:
             error = said["error"]
-            return Cause(end.rank, "failed", "", None, end.last_step, error, decided)
-    if end.error.startswith(VERDICT_ERROR):
+            return Cause(end.rank, FAILED, "", None, end.last_step, error, decided)
+    if end.error.startswith(VERDICT_PREFIX) and end.facts is None:
         cause = liveness_cause(end.rank, end.last_step, end.note or end.error, decided)
         if cause is not None:
             return cause
     if not end.failed:  # killed without a word: no failure record, no end record
         state = f"state {end.last_state}"
         detail = "killed: no end record, no failure notice; its peers' connections to it broke or timed out"
-        return Cause(end.rank, "died", state, None, end.last_step, detail, decided)
+        return Cause(end.rank, Kind.DIED.value, state, None, end.last_step, detail, decided)
     phase = end.phase.removeprefix("phase ")
-    kind = "raised" if end.phase.startswith("phase ") and end.step is not None else "failed"
+    kind = Kind.RAISED.value if end.phase.startswith("phase ") and end.step is not None else FAILED
     return Cause(end.rank, kind, phase, end.step, end.last_step, end.error, decided)
 
 
@@ -397,39 +433,46 @@ def find_cause(ends: Mapping[int, RankEnd]) -> tuple[RankEnd | None, Cause | Non
         return None, None
     naming = _naming(failed)
     numbered = sorted((e for e in failed if e.seq is not None), key=lambda e: (e.seq, _time(e), e.rank))
-    if numbered and numbered[0].first_rank is None:
-        first = numbered[0]
-        if not consequence_error(first.error):
-            return first, _cause_of(first, Decided.BY_SEQUENCE)
-    for by in naming:  # a notice that names a rank whose own failure is a broken connection names a victim
+    if numbered and numbered[0].first_rank is None and not numbered[0].consequence:
+        return numbered[0], _cause_of(numbered[0], Decided.BY_SEQUENCE)
+    for by in naming:  # a notice that names a rank whose own failure is a consequence names a victim
         named = ends.get(by.first_rank) if by.first_rank is not None else None
-        if named is not None and named.rank != by.rank and not (named.failed and consequence_error(named.error)):
+        if named is not None and named.rank != by.rank and not named.consequence and not _stale(by, named):
             decided = Decided.BY_SEQUENCE if named.seq is not None else Decided.BY_NOTICE
             return _placed(named, by), _cause_of(named, decided, by)
-    own = [e for e in numbered if not consequence_error(e.error)]
+    own = [e for e in numbered if not e.consequence]
     if own:
         return own[0], _cause_of(own[0], Decided.BY_SEQUENCE)
     killed = sorted((e for e in ends.values() if e.outcome is Outcome.CUT), key=lambda e: (e.last_time or 0.0, e.rank))
-    if killed and all(consequence_error(e.error) for e in failed):
+    if killed and all(e.consequence for e in failed):
         first = killed[0]
         placed = replace(first, failed_at=min(_time(e) for e in failed))
         return placed, _cause_of(first, Decided.BY_CONSEQUENCE)
-    judged = sorted((e for e in failed if e.error.startswith(VERDICT_ERROR)), key=lambda e: (_time(e), e.rank))
+    judged = sorted((e for e in failed if e.judged), key=lambda e: (_time(e), e.rank))
     if judged:  # a liveness verdict whose notice the store did not number (it was gone): still before consequences
         return judged[0], _cause_of(judged[0], Decided.BY_VERDICT)
-    if numbered:
-        return numbered[0], _cause_of(numbered[0], Decided.BY_SEQUENCE)
-    mine = [e for e in failed if not consequence_error(e.error)] or failed
+    mine = [e for e in failed if not e.consequence]
+    if not mine:  # every failure is a consequence and nobody is named: say so, never name a victim
+        seen = numbered[0] if numbered else min(failed, key=lambda e: (_time(e), e.rank))
+        kind = seen.kind or (error_kind(seen.error) or Kind.CONNECTION_LOST).value
+        return None, unknown(seen.rank, kind, seen.phase.removeprefix("phase "), seen.step, seen.last_step, seen.error)
     first = min(mine, key=lambda e: (_time(e), e.rank))
     return first, _cause_of(first, Decided.BY_WALL_TIME)
+
+
+def _stale(by: RankEnd, named: RankEnd) -> bool:
+    """Whether the notice ``by`` learned names ``named`` stale: a monitor named it unresponsive, and its own
+    journal shows it trained on past the step named (its silence was its monitor's, not its own)."""
+    said = by.first
+    unresponsive = said is not None and said.kind == Kind.UNRESPONSIVE.value and said.step is not None
+    return unresponsive and said is not None and (named.last_step or 0) > (said.step or 0)
 
 
 def _placed(named: RankEnd, by: RankEnd) -> RankEnd:
     """The named rank, placed where the notice that names it puts it: no later than that notice's own failure."""
     if named.failed:
         return named
-    error = FIRST_NOTE.sub(r"\g<error>", by.note).removeprefix("lifecycle: ")
-    return replace(named, failed_at=_time(by), error=_short(error))
+    return replace(named, failed_at=_time(by), error=_short(quoted_error(by.note)))
 
 
 def order(ends: Mapping[int, RankEnd]) -> list[RankEnd]:
@@ -441,49 +484,16 @@ def order(ends: Mapping[int, RankEnd]) -> list[RankEnd]:
     return ([first] if first is not None else []) + rest
 
 
-def claim(rank: int, error: str, *, time: float | None, note: str = "", killed: bool = False) -> RankEnd:
-    """One rank's failure as a report outside a journal knows it (``lifecycle.testing``'s world report):
-    ``error``, when (``time``), the notes on its exception (``note``: a ``lifecycle: rank R failed first ...``
-    or liveness note names the first rank), or ``killed`` (it died without a word)."""
-    first_rank = None
-    for line in note.splitlines():
-        found = FIRST_NOTE.match(line) or LIVENESS.search(line)
-        if found is not None and int(found["rank"]) != rank:
-            first_rank = int(found["rank"])
-            break
-    base = _missing(rank)
-    return replace(
-        base,
-        journaled=True,
-        state=None if killed else "failed",
-        failed_at=None if killed else time,
-        first_rank=first_rank,
-        last_time=time,
-        error=_short(error) or "(no error recorded)",
-        note=note,
-    )
-
-
 def _independent(first: RankEnd, other: RankEnd) -> bool:
     """Whether ``other`` failed on its own: not a consequence (a connection error, or its notice names ``first``),
     and within ``INDEPENDENT_S`` of ``first``, or, having published its own notice, it names no peer as first and
     has no note (a note without a first rank says why the first was unknown, as when notice 1 could not be read:
     that is no evidence of independence)."""
-    if _consequence(first, other):
+    if other.consequence:
         return False
     if abs(_time(other) - _time(first)) <= INDEPENDENT_S:
         return True
     return other.published and other.first_rank is None and not other.note and first.first_rank != other.rank
-
-
-def _consequence(first: RankEnd | None, other: RankEnd) -> bool:
-    """Whether ``other``'s failure is a consequence of ``first``'s: its connection broke (or timed out) after it.
-
-    A notice naming ``first`` is no such evidence: every notice after the first names it.
-    """
-    if first is None or not other.failed:
-        return False
-    return consequence_error(other.error)
 
 
 _Alike = tuple[Outcome, tuple[str, ...]]
@@ -500,7 +510,7 @@ def _describe(end: RankEnd, first: RankEnd | None) -> tuple[_Alike, str]:
         named = ""
         if end.first_rank is not None and (first is None or end.first_rank != first.rank):
             named = f" (its note names rank {end.first_rank} as first)"
-        consequence = "a consequence, " if _consequence(first, end) else ""
+        consequence = "a consequence, " if end.consequence else ""
         alike = (end.phase, kind_of(end.error), named, cut, consequence)
         return (outcome, alike), f"{consequence}{end.where()}: {end.error}{named}{cut}"
     if outcome is Outcome.CUT:
@@ -537,11 +547,7 @@ def judge(known: Mapping[int, RankEnd], world: int) -> Verdict:
     )
     notes: list[str] = []
     if first is not None and decided is Decided.BY_SEQUENCE:
-        earlier = [
-            e
-            for e in failed
-            if e.seq is None and _time(e) < _time(first) - INDEPENDENT_S and not _consequence(first, e)
-        ]
+        earlier = [e for e in failed if e.seq is None and _time(e) < _time(first) - INDEPENDENT_S and not e.consequence]
         if earlier:
             e = min(earlier, key=_time)
             notes.append(
