@@ -25,6 +25,7 @@ import bench_plugin  # noqa: E402
 import bench_recovery  # noqa: E402
 import bench_release  # noqa: E402
 import bench_retry  # noqa: E402
+import bench_saves  # noqa: E402
 import bench_show  # noqa: E402
 import scale_harness  # noqa: E402
 import show_scale  # noqa: E402
@@ -44,7 +45,16 @@ def main() -> None:
     import torch
 
     sections = []
-    benches = (bench_overhead, bench_release, bench_retry, bench_leaks, bench_show, bench_plugin, bench_checkpoint)
+    benches = (
+        bench_overhead,
+        bench_release,
+        bench_retry,
+        bench_leaks,
+        bench_show,
+        bench_plugin,
+        bench_checkpoint,
+        bench_saves,
+    )
     for bench in (*benches, bench_liveness, bench_recovery):
         print(f"running {bench.__name__} ...", flush=True)
         started = time.perf_counter()

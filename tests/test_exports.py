@@ -52,6 +52,8 @@ EXPORTS: dict[str, list[str]] = {
         "AsyncCheckpointer",
         "CheckpointError",
         "CheckpointMismatch",
+        "SaveFailed",
+        "SaveFailures",
         "StaleCheckpointer",
         "latest_checkpoint",
         "load_checkpoint",

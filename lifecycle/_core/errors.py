@@ -288,3 +288,22 @@ def _ranges(ranks: list[int]) -> str:
             spans.append([rank, rank])
     text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
     return f"rank{'s' if len(ranks) > 1 else ''} {text}"
+
+
+class NonfiniteLoss(LifecycleError):
+    """The loss of ``step`` was not finite on ``ranks`` rank(s); no update of that step was applied or saved.
+
+    ``rank`` and ``value``: the rank whose loss was not finite and that loss (NaN, ±inf)
+    when it was one rank (None: several; ``value`` is then not finite all the same).
+    ``skipped``: steps skipped in a row before it gave up (0 under ``fail``).
+    """
+
+    def __init__(self, step: int, rank: int | None, value: float, ranks: int, skipped: int) -> None:
+        self.step, self.rank, self.value, self.ranks, self.skipped = step, rank, value, ranks, skipped
+        self._fields = (step, rank, value, ranks, skipped)
+        where = f"rank {rank}" if rank is not None else f"{ranks} ranks"
+        why = f" after {skipped} skipped steps in a row (training.max_consecutive_skipped_steps)" if skipped else ""
+        super().__init__(
+            f"the loss of step {step} is {value} on {where}{why}: its update was not applied and no checkpoint "
+            "of it is committed (training.on_nonfinite_loss)"
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import TypeVar
 
 from lifecycle._core.errors import ConfigError, check_number
 from lifecycle._torch.config import DistributedConfig, ParallelConfig
@@ -55,6 +56,26 @@ class ModelConfig:
                 )
 
 
+class OnNonfiniteLoss(StrEnum):
+    """What a step whose loss is not finite (NaN, ±inf) on any rank does (``TrainingConfig.on_nonfinite_loss``)."""
+
+    FAIL = "fail"
+    """The attempt fails with ``NonfiniteLoss`` before the update is applied; no checkpoint of that step."""
+    SKIP = "skip"
+    """The step's update is applied on no rank (its batches are consumed), counted; fail after too many in a row."""
+    WARN = "warn"
+    """Warn (once a run, then count) and apply the update anyway."""
+
+
+class OnSaveError(StrEnum):
+    """What a failed checkpoint save does (``CheckpointConfig.on_save_error``)."""
+
+    CONTINUE = "continue"
+    """Every rank drops the save, it is recorded and warned once, training goes on; fail after too many in a row."""
+    FAIL = "fail"
+    """The attempt fails at once with the save's ``SaveFailed`` (the behaviour before 0.x)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TrainingConfig:
     """The loop: optimizer steps, learning rate, seed, logging and evaluation cadence.
@@ -63,6 +84,10 @@ class TrainingConfig:
     from the checkpoint's step). ``log_interval``: rank 0 logs progress every that many
     steps (0: never). ``eval_interval``: evaluate on the held-out split every that many
     steps and after the last one (0: never), over ``eval_iterations`` micro-batches.
+    ``on_nonfinite_loss`` (``OnNonfiniteLoss``): what a step does whose loss is NaN or
+    infinite on any rank, decided before the optimizer applies it, on the loss every
+    rank already all-reduces; ``skip`` fails after ``max_consecutive_skipped_steps``
+    skipped steps in a row.
     """
 
     iterations: int = 100
@@ -71,9 +96,15 @@ class TrainingConfig:
     log_interval: int = 10
     eval_interval: int = 0
     eval_iterations: int = 4
+    on_nonfinite_loss: OnNonfiniteLoss = OnNonfiniteLoss.FAIL
+    max_consecutive_skipped_steps: int = 5
 
     def __post_init__(self) -> None:
-        """Reject values no loop could run with."""
+        """Reject values no loop could run with; accept the policy as its name."""
+        object.__setattr__(
+            self, "on_nonfinite_loss", _member(OnNonfiniteLoss, "training.on_nonfinite_loss", self.on_nonfinite_loss)
+        )
+        check_number("training.max_consecutive_skipped_steps", self.max_consecutive_skipped_steps, at_least=1)
         check_number("training.iterations", self.iterations, at_least=0)
         check_number("training.lr", self.lr, integer=False, above=0)
         check_number("training.seed", self.seed, at_least=0)
@@ -97,6 +128,15 @@ class CheckpointConfig:
     them (None: keep everything). ``dir`` is created and probed (a file written, fsynced
     and removed) at setup, before training; a ``dir`` that is a file, or lies under
     one, is refused here, at construction.
+
+    ``on_save_error`` (``OnSaveError``): ``continue`` (default) drops a save that failed
+    on any rank (its write, the commit, a write past its bound) on every rank alike,
+    records it (a ``save_failed`` journal record), warns and trains on; the next save is
+    tried at its interval. After ``max_consecutive_save_failures`` failed saves in a row
+    the attempt fails (``SaveFailures``, naming each failure and the last committed
+    step). A final save (the loop's end, a requested exit) that fails always fails the
+    attempt: its end would otherwise claim a checkpoint it does not have. ``fail``: the
+    first failed save fails the attempt (``SaveFailed``).
     """
 
     dir: str | None = None
@@ -104,9 +144,13 @@ class CheckpointConfig:
     async_save: bool = True
     resume: bool = False
     keep_last: int | None = None
+    on_save_error: OnSaveError = OnSaveError.CONTINUE
+    max_consecutive_save_failures: int = 3
 
     def __post_init__(self) -> None:
         """Reject intervals below 0, ``keep_last`` below 1 and checkpoint options without a directory."""
+        object.__setattr__(self, "on_save_error", _member(OnSaveError, "checkpoint.on_save_error", self.on_save_error))
+        check_number("checkpoint.max_consecutive_save_failures", self.max_consecutive_save_failures, at_least=1)
         check_number("checkpoint.interval", self.interval, at_least=0)
         check_number("checkpoint.keep_last", self.keep_last, at_least=1, optional=True)
         if self.dir is not None and not self.dir:
@@ -191,6 +235,10 @@ class FaultKind(StrEnum):
     """Sleep for good in the phase: a rank waiting on something that never comes (a data loader)."""
     SPIN = "spin"
     """Run a regular expression that backtracks for good: C code holding the GIL, no thread runs Python."""
+    SAVE_ERROR = "save-error"
+    """At phase ``checkpoint``: the rank's write of that one save fails with ``ENOSPC`` (training goes on)."""
+    NAN = "nan"
+    """At phase ``step``: the rank's loss of that one step becomes NaN (its gradients with it)."""
 
     @property
     def failure(self) -> Kind:
@@ -199,12 +247,19 @@ class FaultKind(StrEnum):
         return _FAILURES[self]
 
 
+DATA_FAULTS: dict[FaultKind, Phase] = {FaultKind.SAVE_ERROR: Phase.CHECKPOINT, FaultKind.NAN: Phase.STEP}
+"""Faults that change what the rank computes or writes, once, instead of stopping it; each at its one phase."""
+
+
 _FAILURES = {
     FaultKind.RAISE: Kind.RAISED,
     FaultKind.CRASH: Kind.DIED,
     FaultKind.STOP: Kind.STOPPED,
     FaultKind.HANG: Kind.HANG,
     FaultKind.SPIN: Kind.SPINNING,
+    # When they fail the attempt (on_save_error="fail"; a NaN loss by default) they raise on every rank.
+    FaultKind.SAVE_ERROR: Kind.RAISED,
+    FaultKind.NAN: Kind.RAISED,
 }
 
 
@@ -215,7 +270,9 @@ class FaultInjection:
     For the phases in ``STEPPED_PHASES`` it fires the first time that phase runs at a
     step >= ``step``; the other phases run once per ``pretrain`` call. ``kind``
     (``FaultKind``, default ``raise``) says what it does: raise ``InjectedFault``, or,
-    silently, kill, stop, hang or spin the rank's process.
+    silently, kill, stop, hang or spin the rank's process; the data faults
+    (``DATA_FAULTS``: a save's write failing with ``ENOSPC``, a NaN loss) fire once, at
+    their own phase only, and leave the rank running.
     """
 
     phase: Phase
@@ -237,6 +294,11 @@ class FaultInjection:
             raise ConfigError("fault.kind", f"must be one of {names}, got {self.kind!r}") from None
         check_number("fault.rank", self.rank, at_least=0)
         check_number("fault.step", self.step, at_least=1)
+        phase = DATA_FAULTS.get(self.kind)
+        if phase is not None and self.phase is not phase:
+            raise ConfigError(
+                "fault.phase", f"a {self.kind.value} fault fires at phase {phase.value}, got {self.phase.value}"
+            )
 
 
 class InjectedFault(RuntimeError):
@@ -353,6 +415,18 @@ class PretrainConfig:
                 f"{size}: pretrain has no pipeline schedule or context-parallel attention, so every stage would "
                 "train a full replica; use 1 (tensor_model_parallel_size is the model parallelism pretrain runs)",
             )
+
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _member(kind: type[_E], path: str, value: object) -> _E:
+    """``value`` as a member of ``kind`` (its name accepted as a string); ``ConfigError`` naming ``path`` otherwise."""
+    try:
+        return kind(str(value)) if not isinstance(value, kind) else value
+    except ValueError:
+        names = ", ".join(m.value for m in kind)
+        raise ConfigError(path, f"must be one of {names}, got {value!r}") from None
 
 
 _SECTIONS: dict[str, type] = {

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import signal
 import time
+from collections.abc import Callable
 
 from lifecycle._training.config import FaultKind, InjectedFault, Phase
 
@@ -37,3 +39,13 @@ def fire(kind: FaultKind, phase: Phase, rank: int, step: int | None) -> None:
     elif kind is FaultKind.SPIN:
         _SPIN_PATTERN.match("a" * 60 + "b")
     raise InjectedFault(phase, rank, step)
+
+
+def enospc_once(rank: int, step: int) -> Callable[[], None]:
+    """A writer-thread hook (``AsyncCheckpointer``'s write seam) that fails this save's write with ``ENOSPC``."""
+
+    def fail() -> None:
+        logger.warning("rank %d: injecting a save-error fault (ENOSPC) at the save of step %d", rank, step)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "injected")
+
+    return fail

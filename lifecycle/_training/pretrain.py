@@ -9,8 +9,9 @@ call in the same process starts from a clean slate.
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,19 +30,23 @@ from lifecycle._liveness.rank import RankMonitor
 from lifecycle._torch.actions import TorchActions
 from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, SessionHandle, TrainContext, call_hooks
 from lifecycle._training.config import (
+    DATA_FAULTS,
     STEPPED_PHASES,
+    FaultKind,
     Phase,
     PretrainConfig,
 )
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER
-from lifecycle._training.faults import fire
+from lifecycle._training.faults import enospc_once, fire
 from lifecycle._training.journaling import RunJournal
 from lifecycle._training.liveness import start_liveness
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
+from lifecycle._training.nonfinite import NonfiniteGuard, NonfiniteLoss
+from lifecycle._training.placement import dp_group, flat_apply, model_device, shard_layout, to_device
 from lifecycle._training.providers import BatchProvider, ForwardStepFunc, ModelProvider
+from lifecycle._training.saves import Saves
 from lifecycle._training.stops import LauncherStops
 from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
-from lifecycle.checkpoint.layout import ShardLayout
 from lifecycle.journal import Eval, Origin, RunEnd, TrainStep
 
 __all__ = [
@@ -254,6 +259,9 @@ class _Run:
         self.eval_losses: list[tuple[int, float]] = []
         self.committed: int | None = None
         self.saved: int | None = None
+        self.saves = Saves(config.checkpoint, self.journal, self.rank, None)
+        self.guard = NonfiniteGuard(config.training, self.journal)
+        self.fault_fired = False  # a data fault (DATA_FAULTS) fires once per call
         self.model: torch.nn.Module | None = None
         self.device = torch.device("cpu")
         self.consumed = 0  # train micro-batches all data-parallel ranks consumed before the current step
@@ -267,14 +275,26 @@ class _Run:
                         setattr(module, name, None)
         self.model = None
 
-    def inject(self, phase: Phase, step: int | None = None) -> None:
-        """Inject the configured fault if it is due here (``_fire``); a few attribute reads otherwise."""
+    def due(self, phase: Phase, step: int | None = None) -> FaultKind | None:
+        """The configured fault's kind if it is due here, on this rank; a few attribute reads otherwise."""
         fault = self.config.fault
         if fault is None or fault.phase is not phase or fault.rank != self.rank:
-            return
+            return None
         if phase in STEPPED_PHASES and (step is None or step < fault.step):
+            return None
+        if fault.kind in DATA_FAULTS:
+            if self.fault_fired:
+                return None
+            self.fault_fired = True
+        return fault.kind
+
+    def inject(self, phase: Phase, step: int | None = None) -> None:
+        """Inject the configured fault if it is due here (``fire``); data faults are the caller's (``due``)."""
+        if self.config.fault is None or self.config.fault.kind in DATA_FAULTS:
             return
-        fire(fault.kind, phase, self.rank, step)
+        kind = self.due(phase, step)
+        if kind is not None:
+            fire(kind, phase, self.rank, step)
 
     def execute(self) -> PretrainResult:
         """Drive the session from ``uninitialized`` to ``closed``; exceptions propagate to the session block."""
@@ -282,7 +302,7 @@ class _Run:
         session.init_distributed()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         session.label = f"rank {self.rank}"  # failures are logged with the rank, before teardown
-        self.stops.rank = self.rank
+        self.stops.rank = self.saves.rank = self.guard.rank = self.rank
         self.monitor = start_liveness(self.config, session, self.rank, self.world_size, self.journal)
         self.stops.monitor = self.monitor
         self.inject(Phase.DIST)
@@ -300,7 +320,7 @@ class _Run:
         session.progress(Phase.FINALIZE)
         self.inject(Phase.FINALIZE)
         if ctx.checkpointer is not None:
-            self.commit(ctx.checkpointer)
+            self.commit(ctx.checkpointer, final=True)
         call_hooks(self.hooks, "on_train_end", self.handle, self.step, reason)
         report = session.close()
         return PretrainResult(
@@ -329,14 +349,14 @@ class _Run:
         # Same seed on every rank: identical replicas (and each tensor-parallel rank its
         # slice of the same full weights), and a resumed run rebuilds the same model.
         torch.manual_seed(config.training.seed)
-        self.device = _model_device()
+        self.device = model_device()
         model = self.model_provider(config)
         self.model = model.to(self.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.params, lr=config.training.lr)
         self.dp_rank: int = parallel_state.get_data_parallel_rank()
         self.dp_size: int = parallel_state.get_data_parallel_world_size()
-        self.layout = _layout(self.world_size)
+        self.layout = shard_layout(self.world_size)
         self.num_microbatches: int = get_num_microbatches()
         if self.batch_provider is None:
             data = SyntheticTokens(config.model, config.parallel.micro_batch_size, config.training.seed)
@@ -344,7 +364,7 @@ class _Run:
         if self.dp_size > 1:
             # A custom provider may not be seeded; replicas must start equal all the same.
             src = parallel_state.get_data_parallel_src_rank()
-            _flat_apply([p.data for p in self.params], lambda f: dist.broadcast(f, src, group=_dp_group()))
+            flat_apply([p.data for p in self.params], lambda f: dist.broadcast(f, src, group=dp_group()))
         checkpointer = None
         start_step = 0
         if config.checkpoint.dir is not None:
@@ -405,7 +425,7 @@ class _Run:
         torch.set_rng_state(state["rng"])
         self.consumed = int(state["consumed"])
         logger.info("resumed from step %d in %s", step, directory)
-        self.saved = self.committed = step
+        self.saved = self.committed = self.saves.committed = step
         return step
 
     # -- the loop -----------------------------------------------------------------------
@@ -422,15 +442,32 @@ class _Run:
             began = time.time()
             local_loss = self.train_step(step)
             timed_out = limit is not None and time.monotonic() - started >= limit
-            # One collective a step: the mean loss, and whether any rank wants to stop,
-            # so all ranks stop after the same step (a SIGTERM reaches them at different times).
+            # One collective a step, before the update: the mean loss, whether any rank wants
+            # to stop (so all ranks stop after the same step: a SIGTERM reaches them at
+            # different times) and how many ranks' loss is not finite (``nonfinite``).
             flags = torch.tensor(
-                [local_loss, float(self.stops.requested() is not None), float(timed_out)],
+                [
+                    local_loss,
+                    float(self.stops.requested() is not None),
+                    float(timed_out),
+                    *((1.0, self.rank + 1.0, local_loss) if not math.isfinite(local_loss) else (0.0, 0.0, 0.0)),
+                ],
                 dtype=torch.float64,
                 device=self.device,
             )
             dist.all_reduce(flags)
             flags = flags.cpu()
+            try:
+                bad = int(flags[3].item())
+                culprit = int(flags[4].item()) - 1 if bad == 1 else None
+                apply = self.guard.apply(step, local_loss, bad, culprit, flags[5].item())
+            except NonfiniteLoss:
+                if checkpointer is not None and checkpointer.in_flight:
+                    self.commit(checkpointer)  # every rank is here: the last good save still lands
+                raise
+            if apply:
+                self.optimizer.step()
+            self.consumed += self.num_microbatches * self.dp_size
             self.step = step
             if checkpointer is not None and checkpointer.in_flight:
                 # Commit the save started after the previous step: collective, and every
@@ -458,7 +495,10 @@ class _Run:
         return ExitReason.ITERATIONS
 
     def train_step(self, step: int) -> float:
-        """Forward and backward over this step's micro-batches, average gradients over data parallel, update."""
+        """Forward and backward over this step's micro-batches, average gradients over data parallel; the mean loss.
+
+        The update is the loop's, once every rank knows whether each loss was finite.
+        """
         assert self.batch_provider is not None and self.model is not None  # set in setup
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
@@ -471,20 +511,21 @@ class _Run:
             if micro == 0:
                 self.session.progress(Phase.BATCH, step)
                 self.inject(Phase.BATCH, step)
-            batch = _to_device(self.batch_provider("train", index), self.device)
+            batch = to_device(self.batch_provider("train", index), self.device)
             if micro == 0:
                 self.session.progress(Phase.STEP, step)
             loss = self.forward(batch, self.model)
+            if micro == 0 and self.due(Phase.STEP, step) is FaultKind.NAN:
+                logger.warning("rank %d: injecting a nan fault at step %d", self.rank, step)
+                loss = loss * float("nan")
             (loss / self.num_microbatches).backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             total += loss.item()
         self.inject(Phase.STEP, step)
         if self.dp_size > 1:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            _flat_apply(grads, lambda f: dist.all_reduce(f, group=_dp_group()))
+            flat_apply(grads, lambda f: dist.all_reduce(f, group=dp_group()))
             for p, grad in zip(self.params, grads, strict=True):
                 p.grad = grad.div_(self.dp_size)
-        self.optimizer.step()
-        self.consumed += self.num_microbatches * self.dp_size
         return total / self.num_microbatches
 
     def evaluate(self, step: int) -> None:
@@ -499,7 +540,7 @@ class _Run:
             # The same held-out batches at every evaluation, different on each data-parallel rank.
             total = sum(
                 self.forward(
-                    _to_device(self.batch_provider("eval", i * self.dp_size + self.dp_rank), self.device), self.model
+                    to_device(self.batch_provider("eval", i * self.dp_size + self.dp_rank), self.device), self.model
                 ).item()
                 for i in range(count)
             )
@@ -514,79 +555,22 @@ class _Run:
         """Start an async save of ``step`` (committing the previous one); wait for it unless ``async_save``."""
         self.session.progress(Phase.CHECKPOINT, step)
         self.inject(Phase.CHECKPOINT, step)
-        previous = self.saved if checkpointer.in_flight else None
-        checkpointer.save(step, self.state(step))
-        if previous is not None:
-            self.committed = previous  # save() finalized the one in flight first
+        if checkpointer.in_flight:
+            self.commit(checkpointer)  # under the save policy, not inside save()
+        if self.due(Phase.CHECKPOINT, step) is FaultKind.SAVE_ERROR:
+            checkpointer._before_write = enospc_once(self.rank, step)  # read once, as the save starts its writer
+            try:
+                checkpointer.save(step, self.state(step))
+            finally:
+                checkpointer._before_write = None
+        else:
+            checkpointer.save(step, self.state(step))
         self.saved = step
         if not self.config.checkpoint.async_save:
             self.commit(checkpointer)
         call_hooks(self.hooks, "on_checkpoint_saved", self.handle, step, checkpointer.directory)
 
-    def commit(self, checkpointer: AsyncCheckpointer) -> None:
-        """Collectively finalize the save in flight, if any."""
-        committed = checkpointer.finalize()
-        if committed is not None:
-            self.committed = committed
-
-
-def _model_device() -> torch.device:
-    """The rank's device: its current CUDA device when the default group is nccl and CUDA is there, else the CPU.
-
-    The session selected that device (``LOCAL_RANK``) before it created the group.
-    """
-    if dist.get_backend() == "nccl" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    """``batch`` with every tensor in it (a tensor, or one in a dict, list or tuple) on ``device``; as is on CPU."""
-    if device.type == "cpu":
-        return batch
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, list | tuple):
-        return type(batch)(_to_device(v, device) for v in batch)
-    return batch
-
-
-def _layout(world_size: int) -> ShardLayout:
-    """This rank's place in megatron-core's model-parallel state, as the checkpoints record it.
-
-    Context-parallel ranks hold the same weights as data-parallel ones: both are replicas.
-    """
-    tensor = parallel_state.get_tensor_model_parallel_world_size()
-    pipeline = parallel_state.get_pipeline_model_parallel_world_size()
-    return ShardLayout(
-        tensor=tensor,
-        pipeline=pipeline,
-        data=world_size // (tensor * pipeline),
-        tensor_rank=parallel_state.get_tensor_model_parallel_rank(),
-        pipeline_rank=parallel_state.get_pipeline_model_parallel_rank(),
-        data_rank=parallel_state.get_data_parallel_rank(with_context_parallel=True),
-    )
-
-
-def _dp_group() -> dist.ProcessGroup:
-    """Megatron-core's data-parallel group, looked up at each use.
-
-    Never kept on an object: gloo closes a group's sockets only once the group object
-    is freed, so a reference that outlives a failure keeps peers waiting in a
-    collective until the timeout instead of failing at once.
-    """
-    group: dist.ProcessGroup = parallel_state.get_data_parallel_group()
-    return group
-
-
-def _flat_apply(tensors: Sequence[torch.Tensor], collective: Callable[[torch.Tensor], object]) -> None:
-    """Run ``collective`` once on all of ``tensors`` flattened together, then copy the result back."""
-    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-    collective(flat)
-    offset = 0
-    with torch.no_grad():
-        for t in tensors:
-            t.copy_(flat[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
+    def commit(self, checkpointer: AsyncCheckpointer, *, final: bool = False) -> None:
+        """Collectively finalize the save in flight, if any, under ``checkpoint.on_save_error`` (``Saves.commit``)."""
+        self.saves.commit(checkpointer, final=final)
+        self.committed = self.saves.committed

@@ -6,7 +6,7 @@ ownership, cleanup and retention), ``writer`` (the writer, and why the stock wri
 not fit).
 """
 
-from lifecycle.checkpoint.errors import CheckpointError, CheckpointMismatch, StaleCheckpointer
+from lifecycle.checkpoint.errors import CheckpointError, CheckpointMismatch, SaveFailed, SaveFailures, StaleCheckpointer
 from lifecycle.checkpoint.loader import latest_checkpoint, load_checkpoint
 from lifecycle.checkpoint.writer import AsyncCheckpointer
 
@@ -14,6 +14,8 @@ __all__ = [
     "AsyncCheckpointer",
     "CheckpointError",
     "CheckpointMismatch",
+    "SaveFailed",
+    "SaveFailures",
     "StaleCheckpointer",
     "latest_checkpoint",
     "load_checkpoint",

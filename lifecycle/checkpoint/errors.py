@@ -13,6 +13,8 @@ __all__ = [
     "CheckpointError",
     "CheckpointMismatch",
     "CheckpointUnreadable",
+    "SaveFailed",
+    "SaveFailures",
     "ShardCorrupt",
     "StaleCheckpointer",
     "os_error_text",
@@ -22,6 +24,42 @@ __all__ = [
 
 class CheckpointError(LifecycleError):
     """A checkpoint could not be saved, committed or loaded; the message names the path."""
+
+
+class SaveFailed(CheckpointError):
+    """One save of ``step`` was not committed, and every rank of the commit knows it (one decision).
+
+    Raised by ``AsyncCheckpointer.finalize`` on every rank alike, only once the commit's
+    collectives completed: a rank's write failed (a full disk, ``EIO``, a write past
+    ``write_timeout_s``) or rank 0 could not commit. ``failures`` holds one text per
+    failed rank (naming the rank, its file and the OS error) or rank 0's commit error.
+    The writer stays usable: the next ``save`` is tried. A collective that itself fails
+    (a lost peer) raises a plain ``CheckpointError``, never this: nothing was agreed.
+    """
+
+    def __init__(self, step: int, failures: tuple[str, ...], message: str) -> None:
+        self.step = step
+        self.failures = failures
+        self._fields = (step, failures, message)
+        super().__init__(message)
+
+
+class SaveFailures(CheckpointError):
+    """The attempt stops saving: ``failures`` (``SaveFailed``, oldest first) in a row, or a final save that failed.
+
+    ``last_committed`` is the newest step this attempt's checkpoints hold (the resumed
+    one if it committed none; None without any): a restart resumes there. The message
+    names every failure with its rank and OS error.
+    """
+
+    def __init__(self, failures: tuple[SaveFailed, ...], last_committed: int | None, why: str) -> None:
+        self.failures = failures
+        self.last_committed = last_committed
+        self.why = why
+        listed = "; ".join(f"step {f.step}: {' | '.join(f.failures)}" for f in failures)
+        good = f"step {last_committed}" if last_committed is not None else "none"
+        self._fields = (failures, last_committed, why)
+        super().__init__(f"{why}; the last committed checkpoint is {good}; failed saves: {listed}")
 
 
 class CheckpointUnreadable(CheckpointError):

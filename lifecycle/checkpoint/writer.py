@@ -51,6 +51,7 @@ from lifecycle.checkpoint.dcp_format import (
 from lifecycle.checkpoint.errors import (
     CheckpointError,
     CheckpointMismatch,
+    SaveFailed,
     StaleCheckpointer,
     os_error_text,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "AsyncCheckpointer",
     "CheckpointError",
     "CheckpointMismatch",
+    "SaveFailed",
     "StaleCheckpointer",
     "latest_checkpoint",
     "load_checkpoint",
@@ -206,7 +208,15 @@ class AsyncCheckpointer:
         if self.layout is not None and not self.layout.writes:
             # A replica: the slice's first replica writes the same state. Nothing to stage.
             replica = Pending(step, 0, None)
-            replica.future.set_result(Shard(0, bytes(32), written=False))
+            try:
+                if self._before_write is not None:
+                    self._before_write()  # the fault seam: a replica's "write" can fail too
+            except Exception as exc:  # noqa: BLE001 - reported in the commit, like a writer's failure
+                replica.future.set_exception(
+                    CheckpointError(f"rank {self._rank} (a replica) failed its save: {os_error_text(exc)}")
+                )
+            else:
+                replica.future.set_result(Shard(0, bytes(32), written=False))
             with self._lock:
                 self._refuse_if_aborted()
                 self._pending = replica
@@ -216,7 +226,16 @@ class AsyncCheckpointer:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise CheckpointError(f"cannot create checkpoint folder {folder}: {os_error_text(exc)}") from exc
+            # Not raised here: this rank alone would leave the save its peers finalize. The
+            # commit reports it to every rank, and they fail this save together (SaveFailed).
+            failed = Pending(step, 0, folder / record_name(self._rank, 0))
+            failed.future.set_exception(
+                CheckpointError(f"rank {self._rank} cannot create checkpoint folder {folder}: {os_error_text(exc)}")
+            )
+            with self._lock:
+                self._refuse_if_aborted()
+                self._pending = failed
+            return
         if self._rank == 0 and self._owner is None:
             self._owner = hygiene.claim(self.directory, journal.run_id())
         token = secrets.randbits(62)
@@ -260,8 +279,13 @@ class AsyncCheckpointer:
         record = pending.file
         go.wait()
         try:
-            if hook is not None:
-                hook()
+            try:
+                if hook is not None:
+                    hook()  # the fault seam: what it raises is this write's failure
+            except Exception as exc:
+                raise CheckpointError(
+                    f"rank {self._rank} could not write its shard {record}: {os_error_text(exc)}"
+                ) from exc
             if pending.abandoned.is_set():
                 raise CheckpointError(f"save of {record} was aborted before it started")
             try:
@@ -296,11 +320,14 @@ class AsyncCheckpointer:
         another thread ends the wait within ``WAKE_S``), then reports it (ok, or the error
         with its OS error text and path) in one all_gather, so a rank whose write failed or
         hung still joins and all ranks raise the same CheckpointError, which quotes every
-        failed rank's error naming the rank and its file, instead of hanging. Only when
+        failed rank's error naming the rank and its file, instead of hanging: a
+        ``SaveFailed``, raised only after the collectives completed, so every rank
+        decides alike (the writer stays usable; nothing of that save is ever committed). Only when
         all ranks succeeded does rank 0 check that every listed shard is present with its
         size (from its own view of the folder), write the manifest and then the ``latest`` marker (write-tmp +
         os.replace), and clean up (``lifecycle.checkpoint.hygiene``); a broadcast tells
-        the other ranks whether that worked, with rank 0's error text. Returns the
+        the other ranks whether that worked, with rank 0's error text (``SaveFailed`` on
+        every rank if not). The same two collectives as a success: no extra one per save. Returns the
         committed step, or None if nothing was in flight or the writer was aborted (then
         no collective runs). Idempotent. It runs on the snapshot of the group taken when
         it starts: an abort() from another thread never turns it into a single-process
@@ -391,10 +418,13 @@ class AsyncCheckpointer:
         everyone = [row.cpu() for row in out]
         failed = [r for r, row in enumerate(everyone) if not row[0]]
         if failed:
-            why = "; ".join(decode_text(everyone[r][8:]) or f"rank {r}: no report" for r in failed)
-            raise CheckpointError(
+            # Every rank holds the same rows: all of them raise this, for the same ranks.
+            texts = tuple(decode_text(everyone[r][8:]) or f"rank {r}: no report" for r in failed)
+            raise SaveFailed(
+                pending.step,
+                texts,
                 f"checkpoint step {pending.step} in {self.directory} not committed: "
-                f"ranks {failed} failed to write their shard: {why}"
+                f"ranks {failed} failed to write their shard: {'; '.join(texts)}",
             ) from local_error
         if any(int(row[1]) != pending.step for row in everyone):
             raise CheckpointError(
@@ -413,8 +443,9 @@ class AsyncCheckpointer:
         if group_ref is not None:
             dist.broadcast(verdict, group_src=0, group=self._group_of(group_ref))
         if not verdict[0].item():
-            raise CheckpointError(
-                f"rank 0 could not commit step {pending.step} in {self.directory}: {decode_text(verdict[1:].cpu())}"
+            text = f"rank 0 could not commit: {decode_text(verdict[1:].cpu())}"
+            raise SaveFailed(
+                pending.step, (text,), f"checkpoint step {pending.step} in {self.directory} not committed: {text}"
             ) from commit_error
         return pending.step
 
@@ -518,7 +549,13 @@ class AsyncCheckpointer:
         manifest["shards"] = shards
         # The manifest is the commit record, written after every file it lists; the marker only points to it.
         write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
-        write_atomic(self.directory / MARKER, json.dumps({"step": step}).encode())
+        try:
+            write_atomic(self.directory / MARKER, json.dumps({"step": step}).encode())
+        except BaseException:
+            # Every rank will hear that this step failed: it must not look committed on disk either.
+            with contextlib.suppress(OSError):  # then it is a committed step that is not latest (docs)
+                (folder / MANIFEST).unlink()
+            raise
         # Before the broadcast releases the peers: none can have started its next save,
         # whose folder would otherwise look partial here.
         try:

@@ -16,6 +16,8 @@ with ``strict=False`` skips damaged lines and files, saying what it skipped
 - ``RunEnd`` (``end``): the call ended.
 - ``Verdict`` (``verdict``): a liveness monitor named a stopped, spinning, hung, dead or unresponsive rank.
 - ``MonitorLost`` (``monitor_lost``): the rank's liveness monitor exited while it trained, and what the rank did.
+- ``FailedSave`` (``save_failed``): a checkpoint save every rank dropped, the failures it had, what the rank did.
+- ``StepSkipped`` (``step_skipped``): a step whose update no rank applied (its loss was not finite).
 - ``Suspicion`` (``suspicion``) and ``Withdrawal`` (``withdrawal``): a monitor's suspicion of a rank, and its
   withdrawal when the rank made progress again: never a failure.
 
@@ -49,6 +51,7 @@ from lifecycle.journal._records import (
     KINDS,
     VERSION,
     Eval,
+    FailedSave,
     Failure,
     Left,
     MonitorLost,
@@ -56,6 +59,7 @@ from lifecycle.journal._records import (
     Record,
     RunEnd,
     RunStart,
+    StepSkipped,
     Suspicion,
     TeardownStep,
     TrainStep,
@@ -69,6 +73,7 @@ __all__ = [
     "V1_RUN_ID",
     "VERSION",
     "Eval",
+    "FailedSave",
     "Failure",
     "JournalWriter",
     "Left",
@@ -80,6 +85,7 @@ __all__ = [
     "RunEnd",
     "RunStart",
     "Skipped",
+    "StepSkipped",
     "Suspicion",
     "TeardownStep",
     "TrainStep",

@@ -273,6 +273,41 @@ class MonitorLost(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FailedSave(_Record):
+    """A checkpoint save of ``step`` that every rank dropped (``lifecycle.checkpoint.SaveFailed``), at ``time``.
+
+    ``error``: the failure as every rank raised it (``SaveFailed``'s text: each failed
+    rank with its file and OS error, or rank 0's commit error), the same on every rank.
+    ``consecutive``: failed saves in a row, this one included. ``action``:
+    ``continued`` (training went on) or ``failed`` (the attempt failed on it).
+    """
+
+    kind: ClassVar[str] = "save_failed"
+    origin: Origin
+    step: int
+    error: str
+    consecutive: int
+    action: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSkipped(_Record):
+    """Step ``step``'s update was applied on no rank: the loss was not finite on ``ranks`` rank(s).
+
+    ``loss`` is this rank's own. ``consecutive``: skipped steps in a row, this one included. Written at ``time``.
+    """
+
+    kind: ClassVar[str] = "step_skipped"
+    origin: Origin
+    step: int
+    loss: float
+    ranks: int
+    consecutive: int
+    time: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Suspicion(_Record):
     """A liveness monitor suspects rank ``culprit`` (``evidence``) at ``time``: journaled, not yet a verdict.
 
@@ -315,13 +350,15 @@ Record: TypeAlias = (
     | Failure
     | Verdict
     | MonitorLost
+    | FailedSave
+    | StepSkipped
     | Suspicion
     | Withdrawal
 )
 """Any journal record."""
 
 _CLASSES = (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict, MonitorLost)
-KINDS: dict[str, type[Record]] = {c.kind: c for c in (*_CLASSES, Suspicion, Withdrawal)}
+KINDS: dict[str, type[Record]] = {c.kind: c for c in (*_CLASSES, Suspicion, Withdrawal, FailedSave, StepSkipped)}
 """Each record class by its JSON ``kind``."""
 
 _ORIGIN = compile_fields(Origin)

@@ -18,6 +18,7 @@ from lifecycle import (
     LifecycleError,
     MissingResource,
     MonitorLost,
+    NonfiniteLoss,
     ResourceMismatch,
     ResourceRefused,
     SessionFinished,
@@ -46,6 +47,7 @@ EXAMPLES: list[LifecycleError] = [
     StepTimedOut("destroy_process_group", 5.0),
     StoreHostLost("torchrun's agent (127.0.0.1:29500)", "the store's host … has not answered for 3.0 s"),
     MonitorLost(1, "rank 1's liveness monitor was killed by SIGKILL, and the one started again by SIGKILL"),
+    NonfiniteLoss(20, 1, float("inf"), 1, 0),
 ]
 
 COPIES: dict[str, Callable[[LifecycleError], object]] = {

@@ -20,6 +20,7 @@ from support.journals import v1_failed_call
 from lifecycle.journal import (
     KINDS,
     VERSION,
+    FailedSave,
     Failure,
     Left,
     MonitorLost,
@@ -27,6 +28,7 @@ from lifecycle.journal import (
     Record,
     RunEnd,
     RunStart,
+    StepSkipped,
     Suspicion,
     TeardownStep,
     TrainStep,
@@ -171,6 +173,8 @@ def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
         "monitor_lost",
         "suspicion",
         "withdrawal",
+        "save_failed",
+        "step_skipped",
     }
     for cls in KINDS.values():
         names = [f.name for f in compile_fields(cls, skip=frozenset({"origin"})).fields]
@@ -234,9 +238,14 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
         origin=ORIGIN, pid=7, how="was killed by SIGKILL", action="restarted", phase="step", step=3, note="…",
         time=5.0, new_pid=8,
     )  # fmt: skip
+    failed_save = FailedSave(
+        origin=ORIGIN, step=4, error="rank 1 could not write: [Errno 28 ENOSPC]", consecutive=1,
+        action="continued", time=5.0,
+    )  # fmt: skip
+    skipped = StepSkipped(origin=ORIGIN, step=5, loss=float("inf"), ranks=1, consecutive=1, time=6.0)
     suspicion = Suspicion(origin=ORIGIN, culprit=1, evidence=Evidence("hang", 1, 3, "batch", "S", 4.0, 2.0), time=4.0)
     withdrawal = Withdrawal(origin=ORIGIN, culprit=1, time=4.5, step=4, phase="batch")
-    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal]
+    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal, failed_save, skipped]
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
     shared: dict[object, object] = {}
     fast = []

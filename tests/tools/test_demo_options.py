@@ -211,6 +211,10 @@ def _value_for(field: str) -> tuple[str, Any]:
         return "spin", "spin"
     if field == "liveness.mode":
         return "report", "report"
+    if field == "checkpoint.on_save_error":
+        return "fail", "fail"
+    if field == "training.on_nonfinite_loss":
+        return "skip", "skip"
     if field == "liveness.interval_s":
         return "0.5", 0.5
     if field == "distributed.timeout_s":

@@ -31,7 +31,7 @@ def _first_step(records: list[Record], origin: Origin) -> int | None:
 
 
 @pytest.mark.slow  # about 40 s a kind here; make test keeps the SIGTERM-after-a-death test (test_launcher_stop)
-@pytest.mark.parametrize("kind", [k.value for k in FaultKind])
+@pytest.mark.parametrize("kind", [k.value for k in FaultKind if k is not FaultKind.SAVE_ERROR])  # not a failure
 @pytest.mark.timeout(240)
 def test_demo_retry_recovers_from_each_fault_kind(tmp_path: Path, kind: str) -> None:
     """``--fault K --retry``: every rank's last attempt closed after all steps, resumed from the last committed step.
@@ -52,7 +52,7 @@ def test_demo_retry_recovers_from_each_fault_kind(tmp_path: Path, kind: str) -> 
     assert done.returncode == ExitCode.SUCCESS, done.stdout[-4000:]
     records = read([tmp_path])
     attempts = _attempts(records)
-    recovery = (0, 1) if kind == "raise" else (1, 0)
+    recovery = (0, 1) if kind in ("raise", "nan") else (1, 0)  # an exception: retried in the same processes
     assert attempts == [(0, 0), recovery], attempts
     ends = {(r.origin.restart_count, r.origin.attempt, r.origin.rank): r for r in records if isinstance(r, RunEnd)}
     for rank in (0, 1):

@@ -253,5 +253,6 @@ def test_each_fault_flag_names_the_failure_kind_it_is() -> None:
 
     assert {fault.value: fault.failure.value for fault in FaultKind} == {
         "raise": "raised", "crash": "died", "stop": "stopped", "hang": "hang", "spin": "spinning",
+        "save-error": "raised", "nan": "raised",
     }  # fmt: skip
     assert "waiting" not in {kind.value for kind in Kind} and "is waiting" not in " ".join(WORDS.values())

@@ -24,7 +24,16 @@ from typing import Any
 
 from lifecycle._core.errors import ConfigError, check_number
 from lifecycle._tools.cli import usage as _usage
-from lifecycle._training.config import STEPPED_PHASES, FaultKind, LivenessMode, Phase, PretrainConfig
+from lifecycle._training.config import (
+    DATA_FAULTS,
+    STEPPED_PHASES,
+    FaultKind,
+    LivenessMode,
+    OnNonfiniteLoss,
+    OnSaveError,
+    Phase,
+    PretrainConfig,
+)
 from lifecycle._training.exits import NO_PROGRESS_LIMIT, ExitCode
 
 DEFAULT_STEPS = 1000
@@ -129,6 +138,16 @@ def _listed(words: list[str], last: str = "or") -> str:
     return f"{', '.join(words[:-1])} {last} {words[-1]}" if len(words) > 1 else "".join(words)
 
 
+_DATA_FAULTS = " or ".join(kind.value for kind in DATA_FAULTS)
+
+
+def _data_fault_phase(options: argparse.Namespace) -> str | None:
+    """The phase of a ``--fault`` that has one of its own (``DATA_FAULTS``); None for the others."""
+    kind = getattr(options, "fault", None)
+    phases = {k.value: p.value for k, p in DATA_FAULTS.items()}
+    return phases.get(kind) if isinstance(kind, str) else None
+
+
 _STEPPED = ", ".join(phase.value for phase in Phase if phase in STEPPED_PHASES)
 """The phases ``--fail-step`` applies to, in ``Phase`` order (``batch`` first)."""
 
@@ -145,11 +164,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("--steps", f"training steps (default {DEFAULT_STEPS})", "training.iterations", default=DEFAULT_STEPS),
     Option(
         "--fail-at",
-        f"inject a failure at PHASE: {_listed([phase.value for phase in Phase])}",
+        f"inject a failure at PHASE: {_listed([phase.value for phase in Phase])} "
+        f"(default with --fault {_DATA_FAULTS}: its own phase)",
         "fault.phase",
         type=str,
         metavar="PHASE",
         choices=tuple(p.value for p in Phase),
+        derived=_data_fault_phase,
     ),
     Option(
         "--fail-rank",
@@ -169,12 +190,30 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--fault",
         "what the injected failure does: raise an exception (default), crash (SIGKILL itself), "
-        "stop (SIGSTOP itself), hang (sleep in the phase), spin (C code holding the GIL)",
+        "stop (SIGSTOP itself), hang (sleep in the phase), spin (C code holding the GIL); "
+        "save-error (the rank's write of one save fails with ENOSPC), nan (the rank's loss of one step is NaN)",
         "fault.kind",
         type=str,
         metavar="KIND",
         choices=tuple(k.value for k in FaultKind),
-        needs=_FAULT,
+    ),
+    Option(
+        "--on-save-error",
+        "a failed checkpoint save: continue (default: every rank drops it, it is recorded, training goes on; "
+        "the attempt fails after 3 in a row), fail (the attempt fails)",
+        "checkpoint.on_save_error",
+        type=str,
+        metavar="POLICY",
+        choices=tuple(p.value for p in OnSaveError),
+    ),
+    Option(
+        "--on-nonfinite-loss",
+        "a step whose loss is NaN or infinite on a rank: fail (default), skip (no rank applies it; the "
+        "attempt fails after 5 in a row), warn (apply it)",
+        "training.on_nonfinite_loss",
+        type=str,
+        metavar="POLICY",
+        choices=tuple(p.value for p in OnNonfiniteLoss),
     ),
     Option(
         "--liveness",
@@ -404,9 +443,12 @@ def check_options(options: argparse.Namespace) -> PretrainConfig:
     for option in OPTIONS:
         if option.needs is not None and getattr(options, option.dest) is not None:
             needed, why = option.needs
-            if getattr(options, _dest(needed)) is None:
+            if getattr(options, _dest(needed)) is None and not (needed == _FAULT[0] and _data_fault_phase(options)):
                 raise UsageError(option.flag, f"needs {needed} ({why})")
-    if options.fault_again and options.fail_at is None:
+    placed = options.fail_at is not None or _data_fault_phase(options) is not None
+    if options.fault is not None and not placed:
+        raise UsageError("--fault", f"needs {_FAULT[0]} ({_FAULT[1]})")
+    if options.fault_again and not placed:
         raise UsageError("--fault-again", f"needs {_FAULT[0]} ({_FAULT[1]})")
     if options.max_restarts is not None and options.max_restarts < 0:
         raise UsageError("--max-restarts", f"must be 0 or more, got {options.max_restarts}")

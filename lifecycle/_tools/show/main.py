@@ -58,12 +58,14 @@ from lifecycle._tools.show.cause import KILLED, killed_by_monitor, ranks_text
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER, StoppedByLauncher
 from lifecycle.journal import (
     Eval,
+    FailedSave,
     Left,
     Problem,
     Record,
     RunEnd,
     RunStart,
     Skipped,
+    StepSkipped,
     TeardownStep,
     TrainStep,
     Transition,
@@ -130,6 +132,13 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
             note = f"  ({said})" if said else ""
             step = _named(r.step, r.name)
             events.append((r.start, f"    {verb} {step:<32} {_ms(r.end - r.start)}{failed}{note}"))
+        elif isinstance(r, FailedSave):
+            then = "training went on" if r.action == "continued" else "the attempt failed on it"
+            text = f"checkpoint save of step {r.step} FAILED ({r.consecutive} in a row; {then}): "
+            events.append((r.time, text + _short(r.error)))
+        elif isinstance(r, StepSkipped):
+            text = f"step {r.step} skipped: its loss was not finite on {r.ranks} rank(s) ({r.consecutive} in a row)"
+            events.append((r.time, text))
         elif isinstance(r, Verdict):  # its words from the typed kind where the record has it (version 4)
             kind = Kind.named(r.evidence.kind if r.evidence is not None else r.verdict)
             said = f"rank {r.culprit} {kind.words if kind is not None else r.verdict}"
@@ -174,6 +183,12 @@ def _summary(call: list[Record]) -> str:
         head += f"; eval loss {evals[-1].loss:.3f}"
     if ends and ends[-1].checkpoint_step is not None:
         head += f"; checkpoint step {ends[-1].checkpoint_step}"
+    failed = [r.step for r in call if isinstance(r, FailedSave)]
+    if failed:
+        head += f"; {len(failed)} failed save{'s' if len(failed) > 1 else ''} (step {', '.join(map(str, failed))})"
+    skipped = sum(isinstance(r, StepSkipped) for r in call)
+    if skipped:
+        head += f"; {skipped} skipped step{'s' if skipped > 1 else ''}"
     return head
 
 
