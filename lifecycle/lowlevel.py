@@ -22,7 +22,12 @@ this module exports the rest of what the library is built from. Reach for it to:
   ``CheckpointWriter`` (what ``Session.track_checkpoints`` takes), ``Announcement``,
   ``ProgressSink`` (where ``Session.progress`` also sends each mark: ``session.progress_sink``);
 - **log progress in a loop of your own**: ``ProgressLog``, the callback ``pretrain`` adds
-  for ``training.log_interval``.
+  for ``training.log_interval``;
+- **decide after a failed attempt** in a retry loop of your own, as the demo's
+  ``--retry`` and a torchrun restart do (docs/recovery.md): ``decide_after`` (the
+  job's decision, recorded once in the journal folder), ``last_decision``,
+  ``Decision``, ``RestartPolicy`` (its limits), ``Attempt`` and ``Frame`` (the facts
+  it judges), ``decide`` (the pure policy).
 
 Like ``lifecycle``, importing this module loads no torch, megatron-core or NVRx. These
 names are as stable as the top level's; they are here because most code never needs them.
@@ -54,14 +59,19 @@ from lifecycle._core.resources import (
 from lifecycle._core.seams import Announcement, CheckpointWriter, DistributedActions, ProgressSink
 from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
 from lifecycle._training.callbacks import ProgressLog
+from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
+from lifecycle._training.retry import decide_after, last_decision
 
 __all__ = [
     "TRANSITIONS",
     "Announcement",
+    "Attempt",
     "CheckpointWriter",
+    "Decision",
     "DistributedActions",
     "Edge",
     "FailureEvent",
+    "Frame",
     "Handler",
     "JournalEntry",
     "Ledger",
@@ -75,6 +85,7 @@ __all__ = [
     "Releases",
     "Resource",
     "RestartMode",
+    "RestartPolicy",
     "SessionEvent",
     "Step",
     "StepKind",
@@ -84,9 +95,12 @@ __all__ = [
     "TeardownReport",
     "TransitionEvent",
     "WrapperRole",
+    "decide",
+    "decide_after",
     "declare_resource",
     "declared_resources",
     "edges_from",
+    "last_decision",
     "live_resources",
     "plan_teardown",
     "reachable_states",

@@ -46,6 +46,7 @@ EXPORTS: dict[str, list[str]] = {
         *("declare_resource", "declared_resources", "live_resources", "undeclare_resource"),
         *("JournalEntry", "SessionEvent", "TransitionEvent", "TeardownEvent", "FailureEvent", "ReclaimEvent"),
         *("Announcement", "CheckpointWriter", "DistributedActions", "ProgressLog", "ProgressSink"),
+        *("Attempt", "Decision", "Frame", "RestartPolicy", "decide", "decide_after", "last_decision"),
     ],
     "lifecycle.checkpoint": [
         "AsyncCheckpointer",

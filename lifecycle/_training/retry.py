@@ -1,0 +1,260 @@
+"""The decision after a failed ``pretrain`` call, made once for the job and kept in the journal folder.
+
+``decide_after(error, journal_dir)`` is what a retry loop calls when ``pretrain`` raised:
+a user's own ``while`` loop, the demo's ``--retry``, and a worker torchrun restarted (it
+reads ``last_decision`` before it trains). It reads the attempt's facts from this rank's
+journal (its ``failure`` record: the cause's kind, rank, step and phase, a peer's when a
+peer failed first; its ``end`` record: the committed step) and from ``error`` (the
+exception type and the innermost frame outside lifecycle and torch, when this rank is
+the cause), then applies ``decide`` (``lifecycle._training.decide``) to the job's
+history: every earlier attempt's facts, read back from ``<journal_dir>/decisions/``.
+
+Made once: each attempt has one record file there (``<run>.<restart>.<attempt>.json``,
+created exclusively). The rank whose own failure is the cause writes it at once; the
+others wait up to ``wait_s`` (1 s) for it and read it, so every rank acts on the same
+decision; if none comes (the cause's process died), the first of them to create the
+file decides. A stop also leaves ``STOP_FILE`` (the decision as one JSON line) in the
+folder and prints that line on stderr, for a scheduler's hook. No torch import here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
+from lifecycle._training.exits import _not_worth_restarting
+from lifecycle.journal import Failure, RunEnd, RunStart, TrainStep, journal_path, load, run_id
+from lifecycle.journal.evidence import Kind, kind_of
+
+DECISIONS = "decisions"
+"""The folder, in the journal folder, holding one record per failed attempt of the job: its facts and decision."""
+
+STOP_FILE = "decision.json"
+"""In the journal folder after a stop: the decision as one JSON line (``{"decision": "stop", "reason": ...}``)."""
+
+DECISION_WAIT_S = 1.0
+"""How long a rank that is not the cause waits for the cause's rank to record the decision before deciding itself."""
+
+CAUSE_WAIT_S = 10.0
+"""The most a rank waits for the cause's rank (still tearing down) to record the decision."""
+
+_POLL_S = 0.02
+_LIBRARIES = ("torch", "megatron", "nvidia_resiliency_ext", "transitions")
+
+
+def decide_after(
+    error: BaseException,
+    journal_dir: str | os.PathLike[str] | None,
+    *,
+    rank: int | None = None,
+    policy: RestartPolicy | None = None,
+    wait_s: float = DECISION_WAIT_S,
+) -> Decision:
+    """The job's decision after the ``pretrain`` call that raised ``error`` on this rank; the same on every rank.
+
+    ``journal_dir``: the config's ``journal_dir`` (shared by the ranks of a node; None:
+    no journal, so no history: this attempt alone is judged, on this rank);
+    ``rank``: default the ``RANK`` environment variable, else 0. Returns at once if the
+    decision is already recorded (or this rank is the cause), else within ``wait_s``.
+    Exit with ``decision.exit_code`` when ``decision.stop``; otherwise call ``pretrain``
+    again (in this process or a new one). Never raises for a missing or unreadable
+    journal: it decides from what it has (``error`` alone, at worst).
+    """
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    if journal_dir is None:
+        return decide([_facts(error, None, rank)[0]], policy)
+    folder = Path(journal_dir) / DECISIONS
+    facts, key, mine = _facts(error, Path(journal_dir), rank)
+    path = folder / f"{_safe(run_id())}.{key}.json"
+    if not mine:
+        found = _wait_for_cause(path, Path(journal_dir), facts, wait_s)
+        if found is not None:
+            return found
+    history = [attempt for _, attempt, _ in _history(folder, path.name)]
+    decision = decide([*history, facts], policy)
+    record = json.dumps({"attempt": facts.to_json(), "decision": decision.to_json()})
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(path, "x", encoding="utf-8") as out:
+            out.write(record + "\n")
+    except FileExistsError:  # another rank decided first: its decision is the job's
+        return _read(path, wait_s=wait_s) or decision
+    except OSError:
+        return decision
+    if decision.stop:
+        with contextlib.suppress(OSError):
+            (Path(journal_dir) / STOP_FILE).write_text(decision.json_line() + "\n", encoding="utf-8")
+        print(decision.json_line(), file=sys.stderr, flush=True)
+    return decision
+
+
+def last_decision(journal_dir: str | os.PathLike[str] | None, run: str | None = None) -> Decision | None:
+    """The decision recorded last for run ``run`` (default: this run's id) in ``journal_dir``; None if none.
+
+    A worker torchrun (re)started reads it before it trains: a ``stop`` means exit with its ``exit_code``.
+    """
+    if journal_dir is None:
+        return None
+    records = _history(Path(journal_dir) / DECISIONS, None, _safe(run_id() if run is None else run))
+    return records[-1][2] if records else None
+
+
+def user_frame(error: BaseException) -> Frame | None:
+    """The innermost frame of ``error``'s traceback outside lifecycle, torch and megatron-core; None if none."""
+    roots = [Path(__file__).resolve().parents[1]]
+    for name in _LIBRARIES:
+        module = sys.modules.get(name)
+        where = getattr(module, "__file__", None)
+        if where:
+            roots.append(Path(where).resolve().parent)
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        try:
+            path = Path(frame.filename).resolve()
+        except (OSError, RuntimeError):
+            continue
+        if not any(path.is_relative_to(root) for root in roots):
+            return Frame(str(path), frame.name, frame.lineno or 0)
+    return None
+
+
+def _wait_for_cause(path: Path, journal_dir: Path, facts: Attempt, wait_s: float) -> Decision | None:
+    """The decision the cause's rank records in ``path``, waited for up to ``wait_s`` after that rank ended.
+
+    The cause's rank ended once its journal (in ``journal_dir``: ranks of this node)
+    has the attempt's ``end`` record; a cause whose journal is elsewhere is waited for
+    ``wait_s`` from now; never longer than ``CAUSE_WAIT_S`` in all. None: not recorded.
+    """
+    start = time.monotonic()
+    deadline, checked = start + wait_s, 0.0
+    running = facts.rank is not None and journal_path(journal_dir, facts.rank).exists()
+    while True:
+        found = _read(path)
+        now = time.monotonic()
+        if found is not None or now >= start + CAUSE_WAIT_S or (now >= deadline and not running):
+            return found
+        if running and now - checked >= 0.1 and facts.rank is not None:
+            checked = now
+            if _ended(journal_dir, facts.rank, path.name):
+                running, deadline = False, now + wait_s
+        time.sleep(_POLL_S)
+
+
+def _ended(journal_dir: Path, rank: int, name: str) -> bool:
+    """Whether ``rank``'s journal has the ``end`` record of the attempt the record file ``name`` is about."""
+    parts = name[: -len(".json")].rsplit(".", 2)
+    try:
+        records = load([journal_path(journal_dir, rank)]).records
+    except (OSError, ValueError):
+        return True  # nothing to wait on
+    return any(
+        isinstance(r, RunEnd)
+        and _safe(r.origin.run_id) == parts[0]
+        and f"{r.origin.restart_count}.{r.origin.attempt}" == f"{parts[1]}.{parts[2]}"
+        for r in records
+    )
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", text)
+
+
+def _facts(error: BaseException, journal_dir: Path | None, rank: int) -> tuple[Attempt, str, bool]:
+    """This attempt's facts, its key (``<restart>.<attempt>``) and whether this rank's own failure is the cause."""
+    run = run_id()
+    try:
+        path = None if journal_dir is None else journal_path(journal_dir, rank)
+        records = [] if path is None else [r for r in load([path]).records if r.origin.run_id == run]
+    except (OSError, ValueError):
+        records = []
+    ends = [r for r in records if isinstance(r, RunEnd)]
+    origin = ends[-1].origin if ends else None
+    mine = [r for r in records if r.origin == origin]
+    failure = next((r for r in reversed(mine) if isinstance(r, Failure)), None)
+    end = ends[-1] if ends else None
+    steps = [r.step for r in mine if isinstance(r, TrainStep)]
+    resumed_from = steps[0] - 1 if steps else (end.final_step if end is not None else 0)
+    cause = None if failure is None else (failure.first or failure.evidence)
+    own = cause is None or cause.rank == rank
+    kind = kind_of(error).value if own or cause is None else cause.kind
+    key = f"{origin.restart_count}.{origin.attempt}" if origin is not None else f"{os.getpid()}.0"
+    facts = Attempt(
+        kind=kind,
+        exception=type(error).__name__ if own else "",
+        frame=user_frame(error) if own else None,
+        phase=cause.phase if cause is not None else (failure.phase if failure is not None else ""),
+        step=cause.step if cause is not None else (failure.step if failure is not None else None),
+        host=_host(journal_dir, rank if own or cause is None else cause.rank, run),
+        rank=rank if own or cause is None else cause.rank,
+        resumed_from=max(0, resumed_from),
+        committed=end.checkpoint_step if end is not None else None,
+        ended=time.time(),
+        fatal=own and _not_worth_restarting(error),
+    )
+    # The cause decides when it can: its own raise (it knows its exception and frame); a cause
+    # that cannot (a death, a hang its monitor killed) leaves it to whichever rank comes first.
+    alive = cause is None or cause.kind in (Kind.RAISED.value, Kind.INTERRUPTED.value)
+    return facts, key, (own and not kind_of(error).consequence) or not alive
+
+
+def _host(journal_dir: Path | None, rank: int, run: str) -> str:
+    """The host ``rank`` ran on, from its journal in ``journal_dir`` (its ``run`` record); "" if not there."""
+    try:
+        path = None if journal_dir is None else journal_path(journal_dir, rank)
+        records = [] if path is None else load([path]).records
+        starts = [r for r in records if isinstance(r, RunStart) and r.origin.run_id == run]
+    except (OSError, ValueError):
+        starts = []
+    return starts[-1].host if starts else (socket.gethostname() if rank == int(os.environ.get("RANK", "0")) else "")
+
+
+def _read(path: Path, wait_s: float = 0.0) -> Decision | None:
+    """The decision recorded in ``path`` (waiting up to ``wait_s`` for a file being written); None if none."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = _parse(path)
+        if found is not None or time.monotonic() >= deadline:
+            return None if found is None else found[1]
+        time.sleep(_POLL_S)
+
+
+def _parse(path: Path) -> tuple[Attempt, Decision] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return Attempt.from_json(data["attempt"]), Decision.from_json(data["decision"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _history(folder: Path, before: str | None, run: str | None = None) -> list[tuple[str, Attempt, Decision]]:
+    """The run's recorded attempts in ``folder``, oldest first (by restart, then attempt), those named before
+    ``before`` only when it is given; the run is ``before``'s, or ``run``."""
+    prefix = (before.rsplit(".", 3)[0] if before is not None else run or "") + "."
+    try:
+        names = [p.name for p in folder.iterdir() if p.name.startswith(prefix) and p.name.endswith(".json")]
+    except OSError:
+        return []
+
+    def order(name: str) -> tuple[int, int]:
+        parts = name[len(prefix) : -len(".json")].split(".")
+        try:
+            return int(parts[0]), int(parts[1])
+        except (IndexError, ValueError):
+            return (sys.maxsize, sys.maxsize)
+
+    limit = order(before) if before is not None else (sys.maxsize, sys.maxsize)
+    found = []
+    for name in sorted(names, key=order):
+        if order(name) < limit:
+            parsed = _parse(folder / name)
+            if parsed is not None:
+                found.append((name, *parsed))
+    return found
