@@ -64,7 +64,9 @@ class Attempt:
     culprit's ("" / None: unknown); ``resumed_from``: the committed step the attempt
     started from (0: the start); ``committed``: the last committed step when it ended
     (None: none); ``ended``: wall-clock time its last rank ended; ``fatal``: a failure
-    no restart can fix (``exits._not_worth_restarting``).
+    no restart can fix (``exits._not_worth_restarting``); ``nodes``: how many hosts the
+    job runs on (0: unknown). On one host every failure is that host's: the culprit
+    rule then names the rank.
     """
 
     kind: str
@@ -78,6 +80,7 @@ class Attempt:
     committed: int | None = None
     ended: float = 0.0
     fatal: bool = False
+    nodes: int = 0
 
     def signature(self) -> tuple[object, ...]:
         """What "the same failure" compares: kind, exception type, frame, phase, step."""
@@ -250,13 +253,15 @@ def _repeated_culprit(history: Sequence[Attempt], limit: int) -> Decision | None
         return None
     recent = history[-limit:]
     last = history[-1]
-    if last.host and all(a.host == last.host for a in recent):
+    if last.host and last.nodes != 1 and all(a.host == last.host for a in recent):
         details: dict[str, Any] = {"host": last.host}
-    elif not last.host and last.rank is not None and all(not a.host and a.rank == last.rank for a in recent):
-        details = {"rank": last.rank}
+        words = f"host {last.host} caused the last {limit} failed attempts: exclude it and resubmit"
+    elif (not last.host or last.nodes == 1) and last.rank is not None and all(a.rank == last.rank for a in recent):
+        details = {"rank": last.rank} | ({"host": last.host} if last.host else {})
+        on = f" (host {last.host})" if last.host else ""
+        words = f"rank {last.rank}{on} caused the last {limit} failed attempts: look at what it alone does or has"
     else:
         return None
-    words = f"{last.culprit()} caused the last {limit} failed attempts: exclude it and resubmit"
     return _stop("repeated_culprit", len(history) - 1, words, **details)
 
 

@@ -198,11 +198,21 @@ def _facts(error: BaseException, journal_dir: Path | None, rank: int) -> tuple[A
         committed=end.checkpoint_step if end is not None else None,
         ended=time.time(),
         fatal=own and _not_worth_restarting(error),
+        nodes=_nodes(),
     )
     # The cause decides when it can: its own raise (it knows its exception and frame); a cause
     # that cannot (a death, a hang its monitor killed) leaves it to whichever rank comes first.
     alive = cause is None or cause.kind in (Kind.RAISED.value, Kind.INTERRUPTED.value)
     return facts, key, (own and not kind_of(error).consequence) or not alive
+
+
+def _nodes() -> int:
+    """How many hosts the job runs on: torchrun's ``WORLD_SIZE`` over ``LOCAL_WORLD_SIZE`` (0: unknown)."""
+    try:
+        world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return 0
+    return world // local if local > 0 else 0
 
 
 def _host(journal_dir: Path | None, rank: int, run: str) -> str:

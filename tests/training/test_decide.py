@@ -115,6 +115,15 @@ def test_culprit_rank_when_hosts_are_unknown() -> None:
     assert (decision.reason, decision.details) == ("repeated_culprit", {"rank": 2})
 
 
+def test_on_one_host_the_culprit_is_the_rank() -> None:
+    """A job on one host (nodes=1): the same host always, so only the same rank K times is a culprit."""
+    history = [raised(step=s, rank=r, host="solo", nodes=1, exception="") for s, r in ((12, 0), (17, 1), (23, 1))]
+    assert decide(history, RestartPolicy(window_restarts=0, no_progress_limit=0)).action == "restart"
+    history = [raised(step=s, rank=1, host="solo", nodes=1, exception="") for s in (12, 17, 23)]
+    decision = decide(history)
+    assert (decision.reason, decision.details) == ("repeated_culprit", {"rank": 1, "host": "solo"})
+
+
 def test_alternating_hosts_are_no_culprit() -> None:
     """Hosts taking turns name no culprit."""
     history = [raised(step=s, host=h, exception="") for s, h in ((12, "a"), (17, "b"), (23, "a"))]
