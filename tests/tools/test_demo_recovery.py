@@ -15,7 +15,7 @@ from support.launch import run_demo
 
 from lifecycle import ExitCode, FaultKind
 from lifecycle._tools.demo.console import RANK_LOGS
-from lifecycle._training.retry import STOP_FILE
+from lifecycle._training.retry import DECISIONS, STOP_FILE
 from lifecycle.journal import Origin, Record, RunEnd, TrainStep, read
 
 STEPS = 60
@@ -32,6 +32,20 @@ def _attempts(records: list[Record]) -> list[tuple[int, int]]:
 def _rank_log(folder: Path, rank: int) -> str:
     """What ``rank`` printed, in all its attempts (torchrun's per-rank log files)."""
     return "".join(p.read_text(errors="replace") for p in sorted((folder / RANK_LOGS).rglob("*")) if p.is_file())
+
+
+def _decided_within_a_second(folder: Path, records: list[Record]) -> None:
+    """Each attempt's decision was recorded within 1 s after the attempt's last rank ended (its journal's end)."""
+    ends: dict[tuple[int, int], float] = {}
+    for r in records:
+        if isinstance(r, RunEnd) and r.end is not None:
+            key = (r.origin.restart_count, r.origin.attempt)
+            ends[key] = max(ends.get(key, 0.0), r.end)
+    decided = sorted((folder / DECISIONS).iterdir())
+    assert len(decided) == len(ends), (decided, ends)
+    for path in decided:
+        restart, attempt = (int(part) for part in path.name.split(".")[1:3])
+        assert path.stat().st_mtime - ends[(restart, attempt)] < 1.0, path
 
 
 def _first_step(records: list[Record], origin: Origin) -> int | None:
@@ -99,3 +113,27 @@ def test_the_same_raise_in_two_attempts_stops_reproducible(tmp_path: Path) -> No
             (0, 1, "failed"),
         ], ends
         assert f"[rank {rank}] decision after attempt 1: stop (reproducible)" in _rank_log(tmp_path, rank)
+    _decided_within_a_second(tmp_path, records)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_crash_always_on_the_same_rank_stops_naming_it(tmp_path: Path) -> None:
+    """``--fault crash --fault-again``: torchrun restarts twice, the 3rd crash of rank 1 stops 93 'repeated_culprit'.
+
+    The decision is the job's, recorded once per attempt by the survivor; the workers torchrun starts after the stop
+    read it and exit 93 before training (no 4th attempt), though ``--max-restarts 5`` would allow more.
+    """
+    args = [
+        *("--steps", "12", "--fail-at", "step", "--fail-step", "5", "--checkpoint-interval", "2"),
+        *("--eval-interval", "0", "--fault", "crash", "--fault-again", "--retry", "--max-restarts", "5"),
+        *("--journal-dir", str(tmp_path)),
+    ]
+    done = run_demo(*args, timeout=280, cwd=tmp_path)
+    assert done.returncode == ExitCode.DO_NOT_RESTART, done.stdout[-4000:]
+    assert "repeated_culprit" in done.stdout.strip().splitlines()[-1]
+    stop = json.loads((tmp_path / STOP_FILE).read_text())
+    assert (stop["decision"], stop["reason"], stop["rank"], stop["attempt"]) == ("stop", "repeated_culprit", 1, 2)
+    records = read([tmp_path])
+    assert _attempts(records) == [(0, 0), (1, 0), (2, 0)]
+    _decided_within_a_second(tmp_path, records)
