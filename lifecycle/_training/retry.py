@@ -27,6 +27,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,29 @@ def last_decision(journal_dir: str | os.PathLike[str] | None, run: str | None = 
         return None
     records = _history(Path(journal_dir) / DECISIONS, None, _safe(run_id() if run is None else run))
     return records[-1][2] if records else None
+
+
+def recorded_decisions(folders: Iterable[str | os.PathLike[str]]) -> dict[tuple[str, int, int], Decision]:
+    """Every decision recorded in ``folders`` (journal folders; a file names its folder), by (run id with every
+    character but letters, digits, ``_`` and ``-`` made ``_``, torchrun restart, attempt): what ``show`` prints."""
+    found: dict[tuple[str, int, int], Decision] = {}
+    for given in folders:
+        folder = Path(given) if Path(given).is_dir() else Path(given).parent
+        try:
+            paths = sorted((folder / DECISIONS).glob("*.json"))
+        except OSError:
+            continue
+        for path in paths:
+            parts = path.name[: -len(".json")].rsplit(".", 2)
+            parsed = _parse(path)
+            if parsed is not None and len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                found[(parts[0], int(parts[1]), int(parts[2]))] = parsed[1]
+    return found
+
+
+def decision_key(run: str, restart: int, attempt: int) -> tuple[str, int, int]:
+    """The key of ``recorded_decisions`` for ``attempt`` of torchrun restart ``restart`` of run ``run``."""
+    return _safe(run), restart, attempt
 
 
 def user_frame(error: BaseException) -> Frame | None:

@@ -138,3 +138,18 @@ def test_user_frame_is_the_innermost_outside_lifecycle() -> None:
     """The frame named is this test file's, where the error was raised."""
     frame = user_frame(boom())
     assert frame is not None and frame.file == str(Path(__file__).resolve()) and frame.function == "boom"
+
+
+def test_show_prints_each_attempts_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``show`` prints, under each failed attempt, the job's decision and its reason."""
+    from lifecycle._tools.show.main import show_main
+
+    for attempt in (0, 1):
+        journal(tmp_path, 1, attempt)
+        decide_after(boom(), tmp_path, rank=1)
+    capsys.readouterr()
+    assert show_main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    decided = [line.strip() for line in capsys.readouterr().out.splitlines() if "decision:" in line]
+    assert len(decided) == 2, decided
+    assert decided[0].startswith("decision: restart (may_recover)")
+    assert decided[1].startswith("decision: stop (reproducible)")

@@ -19,7 +19,7 @@ from lifecycle import journal as _journal
 from lifecycle._tools.demo.console import TORCHRUN_LOG
 from lifecycle._tools.show import main as _show
 from lifecycle._tools.show import model as _model
-from lifecycle._training.retry import last_decision
+from lifecycle._training.retry import last_decision, recorded_decisions
 
 
 @dataclasses.dataclass(slots=True)
@@ -73,7 +73,9 @@ def report(run: Run, ending: Ending, elapsed: float) -> int:
             print(f"demo: {note}", file=sys.stderr)
     model = _model.build(records) if records else None  # built once: every view below reads it
     print("\n=== timeline (seconds since the first rank started) ===")
-    print("\n".join(_show.render_timeline(model, verdicts=True) if model is not None else ["(no journal records)"]))
+    recorded = recorded_decisions([journal_dir])
+    timeline = _show.render_timeline(model, verdicts=True, decisions=recorded) if model is not None else None
+    print("\n".join(timeline or ["(no journal records)"]))
     if model is not None and run.removed:
         print(f"\ndemo: {journal_dir} is a temporary folder, removed at exit (--keep keeps it, for show and its page)")
     elif model is not None:
