@@ -11,11 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
+from support.internals import DECISIONS, RANK_LOGS, STOP_FILE
 from support.launch import run_demo
 
 from lifecycle import ExitCode, FaultKind
-from lifecycle._tools.demo.console import RANK_LOGS
-from lifecycle._training.retry import DECISIONS, STOP_FILE
 from lifecycle.journal import Origin, Record, RunEnd, TrainStep, read
 
 STEPS = 60

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from lifecycle import ExitCode
 from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
-from lifecycle._training.exits import ExitCode
 
 BUG = Frame("train.py", "loss", 42)
 

@@ -10,12 +10,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.internals import show_main
 
-from lifecycle._core.errors import ConfigError
-from lifecycle._training.decide import Decision, RestartPolicy
-from lifecycle._training.retry import DECISIONS, STOP_FILE, decide_after, last_decision, user_frame
+from lifecycle import ConfigError
+from lifecycle._training.retry import DECISIONS, STOP_FILE, user_frame
 from lifecycle.journal import Failure, JournalWriter, Origin, RunEnd, RunStart, TrainStep, journal_path
 from lifecycle.journal.evidence import Evidence
+from lifecycle.lowlevel import Decision, RestartPolicy, decide_after, last_decision
 
 RUN = "test-run"
 
@@ -142,8 +143,6 @@ def test_user_frame_is_the_innermost_outside_lifecycle() -> None:
 
 def test_show_prints_each_attempts_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``show`` prints, under each failed attempt, the job's decision and its reason."""
-    from lifecycle._tools.show.main import show_main
-
     for attempt in (0, 1):
         journal(tmp_path, 1, attempt)
         decide_after(boom(), tmp_path, rank=1)
