@@ -29,7 +29,7 @@ import time
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
 from lifecycle._training.exits import _not_worth_restarting
@@ -45,11 +45,26 @@ STOP_FILE = "decision.json"
 DECISION_WAIT_S = 1.0
 """How long a rank that is not the cause waits for the cause's rank to record the decision before deciding itself."""
 
+STORE_PREFIX = "lifecycle/decisions/"
+"""The store keys of the job's decisions: ``<prefix><run>.<restart>.<attempt>`` (a record), ``<prefix><run>/count``
+and ``<prefix><run>/count/<i>`` (the i-th attempt decided)."""
+
 CAUSE_WAIT_S = 10.0
 """The most a rank waits for the cause's rank (still tearing down) to record the decision."""
 
 _POLL_S = 0.02
 _LIBRARIES = ("torch", "megatron", "nvidia_resiliency_ext", "transitions")
+
+
+class DecisionStore(Protocol):
+    """What ``decide_after`` uses of a store (``torch.distributed.Store`` has it): torchrun's agent store outlives
+    worker restarts and is shared by every node, so the job's decisions live there when one is given."""
+
+    def set(self, key: str, value: str) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def add(self, key: str, value: int) -> int: ...
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
 
 
 def decide_after(
@@ -59,53 +74,144 @@ def decide_after(
     rank: int | None = None,
     policy: RestartPolicy | None = None,
     wait_s: float = DECISION_WAIT_S,
+    store: DecisionStore | None = None,
 ) -> Decision:
     """The job's decision after the ``pretrain`` call that raised ``error`` on this rank; the same on every rank.
 
     ``journal_dir``: the config's ``journal_dir`` (shared by the ranks of a node; None:
     no journal, so no history: this attempt alone is judged, on this rank);
-    ``rank``: default the ``RANK`` environment variable, else 0. Returns at once if the
-    decision is already recorded (or this rank is the cause), else within ``wait_s``.
-    Exit with ``decision.exit_code`` when ``decision.stop``; otherwise call ``pretrain``
-    again (in this process or a new one). Never raises for a missing or unreadable
-    journal: it decides from what it has (``error`` alone, at worst).
+    ``rank``: default the ``RANK`` environment variable, else 0; ``store``: where the
+    job's decisions live when its ranks span nodes (torchrun's agent store:
+    ``lifecycle._torch.store.job_store``); without one, the journal folder holds them.
+    Either way each decision is also left in the journal folder (``DECISIONS``), for
+    ``show`` and the node's next workers. Returns at once if the decision is already
+    recorded (or this rank is the cause), else within ``wait_s`` after the cause's rank
+    ended. Exit with ``decision.exit_code`` when ``decision.stop``; otherwise call
+    ``pretrain`` again (in this process or a new one). Never raises for a missing or
+    unreadable journal or store: it decides from what it has (``error`` alone, at worst).
     """
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
-    if journal_dir is None:
+    if journal_dir is None and store is None:
         return decide([_facts(error, None, rank)[0]], policy)
-    folder = Path(journal_dir) / DECISIONS
-    facts, key, mine = _facts(error, Path(journal_dir), rank)
-    path = folder / f"{_safe(run_id())}.{key}.json"
-    if not mine:
-        found = _wait_for_cause(path, Path(journal_dir), facts, wait_s)
-        if found is not None:
-            return found
-    history = [attempt for _, attempt, _ in _history(folder, path.name)]
-    decision = decide([*history, facts], policy)
-    record = json.dumps({"attempt": facts.to_json(), "decision": decision.to_json()})
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(path, "x", encoding="utf-8") as out:
-            out.write(record + "\n")
-    except FileExistsError:  # another rank decided first: its decision is the job's
-        return _read(path, wait_s=wait_s) or decision
-    except OSError:
+    folder = None if journal_dir is None else Path(journal_dir)
+    facts, key, mine = _facts(error, folder, rank)
+    name = f"{_safe(run_id())}.{key}"
+    ledger = _Ledger(folder, store)
+    found = ledger.read(name)
+    if found is None and not mine:
+        found = _wait_for_cause(ledger, name, folder, facts, wait_s)
+    if found is None:
+        decision = decide([*ledger.history(name), facts], policy)
+        found = ledger.claim(name, json.dumps({"attempt": facts.to_json(), "decision": decision.to_json()}))
+    if found is None:
         return decision
-    if decision.stop:
+    created = ledger.mirror(name, found)
+    if created and found[1].stop and folder is not None:  # once per journal folder: a node's
         with contextlib.suppress(OSError):
-            (Path(journal_dir) / STOP_FILE).write_text(decision.json_line() + "\n", encoding="utf-8")
-        print(decision.json_line(), file=sys.stderr, flush=True)
-    return decision
+            (folder / STOP_FILE).write_text(found[1].json_line() + "\n", encoding="utf-8")
+        print(found[1].json_line(), file=sys.stderr, flush=True)
+    return found[1]
 
 
-def last_decision(journal_dir: str | os.PathLike[str] | None, run: str | None = None) -> Decision | None:
-    """The decision recorded last for run ``run`` (default: this run's id) in ``journal_dir``; None if none.
+class _Ledger:
+    """The job's record of decisions: ``store`` when given (the journal folder its mirror), else the folder."""
+
+    def __init__(self, folder: Path | None, store: DecisionStore | None) -> None:
+        self.folder = None if folder is None else folder / DECISIONS
+        self.store = store
+        self._created = False
+
+    def _key(self, name: str) -> str:
+        return f"{STORE_PREFIX}{name}"
+
+    def _count(self, name: str) -> str:
+        return f"{STORE_PREFIX}{name.split('.', 1)[0]}/count"
+
+    def read(self, name: str) -> tuple[Attempt, Decision] | None:
+        """The record of attempt ``name``, if made."""
+        if self.store is None:
+            return None if self.folder is None else _parse(self.folder / f"{name}.json")
+        try:
+            if not self.store.check([self._key(name)]):
+                return None
+            return _loads(bytes(self.store.get(self._key(name))).decode())
+        except Exception:  # noqa: BLE001 - a store that is gone: decide from what is here
+            self.store = None
+            return self.read(name)
+
+    def history(self, name: str) -> list[Attempt]:
+        """The job's attempts recorded before ``name``, oldest first."""
+        if self.store is None:
+            return [] if self.folder is None else [attempt for _, attempt, _ in _history(self.folder, f"{name}.json")]
+        try:
+            count = self.store.add(self._count(name), 0)
+            names = [bytes(self.store.get(f"{self._count(name)}/{i}")).decode() for i in range(count)]
+            records = [_loads(bytes(self.store.get(self._key(n))).decode()) for n in names if n != name]
+        except Exception:  # noqa: BLE001 - a store that is gone: the folder's record
+            self.store = None
+            return self.history(name)
+        return [record[0] for record in records if record is not None]
+
+    def claim(self, name: str, record: str) -> tuple[Attempt, Decision] | None:
+        """Record ``record`` for ``name`` unless a record is there: the one that stays (None: nowhere to record)."""
+        if self.store is not None:
+            try:
+                kept = bytes(self.store.compare_set(self._key(name), "", record)).decode()
+                if kept == record:
+                    index = self.store.add(self._count(name), 1) - 1
+                    self.store.set(f"{self._count(name)}/{index}", name)
+                return _loads(kept)
+            except Exception:  # noqa: BLE001 - a store that is gone: the folder decides
+                self.store = None
+        if self.folder is None:
+            return None
+        path = self.folder / f"{name}.json"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with open(path, "x", encoding="utf-8") as out:
+                out.write(record + "\n")
+        except FileExistsError:  # another rank decided first: its decision is the job's
+            return _read_record(path, DECISION_WAIT_S)
+        except OSError:
+            return _loads(record)
+        self._created = True
+        return _loads(record)
+
+    def mirror(self, name: str, record: tuple[Attempt, Decision]) -> bool:
+        """Leave ``record`` in the journal folder; whether this call (or ``claim``) created the folder's file."""
+        if self._created:
+            return True
+        if self.folder is None:
+            return self.store is not None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with open(self.folder / f"{name}.json", "x", encoding="utf-8") as out:
+                out.write(json.dumps({"attempt": record[0].to_json(), "decision": record[1].to_json()}) + "\n")
+        except OSError:
+            return False
+        return True
+
+
+def last_decision(
+    journal_dir: str | os.PathLike[str] | None, run: str | None = None, *, store: DecisionStore | None = None
+) -> Decision | None:
+    """The decision recorded last for run ``run`` (default: this run's id): in ``store`` when given (and reachable),
+    else in ``journal_dir``; None if none.
 
     A worker torchrun (re)started reads it before it trains: a ``stop`` means exit with its ``exit_code``.
     """
+    safe = _safe(run_id() if run is None else run)
+    if store is not None:
+        with contextlib.suppress(Exception):
+            count = store.add(f"{STORE_PREFIX}{safe}/count", 0)
+            if count == 0:
+                return None
+            name = bytes(store.get(f"{STORE_PREFIX}{safe}/count/{count - 1}")).decode()
+            found = _loads(bytes(store.get(f"{STORE_PREFIX}{name}")).decode())
+            return None if found is None else found[1]
     if journal_dir is None:
         return None
-    records = _history(Path(journal_dir) / DECISIONS, None, _safe(run_id() if run is None else run))
+    records = _history(Path(journal_dir) / DECISIONS, None, safe)
     return records[-1][2] if records else None
 
 
@@ -150,8 +256,10 @@ def user_frame(error: BaseException) -> Frame | None:
     return None
 
 
-def _wait_for_cause(path: Path, journal_dir: Path, facts: Attempt, wait_s: float) -> Decision | None:
-    """The decision the cause's rank records in ``path``, waited for up to ``wait_s`` after that rank ended.
+def _wait_for_cause(
+    ledger: _Ledger, name: str, journal_dir: Path | None, facts: Attempt, wait_s: float
+) -> tuple[Attempt, Decision] | None:
+    """The record the cause's rank makes for ``name``, waited for up to ``wait_s`` after that rank ended.
 
     The cause's rank ended once its journal (in ``journal_dir``: ranks of this node)
     has the attempt's ``end`` record; a cause whose journal is elsewhere is waited for
@@ -159,22 +267,22 @@ def _wait_for_cause(path: Path, journal_dir: Path, facts: Attempt, wait_s: float
     """
     start = time.monotonic()
     deadline, checked = start + wait_s, 0.0
-    running = facts.rank is not None and journal_path(journal_dir, facts.rank).exists()
+    running = facts.rank is not None and journal_dir is not None and journal_path(journal_dir, facts.rank).exists()
     while True:
-        found = _read(path)
+        found = ledger.read(name)
         now = time.monotonic()
         if found is not None or now >= start + CAUSE_WAIT_S or (now >= deadline and not running):
             return found
-        if running and now - checked >= 0.1 and facts.rank is not None:
+        if running and now - checked >= 0.1 and facts.rank is not None and journal_dir is not None:
             checked = now
-            if _ended(journal_dir, facts.rank, path.name):
+            if _ended(journal_dir, facts.rank, name):
                 running, deadline = False, now + wait_s
         time.sleep(_POLL_S)
 
 
 def _ended(journal_dir: Path, rank: int, name: str) -> bool:
-    """Whether ``rank``'s journal has the ``end`` record of the attempt the record file ``name`` is about."""
-    parts = name[: -len(".json")].rsplit(".", 2)
+    """Whether ``rank``'s journal has the ``end`` record of the attempt ``name`` (``<run>.<restart>.<attempt>``)."""
+    parts = name.rsplit(".", 2)
     try:
         records = load([journal_path(journal_dir, rank)]).records
     except (OSError, ValueError):
@@ -250,21 +358,30 @@ def _host(journal_dir: Path | None, rank: int, run: str) -> str:
     return starts[-1].host if starts else (socket.gethostname() if rank == int(os.environ.get("RANK", "0")) else "")
 
 
-def _read(path: Path, wait_s: float = 0.0) -> Decision | None:
-    """The decision recorded in ``path`` (waiting up to ``wait_s`` for a file being written); None if none."""
+def _read_record(path: Path, wait_s: float = 0.0) -> tuple[Attempt, Decision] | None:
+    """The record in ``path`` (waiting up to ``wait_s`` for a file being written); None if none."""
     deadline = time.monotonic() + wait_s
     while True:
         found = _parse(path)
         if found is not None or time.monotonic() >= deadline:
-            return None if found is None else found[1]
+            return found
         time.sleep(_POLL_S)
 
 
-def _parse(path: Path) -> tuple[Attempt, Decision] | None:
+def _loads(text: str) -> tuple[Attempt, Decision] | None:
+    """A record's text read back (None: not one)."""
     try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        data: dict[str, Any] = json.loads(text)
         return Attempt.from_json(data["attempt"]), Decision.from_json(data["decision"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _parse(path: Path) -> tuple[Attempt, Decision] | None:
+    """The record in the file ``path`` (None: none, or not one)."""
+    try:
+        return _loads(path.read_text(encoding="utf-8"))
+    except OSError:
         return None
 
 

@@ -152,3 +152,61 @@ def test_show_prints_each_attempts_decision(tmp_path: Path, capsys: pytest.Captu
     assert len(decided) == 2, decided
     assert decided[0].startswith("decision: restart (may_recover)")
     assert decided[1].startswith("decision: stop (reproducible)")
+
+
+class DictStore:
+    """A store's few operations ``decide_after`` uses, over a dict (torch's ``TCPStore`` semantics)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def set(self, key: str, value: str) -> None:
+        with self.lock:
+            self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        with self.lock:
+            return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        with self.lock:
+            return all(key in self.data for key in keys)
+
+    def add(self, key: str, value: int) -> int:
+        with self.lock:
+            now = int(self.data.get(key, b"0")) + value
+            self.data[key] = str(now).encode()
+            return now
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        with self.lock:
+            if self.data.get(key, b"") == expected.encode():
+                self.data[key] = desired.encode()
+            return self.data[key]
+
+
+def test_two_nodes_share_the_decision_through_the_store(tmp_path: Path) -> None:
+    """Ranks on two nodes (two journal folders) act on one decision, recorded once in the store and in each folder."""
+    store = DictStore()
+    node_a, node_b = tmp_path / "a", tmp_path / "b"
+    error = boom()
+    for attempt in (0, 1):
+        journal(node_a, 1, attempt, host="node-a")
+        journal(node_b, 0, attempt, host="node-b")
+        seen: dict[int, Decision] = {}
+
+        def victim(into: dict[int, Decision]) -> None:
+            into[0] = decide_after(ConnectionError("Connection reset by peer"), node_b, rank=0, store=store)
+
+        thread = threading.Thread(target=victim, args=(seen,))
+        thread.start()
+        seen[1] = decide_after(error, node_a, rank=1, store=store)
+        thread.join(5)
+        assert seen[0] == seen[1], seen
+    assert seen[1].reason == "reproducible"
+    for node in (node_a, node_b):
+        assert len(list((node / DECISIONS).iterdir())) == 2
+        assert json.loads((node / STOP_FILE).read_text())["reason"] == "reproducible"
+    assert last_decision(None, store=store) == seen[1]
+    assert store.get(f"lifecycle/decisions/{RUN}/count") == b"2"

@@ -32,7 +32,7 @@ from lifecycle._tools.demo.options import demo_config, max_restarts, parser
 from lifecycle._training.config import PretrainConfig
 from lifecycle._training.decide import RestartPolicy
 from lifecycle._training.exits import ExitCode, StoppedByLauncher, exit_code
-from lifecycle._training.retry import decide_after, last_decision
+from lifecycle._training.retry import DecisionStore, decide_after, last_decision
 
 STOP_MARKER = "do-not-restart.txt"
 """In the journal folder: a rank decided its run is not worth restarting (the reason inside)."""
@@ -69,7 +69,10 @@ def worker_main(argv: list[str]) -> int:
         log.setLevel(logging.INFO)
     config = demo_config(options)
     marker = Path(str(config.journal_dir)) / STOP_MARKER
-    decided = last_decision(config.journal_dir)
+    from lifecycle._torch.store import job_store  # loads torch: after the warning filters
+
+    store = job_store()  # torchrun's agent store: the job's decisions, on every node
+    decided = last_decision(config.journal_dir, store=store)
     if decided is not None and decided.stop:  # read before it trains: the job's decision, whoever made it
         print(f"[rank {rank}] not starting: the job decided to {decided.line()}", flush=True)
         return decided.exit_code
@@ -88,7 +91,7 @@ def worker_main(argv: list[str]) -> int:
     )
     attempts = [config, retry] if options.retry else [config]
     policy = RestartPolicy(max_restarts=max_restarts(options)) if max_restarts(options) else RestartPolicy()
-    code = _run_attempts(attempts, rank, marker, policy)
+    code = _run_attempts(attempts, rank, marker, policy, store)
     # Skip the interpreter's final garbage collection over torch's and Megatron-core's
     # objects (slow: see docs/benchmarks.md, demo-final-gc): everything this rank owes is
     # already released and its journal written, and torchrun waits for every rank before
@@ -97,7 +100,9 @@ def worker_main(argv: list[str]) -> int:
     return code
 
 
-def _run_attempts(attempts: list[PretrainConfig], rank: int, marker: Path, policy: RestartPolicy) -> int:
+def _run_attempts(
+    attempts: list[PretrainConfig], rank: int, marker: Path, policy: RestartPolicy, store: DecisionStore | None
+) -> int:
     """Run ``pretrain`` per config until one succeeds or a retry here cannot help; report each; the exit code.
 
     The launcher's verdict comes from the journals, not from this code. A failure after
@@ -121,7 +126,7 @@ def _run_attempts(attempts: list[PretrainConfig], rank: int, marker: Path, polic
                 print(f"[rank {rank}] an exit was requested ({getattr(exc, 'requested_exit', None)}): not retrying")
                 return code
             # The job's decision (the same on every rank, within a second of the last rank's end): restart or stop.
-            decision = decide_after(exc, config.journal_dir, rank=rank, policy=policy)
+            decision = decide_after(exc, config.journal_dir, rank=rank, policy=policy, store=store)
             print(f"[rank {rank}] decision after attempt {attempt}: {decision.line()}", flush=True)
             code = decision.exit_code
             if decision.stop:
