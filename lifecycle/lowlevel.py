@@ -25,7 +25,8 @@ this module exports the rest of what the library is built from. Reach for it to:
   for ``training.log_interval``;
 - **decide after a failed attempt** in a retry loop of your own, as the demo's
   ``--retry`` and a torchrun restart do (docs/recovery.md): ``decide_after`` (the
-  job's decision, recorded once in the journal folder), ``last_decision``,
+  job's decision, recorded once in the journal folder or torchrun's agent store),
+  ``last_decision``, ``note_host`` (a rank's host, for a peer to name it),
   ``Decision``, ``RestartPolicy`` (its limits), ``Attempt`` and ``Frame`` (the facts
   it judges), ``decide`` (the pure policy).
 
@@ -60,7 +61,7 @@ from lifecycle._core.seams import Announcement, CheckpointWriter, DistributedAct
 from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
 from lifecycle._training.callbacks import ProgressLog
 from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
-from lifecycle._training.retry import decide_after, last_decision
+from lifecycle._training.retry import decide_after, last_decision, note_host
 
 __all__ = [
     "TRANSITIONS",
@@ -102,6 +103,7 @@ __all__ = [
     "edges_from",
     "last_decision",
     "live_resources",
+    "note_host",
     "plan_teardown",
     "reachable_states",
     "teardown",

@@ -47,6 +47,7 @@ EXPORTS: dict[str, list[str]] = {
         *("JournalEntry", "SessionEvent", "TransitionEvent", "TeardownEvent", "FailureEvent", "ReclaimEvent"),
         *("Announcement", "CheckpointWriter", "DistributedActions", "ProgressLog", "ProgressSink"),
         *("Attempt", "Decision", "Frame", "RestartPolicy", "decide", "decide_after", "last_decision"),
+        "note_host",
     ],
     "lifecycle.checkpoint": [
         "AsyncCheckpointer",

@@ -94,7 +94,7 @@ def decide_after(
     if journal_dir is None and store is None:
         return decide([_facts(error, None, rank)[0]], policy)
     folder = None if journal_dir is None else Path(journal_dir)
-    facts, key, mine = _facts(error, folder, rank)
+    facts, key, mine = _facts(error, folder, rank, store)
     name = f"{_safe(run_id())}.{key}"
     ledger = _Ledger(folder, store)
     found = ledger.read(name)
@@ -299,7 +299,9 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", text)
 
 
-def _facts(error: BaseException, journal_dir: Path | None, rank: int) -> tuple[Attempt, str, bool]:
+def _facts(
+    error: BaseException, journal_dir: Path | None, rank: int, store: DecisionStore | None = None
+) -> tuple[Attempt, str, bool]:
     """This attempt's facts, its key (``<restart>.<attempt>``) and whether this rank's own failure is the cause."""
     run = run_id()
     try:
@@ -324,7 +326,7 @@ def _facts(error: BaseException, journal_dir: Path | None, rank: int) -> tuple[A
         frame=user_frame(error) if own else None,
         phase=cause.phase if cause is not None else (failure.phase if failure is not None else ""),
         step=cause.step if cause is not None else (failure.step if failure is not None else None),
-        host=_host(journal_dir, rank if own or cause is None else cause.rank, run),
+        host=_host(journal_dir, rank if own or cause is None else cause.rank, run, store),
         rank=rank if own or cause is None else cause.rank,
         resumed_from=max(0, resumed_from),
         committed=end.checkpoint_step if end is not None else None,
@@ -347,15 +349,37 @@ def _nodes() -> int:
     return world // local if local > 0 else 0
 
 
-def _host(journal_dir: Path | None, rank: int, run: str) -> str:
-    """The host ``rank`` ran on, from its journal in ``journal_dir`` (its ``run`` record); "" if not there."""
+def host_name() -> str:
+    """This process's host, as decisions name it: ``LIFECYCLE_HOST`` if set (a scheduler's node name), else the
+    host name."""
+    return os.environ.get("LIFECYCLE_HOST") or socket.gethostname()
+
+
+def note_host(store: DecisionStore, rank: int | None = None) -> None:
+    """Publish this rank's host (``host_name``) in ``store``, so that a peer deciding after this rank died can name
+    it (``decide_after``'s culprit); ``rank``: default ``RANK``, else 0. Never raises."""
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    with contextlib.suppress(Exception):
+        store.set(f"{STORE_PREFIX}{_safe(run_id())}/host/{rank}", host_name())
+
+
+def _host(journal_dir: Path | None, rank: int, run: str, store: DecisionStore | None = None) -> str:
+    """The host ``rank`` ran on: this process's, the one it published (``note_host``), or its journal's ``run``
+    record in ``journal_dir``; "" if none says."""
+    if rank == int(os.environ.get("RANK", "0")):
+        return host_name()
+    if store is not None:
+        with contextlib.suppress(Exception):
+            key = f"{STORE_PREFIX}{_safe(run)}/host/{rank}"
+            if store.check([key]):
+                return bytes(store.get(key)).decode()
     try:
         path = None if journal_dir is None else journal_path(journal_dir, rank)
         records = [] if path is None else load([path]).records
         starts = [r for r in records if isinstance(r, RunStart) and r.origin.run_id == run]
     except (OSError, ValueError):
         starts = []
-    return starts[-1].host if starts else (socket.gethostname() if rank == int(os.environ.get("RANK", "0")) else "")
+    return starts[-1].host if starts else ""
 
 
 def _read_record(path: Path, wait_s: float = 0.0) -> tuple[Attempt, Decision] | None:

@@ -32,7 +32,7 @@ from lifecycle._tools.demo.options import demo_config, max_restarts, parser
 from lifecycle._training.config import PretrainConfig
 from lifecycle._training.decide import RestartPolicy
 from lifecycle._training.exits import ExitCode, StoppedByLauncher, exit_code
-from lifecycle._training.retry import DecisionStore, decide_after, last_decision
+from lifecycle._training.retry import DecisionStore, decide_after, last_decision, note_host
 
 STOP_MARKER = "do-not-restart.txt"
 """In the journal folder: a rank decided its run is not worth restarting (the reason inside)."""
@@ -72,6 +72,8 @@ def worker_main(argv: list[str]) -> int:
     from lifecycle._torch.store import job_store  # loads torch: after the warning filters
 
     store = job_store()  # torchrun's agent store: the job's decisions, on every node
+    if store is not None:
+        note_host(store, rank)  # a peer that decides after this rank died names its host
     decided = last_decision(config.journal_dir, store=store)
     if decided is not None and decided.stop:  # read before it trains: the job's decision, whoever made it
         print(f"[rank {rank}] not starting: the job decided to {decided.line()}", flush=True)
