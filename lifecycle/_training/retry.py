@@ -318,6 +318,8 @@ def _facts(
     resumed_from = steps[0] - 1 if steps else (end.final_step if end is not None else 0)
     cause = None if failure is None else (failure.first or failure.evidence)
     own = cause is None or cause.rank == rank
+    # Only a consequence (a lost connection) and no peer named: the cause is unknown, never this rank.
+    unknown = own and kind_of(error).consequence and (failure is None or failure.first is None)
     kind = kind_of(error).value if own or cause is None else cause.kind
     key = f"{origin.restart_count}.{origin.attempt}" if origin is not None else f"{os.getpid()}.0"
     facts = Attempt(
@@ -326,8 +328,8 @@ def _facts(
         frame=user_frame(error) if own else None,
         phase=cause.phase if cause is not None else (failure.phase if failure is not None else ""),
         step=cause.step if cause is not None else (failure.step if failure is not None else None),
-        host=_host(journal_dir, rank if own or cause is None else cause.rank, run, store),
-        rank=rank if own or cause is None else cause.rank,
+        host="" if unknown else _host(journal_dir, rank if own or cause is None else cause.rank, run, store),
+        rank=None if unknown else (rank if own or cause is None else cause.rank),
         resumed_from=max(0, resumed_from),
         committed=end.checkpoint_step if end is not None else None,
         ended=time.time(),

@@ -29,6 +29,8 @@ def main() -> int:
         DistributedConfig,
         FaultInjection,
         FaultKind,
+        LivenessConfig,
+        LivenessMode,
         ParallelConfig,
         PretrainConfig,
         TrainingConfig,
@@ -58,6 +60,7 @@ def main() -> int:
         checkpoint=CheckpointConfig(dir=env["DW_CHECKPOINT_DIR"], interval=2, resume=True),
         journal_dir=journal_dir,
         fault=fault,
+        liveness=LivenessConfig(mode=LivenessMode.KILL, interval_s=0.5),  # names a dead rank: the culprit
     )
     try:
         pretrain(config)

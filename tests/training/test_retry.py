@@ -210,3 +210,11 @@ def test_two_nodes_share_the_decision_through_the_store(tmp_path: Path) -> None:
         assert json.loads((node / STOP_FILE).read_text())["reason"] == "reproducible"
     assert last_decision(None, store=store) == seen[1]
     assert store.get(f"lifecycle/decisions/{RUN}/count") == b"2"
+
+
+def test_a_victim_that_knows_no_cause_names_no_culprit(tmp_path: Path) -> None:
+    """A lost connection with no peer named: the culprit is unknown (never the victim itself)."""
+    journal(tmp_path, 0, 0, cause=0, kind="connection_lost")
+    decision = decide_after(ConnectionError("Connection reset by peer"), tmp_path, rank=0, wait_s=0.1)
+    record = json.loads(next((tmp_path / DECISIONS).iterdir()).read_text())
+    assert decision.action == "restart" and (record["attempt"]["rank"], record["attempt"]["host"]) == (None, "")
