@@ -351,6 +351,23 @@ def _nodes() -> int:
     return world // local if local > 0 else 0
 
 
+def join_round(store: DecisionStore, rank: int | None = None) -> int:
+    """Make this worker's restart count job-wide: the number of times global rank ``rank`` started in this job,
+    counted in ``store`` (torchrun's agent store), set as ``TORCHELASTIC_RESTART_COUNT`` in this process; returned.
+
+    torchrun's own count is per agent: an agent that restarts its workers because
+    another node rejoined does not count it, so after a crash on one node the agents'
+    counts differ, and with them the store prefixes (``lifecycle._torch.store.generation``)
+    and the decisions' keys: the restarted ranks never agree on an attempt. Every round
+    starts each global rank once, so this count is the same on every rank of a round.
+    Call it first thing in a worker, before ``pretrain``. ``rank``: default ``RANK``, else 0.
+    """
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    count = store.add(f"{STORE_PREFIX}{_safe(run_id())}/starts/{rank}", 1) - 1
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(count)
+    return count
+
+
 def host_name() -> str:
     """This process's host, as decisions name it: ``LIFECYCLE_HOST`` if set (a scheduler's node name), else the
     host name."""

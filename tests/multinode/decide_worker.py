@@ -21,7 +21,7 @@ def main() -> int:
     """Train once; decide after a failure; the exit code."""
     warnings.filterwarnings("ignore")
     logging.getLogger("megatron").setLevel(logging.ERROR)
-    from support.internals import DECISIONS
+    from support.internals import DECISIONS, join_round
     from support.torch_internals import job_store
 
     from lifecycle import (
@@ -42,6 +42,7 @@ def main() -> int:
     rank, journal_dir = int(env["RANK"]), env["DW_JOURNAL_DIR"]
     store = job_store()
     if store is not None:
+        join_round(store, rank)  # the agents' restart counts differ after a crash on one node
         note_host(store, rank)
     decided = last_decision(journal_dir, store=store)
     if decided is not None and decided.stop:

@@ -54,6 +54,7 @@ __all__ = [
     "diagrams",
     "executor",
     "final_states",
+    "join_round",
     "kill_group",
     "kill_marked",
     "liveness_rank",
@@ -99,6 +100,7 @@ marked = launcher.marked
 DECISIONS = retry.DECISIONS
 """The journal folder's folder of the job's decisions, one file per failed attempt (``lifecycle._training.retry``)."""
 STOP_FILE = retry.STOP_FILE
+join_round = retry.join_round
 """The journal folder's file holding a stop decision's JSON line."""
 RANK_LOGS = demo_console.RANK_LOGS
 """The demo's folder of its ranks' output, in the journal folder."""

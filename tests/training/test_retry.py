@@ -6,6 +6,7 @@ Torch-free: the journals are written here as ``pretrain`` writes them (a ``run``
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -218,3 +219,13 @@ def test_a_victim_that_knows_no_cause_names_no_culprit(tmp_path: Path) -> None:
     decision = decide_after(ConnectionError("Connection reset by peer"), tmp_path, rank=0, wait_s=0.1)
     record = json.loads(next((tmp_path / DECISIONS).iterdir()).read_text())
     assert decision.action == "restart" and (record["attempt"]["rank"], record["attempt"]["host"]) == (None, "")
+
+
+def test_join_round_counts_each_ranks_starts_in_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each global rank's n-th start is round n-1 whatever its agent's own count; it becomes the restart count."""
+    from lifecycle._training.retry import join_round
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    store = DictStore()
+    assert [join_round(store, 0), join_round(store, 1), join_round(store, 1), join_round(store, 0)] == [0, 0, 1, 1]
+    assert os.environ["TORCHELASTIC_RESTART_COUNT"] == "1"
