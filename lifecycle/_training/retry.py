@@ -199,16 +199,21 @@ def last_decision(
     else in ``journal_dir``; None if none.
 
     A worker torchrun (re)started reads it before it trains: a ``stop`` means exit with its ``exit_code``.
+    Read from ``store``, the job's decisions are also left in ``journal_dir`` (those made on other nodes, or
+    after this node's ranks died), with ``STOP_FILE`` for a stop.
     """
     safe = _safe(run_id() if run is None else run)
     if store is not None:
         with contextlib.suppress(Exception):
             count = store.add(f"{STORE_PREFIX}{safe}/count", 0)
-            if count == 0:
-                return None
-            name = bytes(store.get(f"{STORE_PREFIX}{safe}/count/{count - 1}")).decode()
-            found = _loads(bytes(store.get(f"{STORE_PREFIX}{name}")).decode())
-            return None if found is None else found[1]
+            names = [bytes(store.get(f"{STORE_PREFIX}{safe}/count/{i}")).decode() for i in range(count)]
+            found = [(name, _loads(bytes(store.get(f"{STORE_PREFIX}{name}")).decode())) for name in names]
+            ledger = _Ledger(None if journal_dir is None else Path(journal_dir), store)
+            for name, record in found:  # this node's folder gets the job's every decision, even one made elsewhere
+                if record is not None and ledger.mirror(name, record) and record[1].stop and journal_dir is not None:
+                    (Path(journal_dir) / STOP_FILE).write_text(record[1].json_line() + "\n", encoding="utf-8")
+            last = found[-1][1] if found else None
+            return None if last is None else last[1]
     if journal_dir is None:
         return None
     records = _history(Path(journal_dir) / DECISIONS, None, safe)

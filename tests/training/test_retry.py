@@ -211,6 +211,9 @@ def test_two_nodes_share_the_decision_through_the_store(tmp_path: Path) -> None:
         assert json.loads((node / STOP_FILE).read_text())["reason"] == "reproducible"
     assert last_decision(None, store=store) == seen[1]
     assert store.get(f"lifecycle/decisions/{RUN}/count") == b"2"
+    elsewhere = tmp_path / "c"  # a node whose ranks decided nothing (they died): a new worker's read mirrors them
+    assert last_decision(elsewhere, store=store) == seen[1]
+    assert len(list((elsewhere / DECISIONS).iterdir())) == 2 and (elsewhere / STOP_FILE).is_file()
 
 
 def test_a_victim_that_knows_no_cause_names_no_culprit(tmp_path: Path) -> None:
