@@ -9,6 +9,7 @@ iproute2 (as ``test_two_nodes.py``).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,8 @@ import pytest
 from multinode import netns
 from multinode.cluster import TwoNodeJob
 from support.internals import DECISIONS
+
+from lifecycle.journal import RunEnd, read
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +66,24 @@ def run_job(
         paths = sorted((folder / DECISIONS).glob("*.json"), key=lambda p: [int(x) for x in p.name.split(".")[1:3]])
         seen.append([json.loads(p.read_text()) for p in paths])
     assert [[r["decision"] for r in s] for s in seen[:1]] == [[r["decision"] for r in s] for s in seen[1:]], out
+    _decided_within_a_second(folders)
     return [record["decision"] for record in seen[0]]
+
+
+def _decided_within_a_second(folders: tuple[Path, Path]) -> None:
+    """Each decision was recorded (its first copy, on either node) within 1 s after the attempt's last rank ended."""
+    ends: dict[str, float] = {}
+    for record in read(list(folders)):
+        if isinstance(record, RunEnd) and record.end is not None:
+            key = f"{record.origin.restart_count}.{record.origin.attempt}"
+            ends[key] = max(ends.get(key, 0.0), record.end)
+    made: dict[str, float] = {}
+    for folder in folders:
+        for path in (folder / DECISIONS).glob("*.json"):
+            key = ".".join(path.name.split(".")[1:3])
+            made[key] = min(made.get(key, math.inf), path.stat().st_mtime)
+    late = {key: made[key] - ends[key] for key in made if key in ends and made[key] - ends[key] >= 1.0}
+    assert not late and set(made) <= set(ends), (late, made, ends)
 
 
 @pytest.mark.timeout(300)
