@@ -27,6 +27,8 @@ this module exports the rest of what the library is built from. Reach for it to:
   ``--retry`` and a torchrun restart do (docs/recovery.md): ``decide_after`` (the
   job's decision, recorded once in the journal folder or torchrun's agent store),
   ``last_decision``, ``note_host`` (a rank's host, for a peer to name it),
+  ``agent_store`` and ``join_round`` (a job on several nodes: the store they share, a
+  restart count the same on every agent),
   ``Decision``, ``RestartPolicy`` (its limits), ``Attempt`` and ``Frame`` (the facts
   it judges), ``decide`` (the pure policy).
 
@@ -61,7 +63,7 @@ from lifecycle._core.seams import Announcement, CheckpointWriter, DistributedAct
 from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
 from lifecycle._training.callbacks import ProgressLog
 from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
-from lifecycle._training.retry import decide_after, last_decision, note_host
+from lifecycle._training.retry import agent_store, decide_after, join_round, last_decision, note_host
 
 __all__ = [
     "TRANSITIONS",
@@ -96,11 +98,13 @@ __all__ = [
     "TeardownReport",
     "TransitionEvent",
     "WrapperRole",
+    "agent_store",
     "decide",
     "decide_after",
     "declare_resource",
     "declared_resources",
     "edges_from",
+    "join_round",
     "last_decision",
     "live_resources",
     "note_host",

@@ -47,7 +47,7 @@ EXPORTS: dict[str, list[str]] = {
         *("JournalEntry", "SessionEvent", "TransitionEvent", "TeardownEvent", "FailureEvent", "ReclaimEvent"),
         *("Announcement", "CheckpointWriter", "DistributedActions", "ProgressLog", "ProgressSink"),
         *("Attempt", "Decision", "Frame", "RestartPolicy", "decide", "decide_after", "last_decision"),
-        "note_host",
+        *("note_host", "agent_store", "join_round"),
     ],
     "lifecycle.checkpoint": [
         "AsyncCheckpointer",

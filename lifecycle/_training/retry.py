@@ -356,6 +356,15 @@ def _nodes() -> int:
     return world // local if local > 0 else 0
 
 
+def agent_store(timeout_s: float = 5.0) -> DecisionStore | None:
+    """A client of torchrun's agent store (it outlives worker restarts; every node's workers reach it): where
+    ``decide_after``, ``last_decision``, ``join_round`` and ``note_host`` keep the job's record across nodes. None
+    outside torchrun's agent store or when it cannot be reached within ``timeout_s``. Loads torch on first call."""
+    from lifecycle._torch.store import job_store  # torch: only when asked
+
+    return job_store(timeout_s=timeout_s)
+
+
 def join_round(store: DecisionStore, rank: int | None = None) -> int:
     """Make this worker's restart count job-wide: the number of times global rank ``rank`` started in this job,
     counted in ``store`` (torchrun's agent store), set as ``TORCHELASTIC_RESTART_COUNT`` in this process; returned.
