@@ -23,7 +23,15 @@ this module exports the rest of what the library is built from. Reach for it to:
   ``CheckpointWriter`` (what ``Session.track_checkpoints`` takes), ``Announcement``,
   ``ProgressSink`` (where ``Session.progress`` also sends each mark: ``session.progress_sink``);
 - **log progress in a loop of your own**: ``ProgressLog``, the callback ``pretrain`` adds
-  for ``training.log_interval``.
+  for ``training.log_interval``;
+- **decide after a failed attempt** in a retry loop of your own, as the demo's
+  ``--retry`` and a torchrun restart do (docs/recovery.md): ``decide_after`` (the
+  job's decision, recorded once in the journal folder or torchrun's agent store),
+  ``last_decision``, ``note_host`` (a rank's host, for a peer to name it),
+  ``agent_store`` and ``join_round`` (a job on several nodes: the store they share, a
+  restart count the same on every agent),
+  ``Decision``, ``RestartPolicy`` (its limits), ``Attempt`` and ``Frame`` (the facts
+  it judges), ``decide`` (the pure policy).
 
 Like ``lifecycle``, importing this module loads no torch, megatron-core or NVRx. These
 names are as stable as the top level's; they are here because most code never needs them.
@@ -56,14 +64,19 @@ from lifecycle._core.resources import (
 from lifecycle._core.seams import Announcement, CheckpointWriter, DistributedActions, ProgressSink
 from lifecycle._core.table import TRANSITIONS, Edge, edges_from, reachable_states
 from lifecycle._training.callbacks import ProgressLog
+from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
+from lifecycle._training.retry import agent_store, decide_after, join_round, last_decision, note_host
 
 __all__ = [
     "TRANSITIONS",
     "Announcement",
+    "Attempt",
     "CheckpointWriter",
+    "Decision",
     "DistributedActions",
     "Edge",
     "FailureEvent",
+    "Frame",
     "Handler",
     "JournalEntry",
     "Ledger",
@@ -80,6 +93,7 @@ __all__ = [
     "Releases",
     "Resource",
     "RestartMode",
+    "RestartPolicy",
     "SessionEvent",
     "Step",
     "StepKind",
@@ -89,10 +103,16 @@ __all__ = [
     "TeardownReport",
     "TransitionEvent",
     "WrapperRole",
+    "agent_store",
+    "decide",
+    "decide_after",
     "declare_resource",
     "declared_resources",
     "edges_from",
+    "join_round",
+    "last_decision",
     "live_resources",
+    "note_host",
     "plan_teardown",
     "reachable_states",
     "teardown",

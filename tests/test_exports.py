@@ -47,6 +47,8 @@ EXPORTS: dict[str, list[str]] = {
         *("JournalEntry", "SessionEvent", "TransitionEvent", "TeardownEvent", "FailureEvent", "ReclaimEvent"),
         *("ReleaseEvent", "Released", "Releaser"),
         *("Announcement", "CheckpointWriter", "DistributedActions", "ProgressLog", "ProgressSink"),
+        *("Attempt", "Decision", "Frame", "RestartPolicy", "decide", "decide_after", "last_decision"),
+        *("note_host", "agent_store", "join_round"),
     ],
     "lifecycle.checkpoint": [
         "AsyncCheckpointer",

@@ -21,6 +21,8 @@ DOORS = ("support/internals.py", "support/torch_internals.py")
 """The modules through which the rest of the suite reaches private ones."""
 
 UNIT_TESTS: dict[str, frozenset[str]] = {
+    "training/test_decide.py": frozenset({"lifecycle._training.decide"}),
+    "training/test_retry.py": frozenset({"lifecycle._training.retry"}),
     "training/test_saves.py": frozenset({"lifecycle._training.saves"}),
     "core/test_config_checks.py": frozenset({"lifecycle._core.errors"}),
     "core/test_frames.py": frozenset({"lifecycle._core.frames"}),

@@ -165,6 +165,28 @@ def _connect(rendezvous: Rendezvous, timeout: timedelta, hosts: bool, deadline: 
             time.sleep(_BIND_RETRY_S)
 
 
+def job_store(env: Mapping[str, str] | None = None, timeout_s: float = 5.0) -> TCPStore | None:
+    """A client of torchrun's agent store, where the job's decisions live (``lifecycle._training.retry``).
+
+    The agent hosts it (``TORCHELASTIC_USE_AGENT_STORE``, at ``MASTER_ADDR:MASTER_PORT``)
+    for the whole job: it outlives worker restarts, and every node's workers reach it.
+    None outside torchrun's agent store, or when it cannot be reached within ``timeout_s``.
+    """
+    env = os.environ if env is None else env
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    try:
+        return TCPStore(
+            env["MASTER_ADDR"],
+            int(env["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+    except (KeyError, ValueError, RuntimeError):  # DistNetworkError and DistStoreError are RuntimeErrors
+        return None
+
+
 def rendezvoused_through(store: Store) -> None:
     """Record that this process rendezvoused through ``store``: ``open_store`` never returns its server again."""
     reached = _tokens.get(store) if isinstance(store, TCPStore) else None  # a client store open_store opened

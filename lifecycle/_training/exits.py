@@ -66,10 +66,12 @@ class ExitCode(IntEnum):
     )
     DO_NOT_RESTART = (  # 93: NVRx's launcher's own "do not restart" code
         93,
-        "failed in a way a restart repeats: a `ConfigError`, a refused checkpoint layout (`CheckpointMismatch`), "
-        f"misuse of a session, or {NO_PROGRESS_LIMIT} (`NO_PROGRESS_LIMIT`) attempts of this run in a row that "
-        "committed no step they trained",
-        "fix it first",
+        "the job decided not to restart (`decide_after`, one JSON line in `decision.json`): a `ConfigError`, a "
+        "refused checkpoint layout (`CheckpointMismatch`) or misuse of a session; the same failure replayed "
+        "(reproducible); the same host or rank the cause of 3 attempts in a row (repeated culprit); the job's "
+        f"restart budget spent; or {NO_PROGRESS_LIMIT} (`NO_PROGRESS_LIMIT`) attempts in a row that committed no "
+        "step they trained",
+        "fix it first; for a repeated culprit, exclude its host and resubmit",
     )
 
 

@@ -40,8 +40,11 @@ class Line:
     text: str
 
 
-def torchrun_command(node: Node, host: Node, nproc: int, run_id: str) -> list[str]:
-    """The command docs/multinode.md's launch line becomes on ``node``, with ``host`` serving the rendezvous."""
+def torchrun_command(
+    node: Node, host: Node, nproc: int, run_id: str, max_restarts: int = 0, worker: Path = WORKER
+) -> list[str]:
+    """The command docs/multinode.md's launch line becomes on ``node``, with ``host`` serving the rendezvous
+    (``max_restarts`` and the ``worker`` script: the decision tests' own)."""
     return node.exec(
         [
             sys.executable,
@@ -53,8 +56,8 @@ def torchrun_command(node: Node, host: Node, nproc: int, run_id: str) -> list[st
             f"--rdzv-endpoint={host.addr}:{RDZV_PORT}",
             f"--rdzv-id={run_id}",
             f"--local-addr={node.addr}",
-            "--max-restarts=0",
-            str(WORKER),
+            f"--max-restarts={max_restarts}",
+            str(worker),
         ]
     )
 
@@ -69,6 +72,8 @@ class TwoNodeJob:
         nproc: int = 1,
         env: Mapping[str, str] | None = None,
         node_env: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {}),
+        max_restarts: int = 0,
+        worker: Path = WORKER,
     ) -> None:
         """Start torchrun in both namespaces now: ``nproc`` ranks each; ``env`` (the ``MN_*`` knobs), then
         ``node_env[i]`` on node ``i``, on top of this process's environment."""
@@ -97,7 +102,7 @@ class TwoNodeJob:
                     MARK: f"{self.run}:{node.index}",
                 }
                 proc = subprocess.Popen(
-                    torchrun_command(node, nodes[0], nproc, f"mn-{self.run}"),
+                    torchrun_command(node, nodes[0], nproc, f"mn-{self.run}", max_restarts, worker),
                     env=own,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,

@@ -30,15 +30,19 @@ from lifecycle._core import (
 )
 from lifecycle._launch import launcher
 from lifecycle._liveness import rank as liveness_rank
+from lifecycle._tools.demo import console as demo_console
 from lifecycle._tools.diagrams import draw as diagrams
 from lifecycle._tools.show import gantt, page, synthetic
 from lifecycle._tools.show import main as show
 from lifecycle._tools.show import model as show_model
-from lifecycle._training import journaling
+from lifecycle._training import journaling, retry
 
 __all__ = [
+    "DECISIONS",
     "LEFTOVERS",
+    "RANK_LOGS",
     "REGISTRY",
+    "STOP_FILE",
     "WORKERS",
     "AnnouncesFailures",
     "Attempt",
@@ -52,6 +56,7 @@ __all__ = [
     "executor",
     "final_states",
     "gantt",
+    "join_round",
     "kill_group",
     "kill_marked",
     "liveness_rank",
@@ -96,3 +101,10 @@ render_timeline = show.render_timeline
 kill_group = launcher.kill_group
 kill_marked = launcher.kill_marked
 marked = launcher.marked
+DECISIONS = retry.DECISIONS
+"""The journal folder's folder of the job's decisions, one file per failed attempt (``lifecycle._training.retry``)."""
+STOP_FILE = retry.STOP_FILE
+join_round = retry.join_round
+"""The journal folder's file holding a stop decision's JSON line."""
+RANK_LOGS = demo_console.RANK_LOGS
+"""The demo's folder of its ranks' output, in the journal folder."""

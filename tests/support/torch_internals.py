@@ -10,9 +10,18 @@ from __future__ import annotations
 from lifecycle._torch import actions, store
 from lifecycle._training import model
 
-__all__ = ["HOSTED", "SyntheticTokens", "actions", "default_forward_step", "default_model_provider", "open_store"]
+__all__ = [
+    "HOSTED",
+    "SyntheticTokens",
+    "actions",
+    "default_forward_step",
+    "default_model_provider",
+    "job_store",
+    "open_store",
+]
 
 HOSTED = store.HOSTED
+job_store = store.job_store
 """The store servers lifecycle hosts in this process (``lifecycle._torch.store``)."""
 open_store = store.open_store
 SyntheticTokens = model.SyntheticTokens

@@ -7,9 +7,11 @@ the last committed checkpoint and closes after all its steps (issue 26).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from support.internals import DECISIONS, RANK_LOGS, STOP_FILE
 from support.launch import run_demo
 
 from lifecycle import ExitCode, FaultKind
@@ -24,6 +26,25 @@ INTERVAL = 10
 def _attempts(records: list[Record]) -> list[tuple[int, int]]:
     """The (torchrun restart, attempt) pairs in the order they started."""
     return list(dict.fromkeys((r.origin.restart_count, r.origin.attempt) for r in records))
+
+
+def _rank_log(folder: Path, rank: int) -> str:
+    """What ``rank`` printed, in all its attempts (torchrun's per-rank log files)."""
+    return "".join(p.read_text(errors="replace") for p in sorted((folder / RANK_LOGS).rglob("*")) if p.is_file())
+
+
+def _decided_within_a_second(folder: Path, records: list[Record]) -> None:
+    """Each attempt's decision was recorded within 1 s after the attempt's last rank ended (its journal's end)."""
+    ends: dict[tuple[int, int], float] = {}
+    for r in records:
+        if isinstance(r, RunEnd) and r.end is not None:
+            key = (r.origin.restart_count, r.origin.attempt)
+            ends[key] = max(ends.get(key, 0.0), r.end)
+    decided = sorted((folder / DECISIONS).iterdir())
+    assert len(decided) == len(ends), (decided, ends)
+    for path in decided:
+        restart, attempt = (int(part) for part in path.name.split(".")[1:3])
+        assert path.stat().st_mtime - ends[(restart, attempt)] < 1.0, path
 
 
 def _first_step(records: list[Record], origin: Origin) -> int | None:
@@ -66,25 +87,52 @@ def test_demo_retry_recovers_from_each_fault_kind(tmp_path: Path, kind: str) -> 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_job_that_fails_the_same_way_three_times_exits_do_not_restart(tmp_path: Path) -> None:
-    """``--fault-again``: three attempts in a row commit no step, the ranks exit 93 and so does the demo.
+def test_the_same_raise_in_two_attempts_stops_reproducible(tmp_path: Path) -> None:
+    """``--fault raise --fault-again --retry``: the 2nd attempt replays the failed step: exit 93, "reproducible".
 
-    Two attempts in the same processes, the third after torchrun's restart; the workers torchrun starts after
-    that find the marker and exit 93 before starting anything (no fourth attempt in the journals).
+    Both attempts run in the same processes; the decision is recorded once for the job (both ranks read the same
+    one), so torchrun's restarted workers find it and exit 93 before starting anything (no third attempt). Before
+    issue 42 the job stopped only after three attempts, on "no new checkpoint".
     """
     args = [
         *("--steps", "12", "--fail-at", "step", "--fail-step", "3", "--checkpoint-interval", "5"),
-        *("--eval-interval", "0", "--fault-again", "--retry", "--journal-dir", str(tmp_path)),
+        *("--eval-interval", "0", "--fault", "raise", "--fault-again", "--retry", "--journal-dir", str(tmp_path)),
     ]
     done = run_demo(*args, timeout=280, cwd=tmp_path)
     assert done.returncode == ExitCode.DO_NOT_RESTART, done.stdout[-4000:]
-    assert (tmp_path / "do-not-restart.txt").is_file()
+    last = done.stdout.strip().splitlines()[-1]
+    assert "reproducible" in last, last
+    stop = json.loads((tmp_path / STOP_FILE).read_text())
+    assert (stop["decision"], stop["reason"], stop["attempt"]) == ("stop", "reproducible", 1), stop
     records = read([tmp_path])
     for rank in (0, 1):
         ends = [r for r in records if isinstance(r, RunEnd) and r.origin.rank == rank]
         assert [(e.origin.restart_count, e.origin.attempt, e.state) for e in ends] == [
             (0, 0, "failed"),
             (0, 1, "failed"),
-            (1, 0, "failed"),
         ], ends
-        assert {e.checkpoint_step for e in ends} == {None}
+        assert f"[rank {rank}] decision after attempt 1: stop (reproducible)" in _rank_log(tmp_path, rank)
+    _decided_within_a_second(tmp_path, records)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_crash_always_on_the_same_rank_stops_naming_it(tmp_path: Path) -> None:
+    """``--fault crash --fault-again``: torchrun restarts twice, the 3rd crash of rank 1 stops 93 'repeated_culprit'.
+
+    The decision is the job's, recorded once per attempt by the survivor; the workers torchrun starts after the stop
+    read it and exit 93 before training (no 4th attempt), though ``--max-restarts 5`` would allow more.
+    """
+    args = [
+        *("--steps", "12", "--fail-at", "step", "--fail-step", "5", "--checkpoint-interval", "2"),
+        *("--eval-interval", "0", "--fault", "crash", "--fault-again", "--retry", "--max-restarts", "5"),
+        *("--journal-dir", str(tmp_path)),
+    ]
+    done = run_demo(*args, timeout=280, cwd=tmp_path)
+    assert done.returncode == ExitCode.DO_NOT_RESTART, done.stdout[-4000:]
+    assert "repeated_culprit" in done.stdout.strip().splitlines()[-1]
+    stop = json.loads((tmp_path / STOP_FILE).read_text())
+    assert (stop["decision"], stop["reason"], stop["rank"], stop["attempt"]) == ("stop", "repeated_culprit", 1, 2)
+    records = read([tmp_path])
+    assert _attempts(records) == [(0, 0), (1, 0), (2, 0)]
+    _decided_within_a_second(tmp_path, records)

@@ -84,6 +84,7 @@ from lifecycle._tools.demo.options import SAME_REQUEST_S, UsageError, check_opti
 from lifecycle._tools.demo.report import Ending, Run, rank_journals, report
 from lifecycle._tools.demo.worker import STOP_MARKER
 from lifecycle._training.exits import ExitCode
+from lifecycle._training.retry import STOP_FILE
 
 WALL_LIMIT_S = 1800.0
 """The demo stops torchrun after this long: a stuck demo must not hang a terminal or a CI job."""
@@ -535,9 +536,10 @@ def _size(path: Path) -> int:
 def _exit_code(verdict: int, plan: _Plan, ending: Ending) -> int:
     """The demo's exit code from ``report``'s ``verdict`` (0 every rank closed, else 1), as ``lifecycle.ExitCode`` says.
 
-    A rank's "do not restart" marker wins; a run that closed on a stop signal exited as asked (``STOPPED``).
+    A rank's "do not restart" marker (or the job's stop decision, ``STOP_FILE``) wins; a run that closed on a
+    stop signal exited as asked (``STOPPED``).
     """
-    if (plan.journal_dir / STOP_MARKER).exists():
+    if (plan.journal_dir / STOP_MARKER).exists() or (plan.journal_dir / STOP_FILE).exists():
         return ExitCode.DO_NOT_RESTART
     if verdict == 0:
         return ExitCode.STOPPED if ending.stop_signal is not None else ExitCode.SUCCESS

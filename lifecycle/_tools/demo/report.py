@@ -4,7 +4,8 @@ The verdict never trusts torchrun's exit code: the run succeeded when every rank
 attempt ended ``closed`` in its journal (a stop asked for by a signal included, and a
 stop during start-up, before any rank started ``pretrain``). A rank without a journal,
 or whose journal has no end record, did not. A failed run's last line names its cause in
-``show``'s words (``verdict.find_cause``: the rank, the kind, the step).
+``show``'s words (``verdict.find_cause``: the rank, the kind, the step) and the job's
+last decision (``lifecycle._training.retry.last_decision``: restart, or stop and why).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from lifecycle import journal as _journal
 from lifecycle._tools.demo.console import TORCHRUN_LOG
 from lifecycle._tools.show import main as _show
 from lifecycle._tools.show import model as _model
+from lifecycle._training.retry import last_decision, recorded_decisions
 
 
 @dataclasses.dataclass(slots=True)
@@ -71,7 +73,9 @@ def report(run: Run, ending: Ending, elapsed: float) -> int:
             print(f"demo: {note}", file=sys.stderr)
     model = _model.build(records) if records else None  # built once: every view below reads it
     print("\n=== timeline (seconds since the first rank started) ===")
-    print("\n".join(_show.render_timeline(model, verdicts=True) if model is not None else ["(no journal records)"]))
+    recorded = recorded_decisions([journal_dir])
+    timeline = _show.render_timeline(model, verdicts=True, decisions=recorded) if model is not None else None
+    print("\n".join(timeline or ["(no journal records)"]))
     if model is not None and run.removed:
         print(f"\ndemo: {journal_dir} is a temporary folder, removed at exit (--keep keeps it, for show and its page)")
     elif model is not None:
@@ -99,7 +103,9 @@ def report(run: Run, ending: Ending, elapsed: float) -> int:
         verdict = f"succeeded in {elapsed:.1f} s {facts}"
     else:
         launcher = launcher_words(ending)
-        why = ending.killed or "; ".join(part for part in (launcher, _why_failed(states, model, run)) if part)
+        decided = last_decision(journal_dir, run.run_id)
+        said = f"the job decided to {decided.line()}" if decided is not None else ""
+        why = ending.killed or "; ".join(part for part in (launcher, _why_failed(states, model, run), said) if part)
         verdict = f"FAILED in {elapsed:.1f} s: {why} {facts}"
     print(f"demo: {verdict}", flush=True)
     return 0 if ok else 1

@@ -7,12 +7,16 @@ left every process alive. It exits with ``lifecycle.exit_code`` of its last call
 docs/recovery.md): after a lost peer (the launcher's stop, or a peer's process gone)
 it exits at once and leaves the restart to torchrun (``--max-restarts``), whose new
 workers resume from the last committed checkpoint with no fault injected (unless
-``--fault-again``). A rank that decides "do not restart" leaves ``STOP_MARKER`` in the
-journal folder; a worker that finds it exits with that code before it starts anything.
+``--fault-again``). After each failure every rank takes the job's decision
+(``lifecycle._training.retry.decide_after``: restart, or stop with 93 and a reason, its
+budget ``--max-restarts`` job-wide); a stop leaves ``STOP_MARKER`` in the journal
+folder, and a worker that finds a stop decision (or the marker) exits 93 before it
+starts anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -24,9 +28,11 @@ from pathlib import Path
 
 from lifecycle import journal as _journal
 from lifecycle._launch.launcher import set_parent_death_signal
-from lifecycle._tools.demo.options import demo_config, parser
+from lifecycle._tools.demo.options import demo_config, max_restarts, parser
 from lifecycle._training.config import PretrainConfig
+from lifecycle._training.decide import RestartPolicy
 from lifecycle._training.exits import ExitCode, StoppedByLauncher, exit_code
+from lifecycle._training.retry import DecisionStore, decide_after, last_decision, note_host
 
 STOP_MARKER = "do-not-restart.txt"
 """In the journal folder: a rank decided its run is not worth restarting (the reason inside)."""
@@ -63,6 +69,15 @@ def worker_main(argv: list[str]) -> int:
         log.setLevel(logging.INFO)
     config = demo_config(options)
     marker = Path(str(config.journal_dir)) / STOP_MARKER
+    from lifecycle._torch.store import job_store  # loads torch: after the warning filters
+
+    store = job_store()  # torchrun's agent store: the job's decisions, on every node
+    if store is not None:
+        note_host(store, rank)  # a peer that decides after this rank died names its host
+    decided = last_decision(config.journal_dir, store=store)
+    if decided is not None and decided.stop:  # read before it trains: the job's decision, whoever made it
+        print(f"[rank {rank}] not starting: the job decided to {decided.line()}", flush=True)
+        return decided.exit_code
     if marker.exists():
         print(f"[rank {rank}] not starting: {marker.read_text().strip()}", flush=True)
         return ExitCode.DO_NOT_RESTART
@@ -77,7 +92,8 @@ def worker_main(argv: list[str]) -> int:
         distributed=dataclasses.replace(config.distributed, timeout_s=timeout_s),
     )
     attempts = [config, retry] if options.retry else [config]
-    code = _run_attempts(attempts, rank, marker)
+    policy = RestartPolicy(max_restarts=max_restarts(options)) if max_restarts(options) else RestartPolicy()
+    code = _run_attempts(attempts, rank, marker, policy, store)
     # Skip the interpreter's final garbage collection over torch's and Megatron-core's
     # objects (slow: see docs/benchmarks.md, demo-final-gc): everything this rank owes is
     # already released and its journal written, and torchrun waits for every rank before
@@ -86,7 +102,9 @@ def worker_main(argv: list[str]) -> int:
     return code
 
 
-def _run_attempts(attempts: list[PretrainConfig], rank: int, marker: Path) -> int:
+def _run_attempts(
+    attempts: list[PretrainConfig], rank: int, marker: Path, policy: RestartPolicy, store: DecisionStore | None
+) -> int:
     """Run ``pretrain`` per config until one succeeds or a retry here cannot help; report each; the exit code.
 
     The launcher's verdict comes from the journals, not from this code. A failure after
@@ -105,14 +123,18 @@ def _run_attempts(attempts: list[PretrainConfig], rank: int, marker: Path) -> in
             print(f"[rank {rank}] attempt {attempt} failed: {type(exc).__name__}: {exc}", flush=True)
             for note in getattr(exc, "__notes__", ()):
                 print(f"[rank {rank}]   {note}", flush=True)
-            code = exit_code(exc, config.journal_dir, rank=rank)
-            if code is ExitCode.DO_NOT_RESTART:
-                why = f"rank {rank}: attempt {attempt} failed, and a restart would fail the same way ({code.value})"
-                marker.write_text(why + "\n")
-                print(f"[rank {rank}] not worth restarting: exiting {code.value}", flush=True)
-                return code
+            code = exit_code(exc)
             if code is ExitCode.STOPPED:
                 print(f"[rank {rank}] an exit was requested ({getattr(exc, 'requested_exit', None)}): not retrying")
+                return code
+            # The job's decision (the same on every rank, within a second of the last rank's end): restart or stop.
+            decision = decide_after(exc, config.journal_dir, rank=rank, policy=policy, store=store)
+            print(f"[rank {rank}] decision after attempt {attempt}: {decision.line()}", flush=True)
+            code = decision.exit_code
+            if decision.stop:
+                with contextlib.suppress(OSError):
+                    marker.write_text(f"rank {rank}: attempt {attempt} failed; {decision.line()}\n")
+                print(f"[rank {rank}] not worth restarting: exiting {code.value}", flush=True)
                 return code
             if isinstance(exc, StoppedByLauncher) or getattr(exc, "stopped_by_launcher", None) is not None:
                 print(f"[rank {rank}] stopped by the launcher: torchrun restarts every rank, if it may", flush=True)

@@ -43,7 +43,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from lifecycle._core.states import State, Trigger
@@ -55,7 +55,9 @@ from lifecycle._tools.show import page as _page
 from lifecycle._tools.show import svg as _svg
 from lifecycle._tools.show import verdict as _verdict
 from lifecycle._tools.show.cause import KILLED, killed_by_monitor, ranks_text
+from lifecycle._training.decide import Decision
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER, StoppedByLauncher
+from lifecycle._training.retry import decision_key, recorded_decisions
 from lifecycle.journal import (
     Eval,
     FailedSave,
@@ -207,7 +209,13 @@ def _verdict_lines(verdict: _verdict.Verdict) -> list[str]:
     return [f"  verdict: {line}" if i == 0 else f"  {'':9}{line}" for i, line in enumerate(lines)]
 
 
-def render_timeline(model: _model.Model, *, verdicts: bool = False, ranks: Iterable[int] = ()) -> list[str]:
+def render_timeline(
+    model: _model.Model,
+    *,
+    verdicts: bool = False,
+    ranks: Iterable[int] = (),
+    decisions: Mapping[tuple[str, int, int], Decision] | None = None,
+) -> list[str]:
     """The timeline: per run, per attempt, per rank, every event with its time since the run's first event.
 
     Runs of different run ids are shown one after the other, never merged; so are
@@ -221,7 +229,8 @@ def render_timeline(model: _model.Model, *, verdicts: bool = False, ranks: Itera
     independently, then one rank of each group of ranks that ended alike, under a line
     ``ranks 0, 2-1023 (1023 ranks), as rank 0:``; groups past ``MAX_ROWS`` are counted;
     then the ``ranks`` asked for (whose records the model holds: every rank's from
-    ``build``, those asked of ``scan``).
+    ``build``, those asked of ``scan``). ``decisions`` (``retry.recorded_decisions``):
+    a failed attempt's decision, one line (``  decision: stop (reproducible): ...``) after its verdict.
     """
     lines: list[str] = []
     asked = sorted(set(ranks))
@@ -232,6 +241,9 @@ def render_timeline(model: _model.Model, *, verdicts: bool = False, ranks: Itera
             lines.append(attempt.label)
             if verdicts:
                 lines += _verdict_lines(attempt.verdict)
+            key = decision_key(run.key.run_id, attempt.key.restart_count, attempt.key.attempt)
+            if decisions and key in decisions and attempt.key.iteration == 0:
+                lines.append(f"  decision: {decisions[key].line()}")
             if len(attempt.overview.journaled) <= _model.TIMELINE_RANKS:
                 lines += _rank_lines(attempt.ranks, run.t0)
             else:
@@ -553,7 +565,8 @@ def show_main(argv: list[str]) -> int:
     model = scanned.model
     for warning in model.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    closed = not print_or_drop("\n".join(render_timeline(model, verdicts=True, ranks=args.ranks)))
+    decided = recorded_decisions(args.journals)
+    closed = not print_or_drop("\n".join(render_timeline(model, verdicts=True, ranks=args.ranks, decisions=decided)))
     first = args.journals[0]
     out = args.out if args.out is not None else (first if first.is_dir() else first.parent)
     try:

@@ -1,0 +1,234 @@
+"""``decide_after``: the job's decision after a failed ``pretrain`` call, made once and read alike by every rank.
+
+Torch-free: the journals are written here as ``pretrain`` writes them (a ``run``, steps, a ``failure``, an ``end``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from support.internals import show_main
+
+from lifecycle import ConfigError
+from lifecycle._training.retry import DECISIONS, STOP_FILE, user_frame
+from lifecycle.journal import Failure, JournalWriter, Origin, RunEnd, RunStart, TrainStep, journal_path
+from lifecycle.journal.evidence import Evidence
+from lifecycle.lowlevel import Decision, RestartPolicy, decide_after, last_decision
+
+RUN = "test-run"
+
+
+@pytest.fixture(autouse=True)
+def _run_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIFECYCLE_RUN_ID", RUN)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+
+
+def journal(
+    folder: Path,
+    rank: int,
+    attempt: int,
+    *,
+    cause: int = 1,
+    step: int = 3,
+    kind: str = "raised",
+    resumed: int = 0,
+    restart: int = 0,
+    host: str = "h",
+) -> None:
+    """Append one failed attempt of ``rank`` to its journal: steps from ``resumed``+1, a failure at ``step``."""
+    origin = Origin(run_id=RUN, rank=rank, attempt=attempt, restart_mode="ordinary", iteration=0, restart_count=restart)
+    with JournalWriter(
+        journal_path(folder, rank), RunStart(origin=origin, world_size=2, pid=1, host=host, start=0.0)
+    ) as out:
+        for s in range(resumed + 1, step):
+            out.write(TrainStep(origin=origin, step=s, loss=1.0, start=None, end=None))
+        facts = Evidence(kind=kind, rank=cause, step=step, phase="step")
+        first = None if cause == rank else facts
+        own = facts if cause == rank else Evidence(kind="connection_lost", rank=rank, step=step, phase="step")
+        out.write(Failure(origin=origin, phase="step", step=step, error="E: x", time=0.0, evidence=own, first=first))
+        out.write(
+            RunEnd(
+                origin=origin,
+                state="failed",
+                exit_reason=None,
+                final_step=step - 1,
+                checkpoint_step=None,
+                error="E: x",
+                end=0.0,
+            )
+        )
+
+
+def boom() -> RuntimeError:
+    """A RuntimeError raised here (this test file: a frame outside lifecycle and torch)."""
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        return exc
+
+
+def test_same_raise_twice_stops_reproducible_on_every_rank(tmp_path: Path) -> None:
+    """Two attempts raising the same way: attempt 0 restarts, attempt 1 stops 'reproducible', both ranks alike."""
+    error = boom()
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            journal(tmp_path, rank, attempt)
+        seen: dict[int, Decision] = {}
+
+        def victim(into: dict[int, Decision]) -> None:
+            into[0] = decide_after(ConnectionError("Connection reset by peer"), tmp_path, rank=0)
+
+        thread = threading.Thread(target=victim, args=(seen,))
+        thread.start()  # the victim waits for the cause's record
+        seen[1] = decide_after(error, tmp_path, rank=1)
+        thread.join(5)
+        assert seen[0] == seen[1]
+        assert seen[1].action == ("restart" if attempt == 0 else "stop")
+    assert seen[1].reason == "reproducible"
+    assert json.loads((tmp_path / STOP_FILE).read_text())["reason"] == "reproducible"
+    assert last_decision(tmp_path) == seen[1]
+    assert len(list((tmp_path / DECISIONS).iterdir())) == 2
+
+
+def test_a_victim_without_the_cause_decides_itself_within_the_wait(tmp_path: Path) -> None:
+    """A cause that died records nothing: the survivor decides at once (the death named as the kind)."""
+    journal(tmp_path, 0, 0, kind="died")
+    decision = decide_after(ConnectionError("Connection reset by peer"), tmp_path, rank=0, wait_s=0.2)
+    assert decision.action == "restart"
+    assert last_decision(tmp_path) == decision
+
+
+def test_the_same_host_three_times_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Deaths of the same culprit host in 3 restarts: stop 'repeated_culprit', the JSON line on stderr and on disk."""
+    for restart in range(3):
+        journal(tmp_path, 1, 0, kind="died", restart=restart, step=5 + restart, host="node-b")
+        journal(tmp_path, 0, 0, kind="died", restart=restart, step=5 + restart, host="node-a")
+        decision = decide_after(ConnectionError("Connection reset by peer"), tmp_path, rank=0, wait_s=0.1)
+    assert (decision.reason, decision.details) == ("repeated_culprit", {"host": "node-b"})
+    line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert (line["decision"], line["reason"], line["host"]) == ("stop", "repeated_culprit", "node-b")
+
+
+def test_budget_applies_to_in_process_retries(tmp_path: Path) -> None:
+    """In-process retries count toward the job's restart budget."""
+    policy = RestartPolicy(max_restarts=1, culprit_limit=0, no_progress_limit=0)
+    actions = []
+    for attempt in (0, 1):
+        journal(tmp_path, 1, attempt, step=3 + attempt)
+        actions.append(decide_after(boom(), tmp_path, rank=1, policy=policy).action)
+    assert actions == ["restart", "stop"]
+
+
+def test_fatal_error_stops(tmp_path: Path) -> None:
+    """A ConfigError is never worth a restart."""
+    journal(tmp_path, 1, 0)
+    assert decide_after(ConfigError("training.iterations", "bad"), tmp_path, rank=1).reason == "not_restartable"
+
+
+def test_without_a_journal_the_attempt_is_judged_alone() -> None:
+    """journal_dir None: no history, no record: a first raise restarts."""
+    assert decide_after(boom(), None, rank=0).action == "restart"
+    assert last_decision(None) is None
+
+
+def test_user_frame_is_the_innermost_outside_lifecycle() -> None:
+    """The frame named is this test file's, where the error was raised."""
+    frame = user_frame(boom())
+    assert frame is not None and frame.file == str(Path(__file__).resolve()) and frame.function == "boom"
+
+
+def test_show_prints_each_attempts_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``show`` prints, under each failed attempt, the job's decision and its reason."""
+    for attempt in (0, 1):
+        journal(tmp_path, 1, attempt)
+        decide_after(boom(), tmp_path, rank=1)
+    capsys.readouterr()
+    assert show_main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    decided = [line.strip() for line in capsys.readouterr().out.splitlines() if "decision:" in line]
+    assert len(decided) == 2, decided
+    assert decided[0].startswith("decision: restart (may_recover)")
+    assert decided[1].startswith("decision: stop (reproducible)")
+
+
+class DictStore:
+    """A store's few operations ``decide_after`` uses, over a dict (torch's ``TCPStore`` semantics)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def set(self, key: str, value: str) -> None:
+        with self.lock:
+            self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        with self.lock:
+            return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        with self.lock:
+            return all(key in self.data for key in keys)
+
+    def add(self, key: str, value: int) -> int:
+        with self.lock:
+            now = int(self.data.get(key, b"0")) + value
+            self.data[key] = str(now).encode()
+            return now
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        with self.lock:
+            if self.data.get(key, b"") == expected.encode():
+                self.data[key] = desired.encode()
+            return self.data[key]
+
+
+def test_two_nodes_share_the_decision_through_the_store(tmp_path: Path) -> None:
+    """Ranks on two nodes (two journal folders) act on one decision, recorded once in the store and in each folder."""
+    store = DictStore()
+    node_a, node_b = tmp_path / "a", tmp_path / "b"
+    error = boom()
+    for attempt in (0, 1):
+        journal(node_a, 1, attempt, host="node-a")
+        journal(node_b, 0, attempt, host="node-b")
+        seen: dict[int, Decision] = {}
+
+        def victim(into: dict[int, Decision]) -> None:
+            into[0] = decide_after(ConnectionError("Connection reset by peer"), node_b, rank=0, store=store)
+
+        thread = threading.Thread(target=victim, args=(seen,))
+        thread.start()
+        seen[1] = decide_after(error, node_a, rank=1, store=store)
+        thread.join(5)
+        assert seen[0] == seen[1], seen
+    assert seen[1].reason == "reproducible"
+    for node in (node_a, node_b):
+        assert len(list((node / DECISIONS).iterdir())) == 2
+        assert json.loads((node / STOP_FILE).read_text())["reason"] == "reproducible"
+    assert last_decision(None, store=store) == seen[1]
+    assert store.get(f"lifecycle/decisions/{RUN}/count") == b"2"
+    elsewhere = tmp_path / "c"  # a node whose ranks decided nothing (they died): a new worker's read mirrors them
+    assert last_decision(elsewhere, store=store) == seen[1]
+    assert len(list((elsewhere / DECISIONS).iterdir())) == 2 and (elsewhere / STOP_FILE).is_file()
+
+
+def test_a_victim_that_knows_no_cause_names_no_culprit(tmp_path: Path) -> None:
+    """A lost connection with no peer named: the culprit is unknown (never the victim itself)."""
+    journal(tmp_path, 0, 0, cause=0, kind="connection_lost")
+    decision = decide_after(ConnectionError("Connection reset by peer"), tmp_path, rank=0, wait_s=0.1)
+    record = json.loads(next((tmp_path / DECISIONS).iterdir()).read_text())
+    assert decision.action == "restart" and (record["attempt"]["rank"], record["attempt"]["host"]) == (None, "")
+
+
+def test_join_round_counts_each_ranks_starts_in_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each global rank's n-th start is round n-1 whatever its agent's own count; it becomes the restart count."""
+    from lifecycle._training.retry import join_round
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    store = DictStore()
+    assert [join_round(store, 0), join_round(store, 1), join_round(store, 1), join_round(store, 0)] == [0, 0, 1, 1]
+    assert os.environ["TORCHELASTIC_RESTART_COUNT"] == "1"
