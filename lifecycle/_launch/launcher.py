@@ -96,17 +96,24 @@ def child_env(master_addr: str) -> dict[str, str]:
     return env
 
 
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux); None elsewhere or where it cannot be loaded."""
+    if sys.platform != "linux":
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
 def set_parent_death_signal(signum: int) -> bool:
     """Ask the kernel to send ``signum`` to this process when its parent dies (Linux); False where it cannot.
 
     If the parent is already gone (this process was re-parented to init), ``signum``
     is sent at once.
     """
-    if sys.platform != "linux":
-        return False
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = _prctl()
+    if prctl is None:
         return False
     if prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
         return False
@@ -120,11 +127,8 @@ def die_with(parent: int, signum: int) -> Callable[[], None] | None:
 
     Safe only in a process that runs no other thread when it forks (a ``preexec_fn``'s rule).
     """
-    if sys.platform != "linux":
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded before the fork: the child only calls it
-    except (OSError, AttributeError):
+    prctl = _prctl()  # loaded before the fork: the child only calls it
+    if prctl is None:
         return None
 
     def preexec() -> None:
@@ -194,11 +198,8 @@ def become_subreaper() -> bool:
     once the agent is killed, the rank is re-parented here (not to init, which in a
     container may collect nothing), and ``reap_orphans`` collects it.
     """
-    if sys.platform != "linux":
-        return False
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = _prctl()
+    if prctl is None:
         return False
     return bool(prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 

@@ -15,7 +15,7 @@ import time
 from lifecycle import journal as _journal
 from lifecycle._core.errors import describe
 from lifecycle._core.events import FailureEvent, ReclaimEvent, ReleaseEvent, SessionEvent, TransitionEvent
-from lifecycle._core.executor import Released, Releaser
+from lifecycle._core.executor import Released, Releaser, StepRecord
 from lifecycle._core.session import Session
 from lifecycle._core.states import State
 from lifecycle.journal import Failure, JournalWriter, Left, Origin, Record, RunStart, TeardownStep, Transition
@@ -164,43 +164,16 @@ class RunJournal:
         record = event.record
         held = record.step.entry
         note = f"left by {event.left_by}, acquired at {held.site or '?'}" if isinstance(event, ReclaimEvent) else ""
-        self.write(
-            TeardownStep(
-                origin=origin,
-                outcome="reclaim" if note else record.outcome.value,
-                step=record.step.kind.value,
-                resource=held.resource.value,
-                name=held.name,
-                owner=held.owner.value,
-                start=record.start,
-                end=record.end,
-                error=None if record.error is None else describe(record.error),
-                note=note,
-            )
-        )
+        self.write(_teardown_step(origin, "reclaim" if note else record.outcome.value, record, note))
 
     def _released(self, done: Released) -> None:
         """Write the ``teardown`` record of a release outside the session's plans, unless written already."""
         record = done.record
-        held = record.step.entry
         with self._lock:
             if record in self._written:
                 return
             self._written.add(record)
-            self.write(
-                TeardownStep(
-                    origin=self.origin,
-                    outcome=done.by.value,
-                    step=record.step.kind.value,
-                    resource=held.resource.value,
-                    name=held.name,
-                    owner=held.owner.value,
-                    start=record.start,
-                    end=record.end,
-                    error=None if record.error is None else describe(record.error),
-                    note=_RELEASED_BY[done.by],
-                )
-            )
+            self.write(_teardown_step(self.origin, done.by.value, record, _RELEASED_BY[done.by]))
 
     def _group_identity(self) -> tuple[int | None, str | None]:
         """The actions' agreed ``attempt`` and ``store_prefix``, each None unless the actions hold one of its type."""
@@ -223,3 +196,20 @@ class RunJournal:
                 writer.close()
             except Exception as exc:  # noqa: BLE001 - a journal must never replace the run's own outcome
                 logger.warning("could not close the journal %s: %s", writer.path, exc)
+
+
+def _teardown_step(origin: Origin, outcome: str, record: StepRecord, note: str) -> TeardownStep:
+    """The ``teardown`` record of one step that ran (``record``), run as ``outcome`` says, with ``note``."""
+    held = record.step.entry
+    return TeardownStep(
+        origin=origin,
+        outcome=outcome,
+        step=record.step.kind.value,
+        resource=held.resource.value,
+        name=held.name,
+        owner=held.owner.value,
+        start=record.start,
+        end=record.end,
+        error=None if record.error is None else describe(record.error),
+        note=note,
+    )
