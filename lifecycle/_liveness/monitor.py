@@ -91,6 +91,23 @@ DUMP_WAIT_S = 0.5
 """The longest the monitor waits for a wedged rank's stack dump before it kills the rank."""
 
 
+def append_line(path: str, data: bytes) -> None:
+    """Append ``data`` (one journal line) to ``path`` in one ``write`` on a file opened for appending.
+
+    The monitor's records and the rank's, each appended so, never interleave; after a
+    torn line (a writer killed mid-line) ``data`` starts a line of its own. Raises
+    ``OSError`` when the file cannot be opened or written.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 class Monitor:
     """One rank's monitor; ``run`` loops until the rank says it is done, dies, or is judged."""
 
@@ -435,16 +452,8 @@ class Monitor:
             "evidence": facts.to_json(),
             "killed": killed,
         }
-        data = (json.dumps(line) + "\n").encode()
         try:
-            fd = os.open(self.s.journal, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, 1, size - 1) != b"\n":
-                    data = b"\n" + data
-                os.write(fd, data)
-            finally:
-                os.close(fd)
+            append_line(self.s.journal, (json.dumps(line) + "\n").encode())
         except OSError as exc:
             _log(f"lifecycle liveness: could not write the verdict to {self.s.journal}: {exc}")
 

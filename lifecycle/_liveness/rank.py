@@ -362,17 +362,9 @@ def _how(returncode: int) -> str:
 def _append(path: str, data: bytes) -> None:
     """Append ``data`` (one journal line) to ``path`` in one ``write`` on a file opened for appending; never raises.
 
-    The rank's own records, appended the same way, never interleave with it; after a torn
-    line, it starts a line of its own (as the monitor's ``record`` does).
+    The monitor's ``append_line``, which its own records use too: they never interleave.
     """
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                data = b"\n" + data
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        _monitor.append_line(path, data)
     except OSError as exc:
         logger.warning("lifecycle liveness: could not write to the journal %s: %s", path, exc)
