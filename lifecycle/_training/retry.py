@@ -23,11 +23,13 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -90,7 +92,50 @@ def decide_after(
     ended. Exit with ``decision.exit_code`` when ``decision.stop``; otherwise call
     ``pretrain`` again (in this process or a new one). Never raises for a missing or
     unreadable journal or store: it decides from what it has (``error`` alone, at worst).
+
+    On the main thread a SIGTERM or SIGINT that arrives meanwhile (torchrun stops the
+    survivors of a dead rank at once) is held until the decision is recorded, then
+    delivered again to the handler that was in place: the job's decision is never lost
+    to the launcher's stop.
     """
+    with _stop_requests_held():
+        return _decide_after(error, journal_dir, rank, policy, wait_s, store)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What ``decide_after`` holds while it decides: a launcher's stop, a terminal's Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _stop_requests_held() -> Iterator[None]:
+    """Hold ``STOP_SIGNALS`` that arrive in the block; afterwards, deliver each again to the handler in place before.
+
+    Off the main thread (where no handler can be installed) the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    known = [number for number in STOP_SIGNALS if signal.getsignal(number) is not None]  # None: set outside Python
+    before = {number: signal.signal(number, lambda number, _frame: came.append(number)) for number in known}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+        for held in dict.fromkeys(came):
+            signal.raise_signal(held)
+
+
+def _decide_after(
+    error: BaseException,
+    journal_dir: str | os.PathLike[str] | None,
+    rank: int | None,
+    policy: RestartPolicy | None,
+    wait_s: float,
+    store: DecisionStore | None,
+) -> Decision:
+    """``decide_after``'s body, with the stop requests held."""
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     if store is not None and _store_host_lost(error):
         # The store's host stopped answering (torchrun's agent hosts both stores): a torch store call to a stopped

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -232,3 +235,38 @@ def test_join_round_counts_each_ranks_starts_in_the_store(monkeypatch: pytest.Mo
     store = DictStore()
     assert [join_round(store, 0), join_round(store, 1), join_round(store, 1), join_round(store, 0)] == [0, 0, 1, 1]
     assert os.environ["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+HELD_SIGTERM = """
+import os, signal, sys, threading
+from pathlib import Path
+sys.path[:0] = [{tests!r}]
+from training.test_retry import journal
+from lifecycle.lowlevel import decide_after
+
+folder = Path({folder!r})
+journal(folder, 1, 0, kind="died")  # the cause died: the survivor waits wait_s for a record that never comes
+journal(folder, 0, 0, kind="died")
+
+def stop_when_held() -> None:
+    while signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # decide_after has not started holding yet
+        threading.Event().wait(0.001)
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun's stop of a survivor, mid-decision
+
+threading.Thread(target=stop_when_held, daemon=True).start()
+decide_after(ConnectionError("Connection reset by peer"), folder, rank=0, wait_s=0.5)
+print("returned", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_sigterm_while_deciding_is_delivered_after_the_decision_is_recorded(tmp_path: Path) -> None:
+    """torchrun's SIGTERM landing mid-decision: the decision is recorded, then the SIGTERM kills the rank."""
+    tests = str(Path(__file__).resolve().parents[1])
+    script = HELD_SIGTERM.format(tests=tests, folder=str(tmp_path))
+    env = {**os.environ, "LIFECYCLE_RUN_ID": RUN}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=50)
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "returned" not in done.stdout
+    assert [p.name for p in (tmp_path / DECISIONS).iterdir()] == [f"{RUN}.0.0.json"]
+    assert last_decision(tmp_path) is not None and last_decision(tmp_path).action == "restart"  # type: ignore[union-attr]
