@@ -98,7 +98,7 @@ def decide_after(
     delivered again to the handler that was in place: the job's decision is never lost
     to the launcher's stop.
     """
-    with _stop_requests_held():
+    with stop_requests_held():
         return _decide_after(error, journal_dir, rank, policy, wait_s, store)
 
 
@@ -107,10 +107,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextlib.contextmanager
-def _stop_requests_held() -> Iterator[None]:
+def stop_requests_held() -> Iterator[None]:
     """Hold ``STOP_SIGNALS`` that arrive in the block; afterwards, deliver each again to the handler in place before.
 
-    Off the main thread (where no handler can be installed) the block runs as it is.
+    For a retry loop's handling of a failed attempt (``decide_after`` holds them itself):
+    nested blocks hand a held signal outwards. Off the main thread (where no handler can
+    be installed) the block runs as it is.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -245,8 +245,8 @@ from training.test_retry import journal
 from lifecycle.lowlevel import decide_after
 
 folder = Path({folder!r})
-journal(folder, 1, 0, kind="died")  # the cause died: the survivor waits wait_s for a record that never comes
-journal(folder, 0, 0, kind="died")
+journal(folder, 1, 0)  # the cause raised and ended: the survivor waits wait_s for its record, which never comes
+journal(folder, 0, 0)
 
 def stop_when_held() -> None:
     while signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # decide_after has not started holding yet
@@ -254,7 +254,7 @@ def stop_when_held() -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # torchrun's stop of a survivor, mid-decision
 
 threading.Thread(target=stop_when_held, daemon=True).start()
-decide_after(ConnectionError("Connection reset by peer"), folder, rank=0, wait_s=0.5)
+decide_after(ConnectionError("Connection reset by peer"), folder, rank=0, wait_s=2.0)
 print("returned", flush=True)
 """
 

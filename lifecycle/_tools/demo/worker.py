@@ -32,7 +32,7 @@ from lifecycle._tools.demo.options import demo_config, max_restarts, parser
 from lifecycle._training.config import PretrainConfig
 from lifecycle._training.decide import RestartPolicy
 from lifecycle._training.exits import ExitCode, StoppedByLauncher, exit_code
-from lifecycle._training.retry import DecisionStore, decide_after, last_decision, note_host
+from lifecycle._training.retry import DecisionStore, decide_after, last_decision, note_host, stop_requests_held
 
 STOP_MARKER = "do-not-restart.txt"
 """In the journal folder: a rank decided its run is not worth restarting (the reason inside)."""
@@ -120,31 +120,32 @@ def _run_attempts(
         try:
             result = pretrain(config, attempt=attempt)
         except BaseException as exc:  # noqa: BLE001 - the demo reports it, and retries if it can help
-            print(f"[rank {rank}] attempt {attempt} failed: {type(exc).__name__}: {exc}", flush=True)
-            for note in getattr(exc, "__notes__", ()):
-                print(f"[rank {rank}]   {note}", flush=True)
-            code = exit_code(exc)
-            if code is ExitCode.STOPPED:
-                print(f"[rank {rank}] an exit was requested ({getattr(exc, 'requested_exit', None)}): not retrying")
-                return code
-            # The job's decision (the same on every rank, within a second of the last rank's end): restart or stop.
-            decision = decide_after(exc, config.journal_dir, rank=rank, policy=policy, store=store)
-            print(f"[rank {rank}] decision after attempt {attempt}: {decision.line()}", flush=True)
-            code = decision.exit_code
-            if decision.stop:
-                with contextlib.suppress(OSError):
-                    marker.write_text(f"rank {rank}: attempt {attempt} failed; {decision.line()}\n")
-                print(f"[rank {rank}] not worth restarting: exiting {code.value}", flush=True)
-                return code
-            if isinstance(exc, StoppedByLauncher) or getattr(exc, "stopped_by_launcher", None) is not None:
-                print(f"[rank {rank}] stopped by the launcher: torchrun restarts every rank, if it may", flush=True)
-                return code
-            if attempt + 1 < len(attempts):
-                if _launcher_stops_us(LAUNCHER_WAIT_S):
-                    print(f"[rank {rank}] the launcher stopped this rank: a peer's process is gone", flush=True)
+            with stop_requests_held():  # torchrun's SIGTERM to a survivor must not cut its report and decision
+                print(f"[rank {rank}] attempt {attempt} failed: {type(exc).__name__}: {exc}", flush=True)
+                for note in getattr(exc, "__notes__", ()):
+                    print(f"[rank {rank}]   {note}", flush=True)
+                code = exit_code(exc)
+                if code is ExitCode.STOPPED:
+                    print(f"[rank {rank}] an exit was requested ({getattr(exc, 'requested_exit', None)}): not retrying")
                     return code
-                print(f"[rank {rank}] retrying in the same process (attempt {attempt + 1})", flush=True)
-            continue
+                # The job's decision (the same on every rank, within a second of the last rank's end): restart or stop.
+                decision = decide_after(exc, config.journal_dir, rank=rank, policy=policy, store=store)
+                print(f"[rank {rank}] decision after attempt {attempt}: {decision.line()}", flush=True)
+                code = decision.exit_code
+                if decision.stop:
+                    with contextlib.suppress(OSError):
+                        marker.write_text(f"rank {rank}: attempt {attempt} failed; {decision.line()}\n")
+                    print(f"[rank {rank}] not worth restarting: exiting {code.value}", flush=True)
+                    return code
+                if isinstance(exc, StoppedByLauncher) or getattr(exc, "stopped_by_launcher", None) is not None:
+                    print(f"[rank {rank}] stopped by the launcher: torchrun restarts every rank, if it may", flush=True)
+                    return code
+                if attempt + 1 < len(attempts):
+                    if _launcher_stops_us(LAUNCHER_WAIT_S):
+                        print(f"[rank {rank}] the launcher stopped this rank: a peer's process is gone", flush=True)
+                        return code
+                    print(f"[rank {rank}] retrying in the same process (attempt {attempt + 1})", flush=True)
+                continue
         if rank == 0:
             first, last = (result.losses[0][1], result.losses[-1][1]) if result.losses else (float("nan"),) * 2
             print(
