@@ -67,8 +67,8 @@ def pool(cell: Cell, pools: Pools) -> Pool:
 
 
 def marks(cell: Cell) -> list[Any]:
-    """``slow`` outside ``make test``'s covering subset; an expected failure for a known library bug."""
-    found: list[Any] = [] if in_make_test(cell) else [pytest.mark.slow]
+    """``slow`` (a seeded half in CI) outside ``make test``'s covering subset; an expected failure for a known bug."""
+    found: list[Any] = [] if in_make_test(cell) else [pytest.mark.slow, pytest.mark.sampled("fault_matrix")]
     bug = known_bug(cell)
     if bug is not None:
         reason, every_time = bug

@@ -52,6 +52,7 @@ def _first_step(records: list[Record], origin: Origin) -> int | None:
 
 
 @pytest.mark.slow  # about 40 s a kind here; make test keeps the SIGTERM-after-a-death test (test_launcher_stop)
+@pytest.mark.sampled("demo_recovery")  # raise (same processes) and the lost-process kinds take two paths: sampled
 @pytest.mark.parametrize("kind", [k.value for k in FaultKind if k is not FaultKind.SAVE_ERROR])  # not a failure
 @pytest.mark.timeout(240)
 def test_demo_retry_recovers_from_each_fault_kind(tmp_path: Path, kind: str) -> None:
