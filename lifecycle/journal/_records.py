@@ -308,6 +308,35 @@ class StepSkipped(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class JobDecision(_Record):
+    """The job's decision after its failed attempt ``after_attempt`` (0-based, job-wide), made at ``time`` (wall clock).
+
+    Written once per failed attempt, by the rank that recorded the decision (``decide_after``,
+    ``lifecycle._training.retry``), into its own journal, with the origin of the attempt
+    that failed. ``action``: ``restart`` or ``stop``; ``reason``: why (``may_recover``,
+    ``not_restartable``, ``reproducible``, ``repeated_culprit``, ``budget``,
+    ``no_progress``); ``words``: the reason in a sentence; ``details``: its facts (the
+    culprit's ``host`` / ``rank``, counts and limits); ``exit_code``: what a worker exits
+    with (93 for a stop, 1 for a restart). ``after_attempt`` counts the job's failed attempts
+    (``Decision.attempt``; the origin's ``attempt`` is the ``pretrain`` call's). Version 4.
+    """
+
+    kind: ClassVar[str] = "decision"
+    origin: Origin
+    action: str
+    reason: str
+    after_attempt: int
+    words: str
+    details: dict[str, str | int | float | bool | None] = dataclasses.field(default_factory=dict)
+    exit_code: int
+    time: float
+
+    def line(self) -> str:
+        """``stop (reproducible): ...``: how ``show`` says it."""
+        return f"{self.action} ({self.reason}): {self.words}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Suspicion(_Record):
     """A liveness monitor suspects rank ``culprit`` (``evidence``) at ``time``: journaled, not yet a verdict.
 
@@ -352,19 +381,33 @@ Record: TypeAlias = (
     | MonitorLost
     | FailedSave
     | StepSkipped
+    | JobDecision
     | Suspicion
     | Withdrawal
 )
 """Any journal record."""
 
 _CLASSES = (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict, MonitorLost)
-KINDS: dict[str, type[Record]] = {c.kind: c for c in (*_CLASSES, Suspicion, Withdrawal, FailedSave, StepSkipped)}
+_V4 = (Suspicion, Withdrawal, FailedSave, StepSkipped, JobDecision)
+KINDS: dict[str, type[Record]] = {c.kind: c for c in (*_CLASSES, *_V4)}
 """Each record class by its JSON ``kind``."""
 
 _ORIGIN = compile_fields(Origin)
 _COMPILED: dict[type[Record], Fields] = {cls: compile_fields(cls, skip=frozenset({"origin"})) for cls in KINDS.values()}
 
 _ORIGIN_SIZE = len(_ORIGIN.fields)
+
+
+def _check_flat(compiled: Mapping[type[Record], Fields]) -> None:
+    """``TypeError`` at import for a record field named as an ``Origin`` field: the JSON object is flat, so the
+    record's value would overwrite the origin's (``attempt``)."""
+    for cls, fields in compiled.items():
+        clash = {f.name for f in fields.fields} & {f.name for f in _ORIGIN.fields}
+        if clash:
+            raise TypeError(f"{cls.__qualname__} has field(s) {sorted(clash)} named as Origin's: the JSON is flat")
+
+
+_check_flat(_COMPILED)
 
 Shared = dict[Any, Any]
 """What the records of one reading share, so that 300,000 records hold a few thousand objects for them: each

@@ -22,6 +22,7 @@ from lifecycle.journal import (
     VERSION,
     FailedSave,
     Failure,
+    JobDecision,
     Left,
     MonitorLost,
     Origin,
@@ -175,6 +176,7 @@ def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
         "withdrawal",
         "save_failed",
         "step_skipped",
+        "decision",
     }
     for cls in KINDS.values():
         names = [f.name for f in compile_fields(cls, skip=frozenset({"origin"})).fields]
@@ -243,16 +245,19 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
         action="continued", time=5.0,
     )  # fmt: skip
     skipped = StepSkipped(origin=ORIGIN, step=5, loss=float("inf"), ranks=1, consecutive=1, time=6.0)
+    decided = JobDecision(
+        origin=ORIGIN, action="restart", reason="may_recover", after_attempt=0, words="…", exit_code=1, time=7.0
+    )
     suspicion = Suspicion(origin=ORIGIN, culprit=1, evidence=Evidence("hang", 1, 3, "batch", "S", 4.0, 2.0), time=4.0)
     withdrawal = Withdrawal(origin=ORIGIN, culprit=1, time=4.5, step=4, phase="batch")
-    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal, failed_save, skipped]
+    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal, failed_save, skipped, decided]
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
     shared: dict[object, object] = {}
     fast = []
     for record in records:
         data = record.to_json()
         fast.append(usual(data, shared))
-        if isinstance(record, Suspicion):  # a nested field (its evidence): always read the checked way
+        if isinstance(record, Suspicion | JobDecision):  # a nested field, a JSON object: read the checked way
             assert fast.pop() is None and build(data) == record
             continue
         assert fast[-1] == build(data) == record and type(fast[-1]) is type(record)
@@ -270,8 +275,8 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
 def v4_records() -> list[Record]:
     """One rank's version 4 journal, every record kind version 4 added or typed: the failure with its evidence and
     the first failure's, a suspicion, its withdrawal, a release by the restart wrapper's abort, a verdict with its
-    evidence that killed the rank; the v4 fixture holds these lines (an issue that adds a record kind or field
-    adds it here and rewrites the fixture)."""
+    evidence that killed the rank, the job's decision after the attempt; the v4 fixture holds these lines (an issue
+    that adds a record kind or field adds it here and rewrites the fixture)."""
     o = Origin("job-4", 1, 0, "ordinary", 0)
     hang = Evidence("hang", 1, 41, "batch", "S", 4.1, 2.0, "monitor")
     return [
@@ -301,6 +306,11 @@ def v4_records() -> list[Record]:
         RunEnd(
             origin=o, state="failed", exit_reason="stopped_by_launcher", final_step=40, checkpoint_step=None,
             error="StoppedByLauncher: SIGTERM after rank 0 died", end=26.0,
+        ),
+        JobDecision(
+            origin=o, action="stop", reason="repeated_culprit", after_attempt=2,
+            words="host h caused the last 3 failed attempts: exclude it and resubmit",
+            details={"host": "h", "rank": 1, "window_s": 1800.0, "known": True, "none": None}, exit_code=93, time=26.5,
         ),
     ]  # fmt: skip
 
