@@ -40,7 +40,7 @@ from lifecycle._liveness.monitor import append_line
 from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
 from lifecycle._training.exits import _not_worth_restarting
 from lifecycle.journal import Failure, JobDecision, Origin, RunEnd, RunStart, TrainStep, journal_path, load, run_id
-from lifecycle.journal.evidence import Kind, kind_of
+from lifecycle.journal.evidence import RAISED_KINDS, Kind, kind_of
 
 DECISIONS = "decisions"
 """The folder, in the journal folder, holding one record per failed attempt of the job: its facts and decision."""
@@ -371,7 +371,7 @@ def _facts(
     )
     # The cause decides when it can: its own raise (it knows its exception and frame); a cause
     # that cannot (a death, a hang its monitor killed) leaves it to whichever rank comes first.
-    alive = cause is None or cause.kind in (Kind.RAISED.value, Kind.INTERRUPTED.value)
+    alive = cause is None or Kind.named(cause.kind) in RAISED_KINDS
     return facts, key, (own and not kind_of(error).consequence) or not alive, origin
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
 from lifecycle.journal._schema import Fields, brief, compile_fields, text_problem
-from lifecycle.journal.evidence import Evidence
+from lifecycle.journal.evidence import Evidence, Kind
 
 VERSION = 4
 """The schema version this module writes; ``parse`` also reads 3 and 2, and the reader version 1 files."""
@@ -279,10 +279,12 @@ class FailedSave(_Record):
     ``error``: the failure as every rank raised it (``SaveFailed``'s text: each failed
     rank with its file and OS error, or rank 0's commit error), the same on every rank.
     ``consecutive``: failed saves in a row, this one included. ``action``:
-    ``continued`` (training went on) or ``failed`` (the attempt failed on it).
+    ``continued`` (training went on) or ``failed`` (the attempt failed on it). Its failure is
+    ``Kind.SAVE_FAILED`` (``failure_kind``: how every view words it).
     """
 
     kind: ClassVar[str] = "save_failed"
+    failure_kind: ClassVar[Kind] = Kind.SAVE_FAILED
     origin: Origin
     step: int
     error: str
@@ -296,15 +298,19 @@ class StepSkipped(_Record):
     """Step ``step``'s update was applied on no rank: the loss was not finite on ``ranks`` rank(s).
 
     ``loss`` is this rank's own. ``consecutive``: skipped steps in a row, this one included. Written at ``time``.
+    ``culprit``: the rank whose loss was not finite when it was one rank (None: several, or not recorded). Its
+    failure is ``Kind.NONFINITE_LOSS`` (``failure_kind``: how every view words it).
     """
 
     kind: ClassVar[str] = "step_skipped"
+    failure_kind: ClassVar[Kind] = Kind.NONFINITE_LOSS
     origin: Origin
     step: int
     loss: float
     ranks: int
     consecutive: int
     time: float
+    culprit: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from support.internals import show_main
 
-from lifecycle import ConfigError
+from lifecycle import ConfigError, NonfiniteLoss
 from lifecycle._training.retry import DECISIONS, STOP_FILE, user_frame
 from lifecycle.journal import (
     Failure,
@@ -103,6 +104,26 @@ def test_same_raise_twice_stops_reproducible_on_every_rank(tmp_path: Path) -> No
     assert json.loads((tmp_path / STOP_FILE).read_text())["reason"] == "reproducible"
     assert last_decision(tmp_path) == seen[1]
     assert len(list((tmp_path / DECISIONS).iterdir())) == 2
+
+
+def test_the_same_nan_loss_twice_is_decided_by_the_rank_that_raised_it(tmp_path: Path) -> None:
+    """A NaN loss (its own kind) at the same step twice: its rank lives, so its peer waits; it stops reproducible."""
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            journal(tmp_path, rank, attempt, kind="nonfinite_loss")
+        seen: dict[int, Decision] = {}
+
+        def victim(into: dict[int, Decision]) -> None:
+            into[0] = decide_after(NonfiniteLoss(3, 1, float("nan"), 1, 0), tmp_path, rank=0)
+
+        thread = threading.Thread(target=victim, args=(seen,))
+        thread.start()
+        time.sleep(0.3)  # the peer started first: it waits (up to 1 s) for the rank whose loss was NaN
+        seen[1] = decide_after(NonfiniteLoss(3, 1, float("nan"), 1, 0), tmp_path, rank=1)
+        thread.join(5)
+        assert seen[0] == seen[1]
+    assert (seen[1].reason, seen[1].details["exception"]) == ("reproducible", "NonfiniteLoss")
+    assert {r.origin.rank for r in read([tmp_path]) if isinstance(r, JobDecision)} == {1}
 
 
 def test_a_victim_without_the_cause_decides_itself_within_the_wait(tmp_path: Path) -> None:

@@ -135,12 +135,13 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
             note = f"  ({said})" if said else ""
             step = _named(r.step, r.name)
             events.append((r.start, f"    {verb} {step:<32} {_ms(r.end - r.start)}{failed}{note}"))
-        elif isinstance(r, FailedSave):
+        elif isinstance(r, FailedSave):  # words of the record's failure kind (evidence.WORDS), as everywhere
             then = "training went on" if r.action == "continued" else "the attempt failed on it"
-            text = f"checkpoint save of step {r.step} FAILED ({r.consecutive} in a row; {then}): "
+            text = f"{r.failure_kind.words} of step {r.step} ({r.consecutive} in a row; {then}): "
             events.append((r.time, text + _short(r.error)))
         elif isinstance(r, StepSkipped):
-            text = f"step {r.step} skipped: its loss was not finite on {r.ranks} rank(s) ({r.consecutive} in a row)"
+            who = f"rank {r.culprit}" if r.culprit is not None else f"{r.ranks} rank(s)"
+            text = f"step {r.step} skipped: {who} {r.failure_kind.words} ({r.consecutive} in a row)"
             events.append((r.time, text))
         elif isinstance(r, Verdict):  # its words from the typed kind where the record has it (version 4)
             kind = Kind.named(r.evidence.kind if r.evidence is not None else r.verdict)
