@@ -112,7 +112,7 @@ WORDS: dict[Kind, str] = {
     Kind.COLLECTIVE_TIMEOUT: "timed out waiting for a peer",
     Kind.CONNECTION_LOST: "lost its connection to a peer",
     Kind.MONITOR_LOST: "lost its liveness monitor",
-    Kind.NONFINITE_LOSS: "had a non-finite loss",
+    Kind.NONFINITE_LOSS: "hit a non-finite loss",
     Kind.SAVE_FAILED: "failed to save a checkpoint",
 }
 """Each kind's words, after ``rank R``; a test checks every member has them."""
