@@ -39,7 +39,7 @@ from lifecycle.journal import (
     parse,
     read,
 )
-from lifecycle.journal._records import build, usual
+from lifecycle.journal._records import _check_flat, build, usual
 from lifecycle.journal._schema import compile_fields
 from lifecycle.journal.evidence import Evidence, Kind
 
@@ -341,3 +341,15 @@ def test_a_version_3_journal_reads_as_version_4_records_without_evidence() -> No
     assert isinstance(verdict, Verdict) and verdict.verdict == "hang" and verdict.evidence is None
     assert not verdict.killed and verdict.stacks == "/tmp/j/rank1.stacks.txt"
     assert {r.origin for r in records} == {Origin("job-3", 1, 0, "ordinary", 0)}
+
+
+def test_a_record_field_named_as_an_origin_field_is_refused_at_import() -> None:
+    """A record's JSON object is flat: a field ``attempt`` would overwrite the origin's, so it is a ``TypeError``."""
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class _Shadow:
+        origin: Origin
+        attempt: int
+
+    with pytest.raises(TypeError, match=r"_Shadow has field\(s\) \['attempt'\] named as Origin's"):
+        _check_flat({_Shadow: compile_fields(_Shadow, skip=frozenset({"origin"}))})  # type: ignore[dict-item]
