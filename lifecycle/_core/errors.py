@@ -295,8 +295,11 @@ class NonfiniteLoss(LifecycleError):
 
     ``rank`` and ``value``: the rank whose loss was not finite and that loss (NaN, ±inf)
     when it was one rank (None: several; ``value`` is then not finite all the same).
-    ``skipped``: steps skipped in a row before it gave up (0 under ``fail``).
+    ``skipped``: steps skipped in a row before it gave up (0 under ``fail``). Its
+    ``failure_kind`` is ``Kind.NONFINITE_LOSS``.
     """
+
+    failure_kind = Kind.NONFINITE_LOSS
 
     def __init__(self, step: int, rank: int | None, value: float, ranks: int, skipped: int) -> None:
         self.step, self.rank, self.value, self.ranks, self.skipped = step, rank, value, ranks, skipped

@@ -258,8 +258,8 @@ _FAILURES = {
     FaultKind.HANG: Kind.HANG,
     FaultKind.SPIN: Kind.SPINNING,
     # When they fail the attempt (on_save_error="fail"; a NaN loss by default) they raise on every rank.
-    FaultKind.SAVE_ERROR: Kind.RAISED,
-    FaultKind.NAN: Kind.RAISED,
+    FaultKind.SAVE_ERROR: Kind.SAVE_FAILED,
+    FaultKind.NAN: Kind.NONFINITE_LOSS,
 }
 
 

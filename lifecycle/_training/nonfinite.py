@@ -74,6 +74,7 @@ class NonfiniteGuard:
                 ranks=ranks,
                 consecutive=self.in_a_row,
                 time=time.time(),
+                culprit=culprit,
             )
         )
         if self.rank == 0:

@@ -14,13 +14,17 @@ created exclusively). The rank whose own failure is the cause writes it at once;
 others wait up to ``wait_s`` (1 s) for it and read it, so every rank acts on the same
 decision; if none comes (the cause's process died), the first of them to create the
 file decides. A stop also leaves ``STOP_FILE`` (the decision as one JSON line) in the
-folder and prints that line on stderr, for a scheduler's hook. No torch import here.
+folder and prints that line on stderr, for a scheduler's hook. The rank that recorded the
+decision (it won the store's compare-and-set, or created the folder's file) also appends it
+to its own journal, a ``decision`` record (``lifecycle.journal.JobDecision``) of the attempt
+that failed: once per attempt, which ``show`` prints in that attempt's account. No torch import here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -34,10 +38,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lifecycle._core.errors import StoreHostLost
+from lifecycle._liveness.monitor import append_line
 from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
 from lifecycle._training.exits import _not_worth_restarting
-from lifecycle.journal import Failure, RunEnd, RunStart, TrainStep, journal_path, load, run_id
-from lifecycle.journal.evidence import Kind, kind_of
+from lifecycle.journal import Failure, JobDecision, Origin, RunEnd, RunStart, TrainStep, journal_path, load, run_id
+from lifecycle.journal.evidence import RAISED_KINDS, Kind, kind_of
 
 DECISIONS = "decisions"
 """The folder, in the journal folder, holding one record per failed attempt of the job: its facts and decision."""
@@ -56,6 +61,7 @@ CAUSE_WAIT_S = 10.0
 """The most a rank waits for the cause's rank (still tearing down) to record the decision."""
 
 _POLL_S = 0.02
+logger = logging.getLogger("lifecycle.retry")
 _LIBRARIES = ("torch", "megatron", "nvidia_resiliency_ext", "transitions")
 
 
@@ -146,7 +152,7 @@ def _decide_after(
     if journal_dir is None and store is None:
         return decide([_facts(error, None, rank)[0]], policy)
     folder = None if journal_dir is None else Path(journal_dir)
-    facts, key, mine = _facts(error, folder, rank, store)
+    facts, key, mine, origin = _facts(error, folder, rank, store)
     name = f"{_safe(run_id())}.{key}"
     ledger = _Ledger(folder, store)
     found = ledger.read(name)
@@ -158,6 +164,8 @@ def _decide_after(
     if found is None:
         return decision
     created = ledger.mirror(name, found)
+    if ledger.recorded and folder is not None and origin is not None:  # the journal's record: once, by the recorder
+        _journal_decision(folder, origin, found[1])
     if created and found[1].stop and folder is not None:  # once per journal folder: a node's
         with contextlib.suppress(OSError):
             (folder / STOP_FILE).write_text(found[1].json_line() + "\n", encoding="utf-8")
@@ -184,6 +192,7 @@ class _Ledger:
         self.folder = None if folder is None else folder / DECISIONS
         self.store = store
         self._created = False
+        self.recorded = False  # claim recorded this rank's decision: it won the store's compare-and-set, or the file
 
     def _key(self, name: str) -> str:
         return f"{STORE_PREFIX}{name}"
@@ -222,6 +231,7 @@ class _Ledger:
             try:
                 kept = bytes(self.store.compare_set(self._key(name), "", record)).decode()
                 if kept == record:
+                    self.recorded = True
                     index = self.store.add(self._count(name), 1) - 1
                     self.store.set(f"{self._count(name)}/{index}", name)
                 return _loads(kept)
@@ -238,7 +248,7 @@ class _Ledger:
             return _read_record(path, DECISION_WAIT_S)
         except OSError:
             return _loads(record)
-        self._created = True
+        self._created = self.recorded = True
         return _loads(record)
 
     def mirror(self, name: str, record: tuple[Attempt, Decision]) -> bool:
@@ -370,8 +380,9 @@ def _safe(text: str) -> str:
 
 def _facts(
     error: BaseException, journal_dir: Path | None, rank: int, store: DecisionStore | None = None
-) -> tuple[Attempt, str, bool]:
-    """This attempt's facts, its key (``<restart>.<attempt>``) and whether this rank's own failure is the cause."""
+) -> tuple[Attempt, str, bool, Origin | None]:
+    """This attempt's facts, its key (``<restart>.<attempt>``), whether this rank's own failure is the cause, and
+    the attempt's origin in this rank's journal (None: no end record)."""
     run = run_id()
     try:
         path = None if journal_dir is None else journal_path(journal_dir, rank)
@@ -407,8 +418,27 @@ def _facts(
     )
     # The cause decides when it can: its own raise (it knows its exception and frame); a cause
     # that cannot (a death, a hang its monitor killed) leaves it to whichever rank comes first.
-    alive = cause is None or cause.kind in (Kind.RAISED.value, Kind.INTERRUPTED.value)
-    return facts, key, (own and not kind_of(error).consequence) or not alive
+    alive = cause is None or Kind.named(cause.kind) in RAISED_KINDS
+    return facts, key, (own and not kind_of(error).consequence) or not alive, origin
+
+
+def _journal_decision(folder: Path, origin: Origin, decision: Decision) -> None:
+    """Append ``decision`` to the journal of ``origin``'s rank in ``folder`` as a ``JobDecision`` record of the
+    attempt ``origin`` (one write: a monitor's records never interleave with it); a write error is logged."""
+    record = JobDecision(
+        origin=origin,
+        action=decision.action,
+        reason=decision.reason,
+        after_attempt=decision.attempt,
+        words=decision.words,
+        details=decision.details,
+        exit_code=decision.exit_code.value,
+        time=time.time(),
+    )
+    try:
+        append_line(str(journal_path(folder, origin.rank)), (json.dumps(record.to_json()) + "\n").encode())
+    except (OSError, TypeError, ValueError) as exc:  # a full disk, or a detail JSON cannot hold: the folder has it
+        logger.warning("lifecycle: could not journal the decision after attempt %d: %s", decision.attempt, exc)
 
 
 def _nodes() -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lifecycle._core.errors import LifecycleError, ResourceMismatch, ResourceRefused, StaleResource
 from lifecycle._core.ownership import Resource
+from lifecycle.journal.evidence import Kind
 
 __all__ = [
     "CheckpointError",
@@ -34,8 +35,11 @@ class SaveFailed(CheckpointError):
     ``write_timeout_s``) or rank 0 could not commit. ``failures`` holds one text per
     failed rank (naming the rank, its file and the OS error) or rank 0's commit error.
     The writer stays usable: the next ``save`` is tried. A collective that itself fails
-    (a lost peer) raises a plain ``CheckpointError``, never this: nothing was agreed.
+    (a lost peer) raises a plain ``CheckpointError``, never this: nothing was agreed. Its
+    ``failure_kind`` is ``Kind.SAVE_FAILED``.
     """
+
+    failure_kind = Kind.SAVE_FAILED
 
     def __init__(self, step: int, failures: tuple[str, ...], message: str) -> None:
         self.step = step
@@ -49,8 +53,10 @@ class SaveFailures(CheckpointError):
 
     ``last_committed`` is the newest step this attempt's checkpoints hold (the resumed
     one if it committed none; None without any): a restart resumes there. The message
-    names every failure with its rank and OS error.
+    names every failure with its rank and OS error. Its ``failure_kind`` is ``Kind.SAVE_FAILED``.
     """
+
+    failure_kind = Kind.SAVE_FAILED
 
     def __init__(self, failures: tuple[SaveFailed, ...], last_committed: int | None, why: str) -> None:
         self.failures = failures

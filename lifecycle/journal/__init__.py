@@ -18,6 +18,8 @@ with ``strict=False`` skips damaged lines and files, saying what it skipped
 - ``MonitorLost`` (``monitor_lost``): the rank's liveness monitor exited while it trained, and what the rank did.
 - ``FailedSave`` (``save_failed``): a checkpoint save every rank dropped, the failures it had, what the rank did.
 - ``StepSkipped`` (``step_skipped``): a step whose update no rank applied (its loss was not finite).
+- ``JobDecision`` (``decision``): the job's decision after a failed attempt (restart, or stop and why), written once
+  per attempt by the rank that recorded it.
 - ``Suspicion`` (``suspicion``) and ``Withdrawal`` (``withdrawal``): a monitor's suspicion of a rank, and its
   withdrawal when the rank made progress again: never a failure.
 
@@ -53,6 +55,7 @@ from lifecycle.journal._records import (
     Eval,
     FailedSave,
     Failure,
+    JobDecision,
     Left,
     MonitorLost,
     Origin,
@@ -75,6 +78,7 @@ __all__ = [
     "Eval",
     "FailedSave",
     "Failure",
+    "JobDecision",
     "JournalWriter",
     "Left",
     "Loaded",

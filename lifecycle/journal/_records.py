@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
 from lifecycle.journal._schema import Fields, brief, compile_fields, text_problem
-from lifecycle.journal.evidence import Evidence
+from lifecycle.journal.evidence import Evidence, Kind
 
 VERSION = 4
 """The schema version this module writes; ``parse`` also reads 3 and 2, and the reader version 1 files."""
@@ -279,10 +279,12 @@ class FailedSave(_Record):
     ``error``: the failure as every rank raised it (``SaveFailed``'s text: each failed
     rank with its file and OS error, or rank 0's commit error), the same on every rank.
     ``consecutive``: failed saves in a row, this one included. ``action``:
-    ``continued`` (training went on) or ``failed`` (the attempt failed on it).
+    ``continued`` (training went on) or ``failed`` (the attempt failed on it). Its failure is
+    ``Kind.SAVE_FAILED`` (``failure_kind``: how every view words it).
     """
 
     kind: ClassVar[str] = "save_failed"
+    failure_kind: ClassVar[Kind] = Kind.SAVE_FAILED
     origin: Origin
     step: int
     error: str
@@ -296,15 +298,48 @@ class StepSkipped(_Record):
     """Step ``step``'s update was applied on no rank: the loss was not finite on ``ranks`` rank(s).
 
     ``loss`` is this rank's own. ``consecutive``: skipped steps in a row, this one included. Written at ``time``.
+    ``culprit``: the rank whose loss was not finite when it was one rank (None: several, or not recorded). Its
+    failure is ``Kind.NONFINITE_LOSS`` (``failure_kind``: how every view words it).
     """
 
     kind: ClassVar[str] = "step_skipped"
+    failure_kind: ClassVar[Kind] = Kind.NONFINITE_LOSS
     origin: Origin
     step: int
     loss: float
     ranks: int
     consecutive: int
     time: float
+    culprit: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobDecision(_Record):
+    """The job's decision after its failed attempt ``after_attempt`` (0-based, job-wide), made at ``time`` (wall clock).
+
+    Written once per failed attempt, by the rank that recorded the decision (``decide_after``,
+    ``lifecycle._training.retry``), into its own journal, with the origin of the attempt
+    that failed. ``action``: ``restart`` or ``stop``; ``reason``: why (``may_recover``,
+    ``not_restartable``, ``reproducible``, ``repeated_culprit``, ``budget``,
+    ``no_progress``); ``words``: the reason in a sentence; ``details``: its facts (the
+    culprit's ``host`` / ``rank``, counts and limits); ``exit_code``: what a worker exits
+    with (93 for a stop, 1 for a restart). ``after_attempt`` counts the job's failed attempts
+    (``Decision.attempt``; the origin's ``attempt`` is the ``pretrain`` call's). Version 4.
+    """
+
+    kind: ClassVar[str] = "decision"
+    origin: Origin
+    action: str
+    reason: str
+    after_attempt: int
+    words: str
+    details: dict[str, str | int | float | bool | None] = dataclasses.field(default_factory=dict)
+    exit_code: int
+    time: float
+
+    def line(self) -> str:
+        """``stop (reproducible): ...``: how ``show`` says it."""
+        return f"{self.action} ({self.reason}): {self.words}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -352,19 +387,33 @@ Record: TypeAlias = (
     | MonitorLost
     | FailedSave
     | StepSkipped
+    | JobDecision
     | Suspicion
     | Withdrawal
 )
 """Any journal record."""
 
 _CLASSES = (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict, MonitorLost)
-KINDS: dict[str, type[Record]] = {c.kind: c for c in (*_CLASSES, Suspicion, Withdrawal, FailedSave, StepSkipped)}
+_V4 = (Suspicion, Withdrawal, FailedSave, StepSkipped, JobDecision)
+KINDS: dict[str, type[Record]] = {c.kind: c for c in (*_CLASSES, *_V4)}
 """Each record class by its JSON ``kind``."""
 
 _ORIGIN = compile_fields(Origin)
 _COMPILED: dict[type[Record], Fields] = {cls: compile_fields(cls, skip=frozenset({"origin"})) for cls in KINDS.values()}
 
 _ORIGIN_SIZE = len(_ORIGIN.fields)
+
+
+def _check_flat(compiled: Mapping[type[Record], Fields]) -> None:
+    """``TypeError`` at import for a record field named as an ``Origin`` field: the JSON object is flat, so the
+    record's value would overwrite the origin's (``attempt``)."""
+    for cls, fields in compiled.items():
+        clash = {f.name for f in fields.fields} & {f.name for f in _ORIGIN.fields}
+        if clash:
+            raise TypeError(f"{cls.__qualname__} has field(s) {sorted(clash)} named as Origin's: the JSON is flat")
+
+
+_check_flat(_COMPILED)
 
 Shared = dict[Any, Any]
 """What the records of one reading share, so that 300,000 records hold a few thousand objects for them: each

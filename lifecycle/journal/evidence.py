@@ -20,9 +20,12 @@ from a version 4 journal).
 - ``VERDICT_PREFIX``: how a notice a liveness monitor published begins its error.
 
 A new kind touches this file only: its member, its words (``WORDS``), whether it is a
-consequence (``CONSEQUENCES``) and, for a kind a liveness monitor names, what showed it
+consequence (``CONSEQUENCES``), whether its rank raised it and lives to decide
+(``RAISED_KINDS``) and, for a kind a liveness monitor names, what showed it
 (``DETAILS``, ``LIVENESS_KINDS``); the journal, ``show``'s text, its page and the
-exception notes render it from here.
+exception notes render it from here. An exception class declares its kind
+(``failure_kind``: ``NonfiniteLoss``, ``SaveFailed``), and so does a record of a failure
+that is no ``failure`` record (``FailedSave``, ``StepSkipped``).
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ class Kind(Enum):
     """A collective's connection to a peer broke (reset, closed): a consequence."""
     MONITOR_LOST = "monitor_lost"
     """The rank's liveness monitor was lost and could not be kept (``MonitorLost``, ``kill`` mode)."""
+    NONFINITE_LOSS = "nonfinite_loss"
+    """A step's loss was NaN or infinite (``NonfiniteLoss``; a ``step_skipped`` record under ``skip``)."""
+    SAVE_FAILED = "save_failed"
+    """A checkpoint save was not committed (``SaveFailed``, ``SaveFailures``; a ``save_failed`` record)."""
 
     @classmethod
     def named(cls, value: str) -> Kind | None:
@@ -105,6 +112,8 @@ WORDS: dict[Kind, str] = {
     Kind.COLLECTIVE_TIMEOUT: "timed out waiting for a peer",
     Kind.CONNECTION_LOST: "lost its connection to a peer",
     Kind.MONITOR_LOST: "lost its liveness monitor",
+    Kind.NONFINITE_LOSS: "hit a non-finite loss",
+    Kind.SAVE_FAILED: "failed to save a checkpoint",
 }
 """Each kind's words, after ``rank R``; a test checks every member has them."""
 
@@ -122,6 +131,10 @@ CONSEQUENCES = frozenset({Kind.STOPPED_BY_LAUNCHER, Kind.COLLECTIVE_TIMEOUT, Kin
 
 LIVENESS_KINDS = frozenset({Kind.DIED, Kind.STOPPED, Kind.SPINNING, Kind.HANG, Kind.UNRESPONSIVE})
 """The kinds a liveness monitor's verdict names."""
+
+RAISED_KINDS = frozenset({Kind.RAISED, Kind.INTERRUPTED, Kind.NONFINITE_LOSS, Kind.SAVE_FAILED})
+"""The kinds of a failure its rank raised and lives through: it knows its exception and its frame, and records the
+job's decision itself (``lifecycle._training.retry``); the others' peers decide without waiting for it."""
 
 _CONNECTION = re.compile(
     r"connection (?:reset|closed|refused|lost)|closed by peer|broken pipe|read error|write error|ECONNRESET|EPIPE"

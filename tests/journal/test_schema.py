@@ -22,6 +22,7 @@ from lifecycle.journal import (
     VERSION,
     FailedSave,
     Failure,
+    JobDecision,
     Left,
     MonitorLost,
     Origin,
@@ -38,7 +39,7 @@ from lifecycle.journal import (
     parse,
     read,
 )
-from lifecycle.journal._records import build, usual
+from lifecycle.journal._records import _check_flat, build, usual
 from lifecycle.journal._schema import compile_fields
 from lifecycle.journal.evidence import Evidence, Kind
 
@@ -175,6 +176,7 @@ def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
         "withdrawal",
         "save_failed",
         "step_skipped",
+        "decision",
     }
     for cls in KINDS.values():
         names = [f.name for f in compile_fields(cls, skip=frozenset({"origin"})).fields]
@@ -243,16 +245,19 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
         action="continued", time=5.0,
     )  # fmt: skip
     skipped = StepSkipped(origin=ORIGIN, step=5, loss=float("inf"), ranks=1, consecutive=1, time=6.0)
+    decided = JobDecision(
+        origin=ORIGIN, action="restart", reason="may_recover", after_attempt=0, words="…", exit_code=1, time=7.0
+    )
     suspicion = Suspicion(origin=ORIGIN, culprit=1, evidence=Evidence("hang", 1, 3, "batch", "S", 4.0, 2.0), time=4.0)
     withdrawal = Withdrawal(origin=ORIGIN, culprit=1, time=4.5, step=4, phase="batch")
-    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal, failed_save, skipped]
+    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal, failed_save, skipped, decided]
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
     shared: dict[object, object] = {}
     fast = []
     for record in records:
         data = record.to_json()
         fast.append(usual(data, shared))
-        if isinstance(record, Suspicion):  # a nested field (its evidence): always read the checked way
+        if isinstance(record, Suspicion | JobDecision):  # a nested field, a JSON object: read the checked way
             assert fast.pop() is None and build(data) == record
             continue
         assert fast[-1] == build(data) == record and type(fast[-1]) is type(record)
@@ -270,14 +275,18 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
 def v4_records() -> list[Record]:
     """One rank's version 4 journal, every record kind version 4 added or typed: the failure with its evidence and
     the first failure's, a suspicion, its withdrawal, a release by the restart wrapper's abort, a verdict with its
-    evidence that killed the rank; the v4 fixture holds these lines (an issue that adds a record kind or field
-    adds it here and rewrites the fixture)."""
+    evidence that killed the rank, a failed save, a skipped step (its culprit), the job's decision after the attempt;
+    the v4 fixture holds these lines (an issue that adds a record kind or field adds it here, rewrites the fixture)."""
     o = Origin("job-4", 1, 0, "ordinary", 0)
     hang = Evidence("hang", 1, 41, "batch", "S", 4.1, 2.0, "monitor")
     return [
         RunStart(origin=o, world_size=2, pid=11, host="h", start=20.0),
         Transition(origin=o, source="globals_ready", dest="training", trigger="start_training", start=20.3, end=20.4),
         TrainStep(origin=o, step=40, loss=2.5, start=20.4, end=20.5),
+        FailedSave(
+            origin=o, step=40, error="rank 1: [Errno 28 ENOSPC]", consecutive=1, action="continued", time=20.6,
+        ),
+        StepSkipped(origin=o, step=41, loss=2.5, ranks=1, consecutive=1, time=20.7, culprit=0),
         Suspicion(origin=o, culprit=1, evidence=Evidence("hang", 1, 12, "batch", "S", 1.2, 2.0, "monitor"), time=21.0),
         Withdrawal(origin=o, culprit=1, time=21.5, step=13, phase="batch"),
         MonitorLost(
@@ -301,6 +310,11 @@ def v4_records() -> list[Record]:
         RunEnd(
             origin=o, state="failed", exit_reason="stopped_by_launcher", final_step=40, checkpoint_step=None,
             error="StoppedByLauncher: SIGTERM after rank 0 died", end=26.0,
+        ),
+        JobDecision(
+            origin=o, action="stop", reason="repeated_culprit", after_attempt=2,
+            words="host h caused the last 3 failed attempts: exclude it and resubmit",
+            details={"host": "h", "rank": 1, "window_s": 1800.0, "known": True, "none": None}, exit_code=93, time=26.5,
         ),
     ]  # fmt: skip
 
@@ -327,3 +341,15 @@ def test_a_version_3_journal_reads_as_version_4_records_without_evidence() -> No
     assert isinstance(verdict, Verdict) and verdict.verdict == "hang" and verdict.evidence is None
     assert not verdict.killed and verdict.stacks == "/tmp/j/rank1.stacks.txt"
     assert {r.origin for r in records} == {Origin("job-3", 1, 0, "ordinary", 0)}
+
+
+def test_a_record_field_named_as_an_origin_field_is_refused_at_import() -> None:
+    """A record's JSON object is flat: a field ``attempt`` would overwrite the origin's, so it is a ``TypeError``."""
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class _Shadow:
+        origin: Origin
+        attempt: int
+
+    with pytest.raises(TypeError, match=r"_Shadow has field\(s\) \['attempt'\] named as Origin's"):
+        _check_flat({_Shadow: compile_fields(_Shadow, skip=frozenset({"origin"}))})  # type: ignore[dict-item]

@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 
 import pytest
-from support.internals import DECISIONS, RANK_LOGS, STOP_FILE
+from support.internals import DECISIONS, RANK_LOGS, STOP_FILE, show_main
 from support.launch import run_demo
 
 from lifecycle import ExitCode, FaultKind
-from lifecycle.journal import Origin, Record, RunEnd, TrainStep, read
+from lifecycle.journal import JobDecision, Origin, Record, RunEnd, TrainStep, read
 
 STEPS = 60
 FAIL_STEP = 40
@@ -45,6 +45,14 @@ def _decided_within_a_second(folder: Path, records: list[Record]) -> None:
     for path in decided:
         restart, attempt = (int(part) for part in path.name.split(".")[1:3])
         assert path.stat().st_mtime - ends[(restart, attempt)] < 1.0, path
+
+
+def _one_decision_record_per_failed_attempt(records: list[Record]) -> list[JobDecision]:
+    """The journals' ``decision`` records: exactly one per failed attempt (one with a failed end), in its origin."""
+    failed = {(r.origin.restart_count, r.origin.attempt) for r in records if isinstance(r, RunEnd) and r.error}
+    decided = [r for r in records if isinstance(r, JobDecision)]
+    assert sorted((r.origin.restart_count, r.origin.attempt) for r in decided) == sorted(failed), decided
+    return sorted(decided, key=lambda r: r.after_attempt)
 
 
 def _first_step(records: list[Record], origin: Origin) -> int | None:
@@ -88,7 +96,7 @@ def test_demo_retry_recovers_from_each_fault_kind(tmp_path: Path, kind: str) -> 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_same_raise_in_two_attempts_stops_reproducible(tmp_path: Path) -> None:
+def test_the_same_raise_in_two_attempts_stops_reproducible(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--fault raise --fault-again --retry``: the 2nd attempt replays the failed step: exit 93, "reproducible".
 
     Both attempts run in the same processes; the decision is recorded once for the job (both ranks read the same
@@ -114,6 +122,14 @@ def test_the_same_raise_in_two_attempts_stops_reproducible(tmp_path: Path) -> No
         ], ends
         assert f"[rank {rank}] decision after attempt 1: stop (reproducible)" in _rank_log(tmp_path, rank)
     _decided_within_a_second(tmp_path, records)
+    decided = _one_decision_record_per_failed_attempt(records)
+    assert [(r.after_attempt, r.action, r.reason, r.exit_code) for r in decided] == [
+        (0, "restart", "may_recover", 1),
+        (1, "stop", "reproducible", 93),
+    ], decided
+    assert show_main([str(tmp_path), "--out", str(tmp_path / "show")]) == 0
+    shown = [line.strip() for line in capsys.readouterr().out.splitlines() if "decision after attempt" in line]
+    assert shown == [f"decision after attempt {r.after_attempt}: {r.line()}" for r in decided], shown
 
 
 @pytest.mark.slow

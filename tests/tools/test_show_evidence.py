@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle import journal
+from lifecycle import NonfiniteLoss, journal
 from lifecycle._tools.demo import report as demo_report
 from lifecycle._tools.show import cause, synthetic, verdict
 from lifecycle._tools.show import model as show_model
 from lifecycle._tools.show.main import render_timeline, write_page
-from lifecycle.journal import Failure, Origin, Record, Verdict
+from lifecycle.journal import FailedSave, Failure, Origin, Record, StepSkipped, Verdict
 from lifecycle.journal.evidence import (
     CONSEQUENCES,
     DETAILS,
@@ -36,6 +36,7 @@ from lifecycle.journal.evidence import (
     Kind,
     consequence,
     error_kind,
+    kind_of,
 )
 
 T0 = 1_000.0
@@ -253,6 +254,26 @@ def test_each_fault_flag_names_the_failure_kind_it_is() -> None:
 
     assert {fault.value: fault.failure.value for fault in FaultKind} == {
         "raise": "raised", "crash": "died", "stop": "stopped", "hang": "hang", "spin": "spinning",
-        "save-error": "raised", "nan": "raised",
+        "save-error": "save_failed", "nan": "nonfinite_loss",
     }  # fmt: skip
     assert "waiting" not in {kind.value for kind in Kind} and "is waiting" not in " ".join(WORDS.values())
+
+
+def test_a_nan_loss_and_a_failed_save_are_kinds_of_their_own_and_show_words_them_from_there() -> None:
+    """``NonfiniteLoss`` is ``Kind.NONFINITE_LOSS``; show words failed saves and skipped steps from their kinds."""
+    error = NonfiniteLoss(41, 1, float("nan"), 1, 0)
+    assert kind_of(error) is Kind.NONFINITE_LOSS and not consequence(f"NonfiniteLoss: {error}", "nonfinite_loss")
+    assert (FailedSave.failure_kind, StepSkipped.failure_kind) == (Kind.SAVE_FAILED, Kind.NONFINITE_LOSS)
+    records = synthetic.rank_call(origin(0), 1, T0, steps=40)
+    end = records.pop()
+    records += [
+        FailedSave(origin=origin(0), step=20, error="rank 0: [Errno 28 ENOSPC]", consecutive=1, action="continued",
+                   time=T0 + 20.5),
+        StepSkipped(origin=origin(0), step=30, loss=float("nan"), ranks=1, consecutive=1, time=T0 + 30.5, culprit=0),
+        StepSkipped(origin=origin(0), step=31, loss=float("nan"), ranks=2, consecutive=2, time=T0 + 31.5),
+        end,
+    ]  # fmt: skip
+    text = "\n".join(render_timeline(show_model.build(records)))
+    assert f"{Kind.SAVE_FAILED.words} of step 20 (1 in a row; training went on): rank 0: [Errno 28 ENOSPC]" in text
+    assert f"step 30 skipped: rank 0 {Kind.NONFINITE_LOSS.words} (1 in a row)" in text
+    assert f"step 31 skipped: 2 rank(s) {Kind.NONFINITE_LOSS.words} (2 in a row)" in text

@@ -21,7 +21,8 @@ from lifecycle import (
     pretrain,
 )
 from lifecycle.checkpoint import latest_checkpoint
-from lifecycle.journal import StepSkipped, read
+from lifecycle.journal import Failure, StepSkipped, read
+from lifecycle.journal.evidence import Kind
 
 NAN_AT_3 = FaultInjection(Phase.STEP, rank=0, step=3, kind=FaultKind.NAN)
 
@@ -39,6 +40,8 @@ def test_a_nan_loss_fails_by_default_naming_rank_and_step_and_the_last_save_hold
         pretrain(config_of_one(tmp_path, iterations=6, interval=2, fault=NAN_AT_3))
     assert (caught.value.step, caught.value.rank, caught.value.ranks) == (3, 0, 1)
     assert math.isnan(caught.value.value)
+    failure = next(r for r in read([tmp_path / "journal"]) if isinstance(r, Failure))
+    assert failure.evidence is not None and failure.evidence.what is Kind.NONFINITE_LOSS  # a kind of its own
     found = latest_checkpoint(tmp_path / "ckpt")
     assert found is not None and found[0] == 2
     again = config_of_one(tmp_path, iterations=4, interval=2)
@@ -56,7 +59,8 @@ def test_skip_drops_the_update_on_every_rank_and_counts_it(tmp_path: Path) -> No
         math.isfinite(loss) for step, loss in result.losses if step != 3
     )
     skipped = [r for r in read([tmp_path / "journal"]) if isinstance(r, StepSkipped)]
-    assert [(r.step, r.ranks, r.consecutive) for r in skipped] == [(3, 1, 1)]
+    assert [(r.step, r.ranks, r.consecutive, r.culprit) for r in skipped] == [(3, 1, 1, 0)]
+    assert skipped[0].failure_kind is Kind.NONFINITE_LOSS
 
 
 def test_skip_fails_after_too_many_skipped_steps_in_a_row(tmp_path: Path) -> None:

@@ -11,14 +11,25 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from support.internals import show_main
 
-from lifecycle import ConfigError
+from lifecycle import ConfigError, NonfiniteLoss
 from lifecycle._training.retry import DECISIONS, STOP_FILE, user_frame
-from lifecycle.journal import Failure, JournalWriter, Origin, RunEnd, RunStart, TrainStep, journal_path
+from lifecycle.journal import (
+    Failure,
+    JobDecision,
+    JournalWriter,
+    Origin,
+    RunEnd,
+    RunStart,
+    TrainStep,
+    journal_path,
+    read,
+)
 from lifecycle.journal.evidence import Evidence
 from lifecycle.lowlevel import Decision, RestartPolicy, decide_after, last_decision
 
@@ -98,6 +109,26 @@ def test_same_raise_twice_stops_reproducible_on_every_rank(tmp_path: Path) -> No
     assert len(list((tmp_path / DECISIONS).iterdir())) == 2
 
 
+def test_the_same_nan_loss_twice_is_decided_by_the_rank_that_raised_it(tmp_path: Path) -> None:
+    """A NaN loss (its own kind) at the same step twice: its rank lives, so its peer waits; it stops reproducible."""
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            journal(tmp_path, rank, attempt, kind="nonfinite_loss")
+        seen: dict[int, Decision] = {}
+
+        def victim(into: dict[int, Decision]) -> None:
+            into[0] = decide_after(NonfiniteLoss(3, 1, float("nan"), 1, 0), tmp_path, rank=0)
+
+        thread = threading.Thread(target=victim, args=(seen,))
+        thread.start()
+        time.sleep(0.3)  # the peer started first: it waits (up to 1 s) for the rank whose loss was NaN
+        seen[1] = decide_after(NonfiniteLoss(3, 1, float("nan"), 1, 0), tmp_path, rank=1)
+        thread.join(5)
+        assert seen[0] == seen[1]
+    assert (seen[1].reason, seen[1].details["exception"]) == ("reproducible", "NonfiniteLoss")
+    assert {r.origin.rank for r in read([tmp_path]) if isinstance(r, JobDecision)} == {1}
+
+
 def test_a_victim_without_the_cause_decides_itself_within_the_wait(tmp_path: Path) -> None:
     """A cause that died records nothing: the survivor decides at once (the death named as the kind)."""
     journal(tmp_path, 0, 0, kind="died")
@@ -146,16 +177,38 @@ def test_user_frame_is_the_innermost_outside_lifecycle() -> None:
 
 
 def test_show_prints_each_attempts_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``show`` prints, under each failed attempt, the job's decision and its reason."""
+    """``show`` prints, under each failed attempt, the job's decision and its reason, from its journal record."""
     for attempt in (0, 1):
         journal(tmp_path, 1, attempt)
         decide_after(boom(), tmp_path, rank=1)
     capsys.readouterr()
     assert show_main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
-    decided = [line.strip() for line in capsys.readouterr().out.splitlines() if "decision:" in line]
+    decided = [line.strip() for line in capsys.readouterr().out.splitlines() if "decision after attempt" in line]
     assert len(decided) == 2, decided
-    assert decided[0].startswith("decision: restart (may_recover)")
-    assert decided[1].startswith("decision: stop (reproducible)")
+    assert decided[0].startswith("decision after attempt 0: restart (may_recover)")
+    assert decided[1].startswith("decision after attempt 1: stop (reproducible)")
+
+
+def test_the_rank_that_recorded_the_decision_journals_it_once_per_attempt(tmp_path: Path) -> None:
+    """Two ranks decide two attempts: one ``decision`` record each, in the cause's journal, of the attempt's origin."""
+    error = boom()
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            journal(tmp_path, rank, attempt)
+        thread = threading.Thread(
+            target=decide_after, args=(ConnectionError("Connection reset by peer"), tmp_path), kwargs={"rank": 0}
+        )
+        thread.start()
+        decide_after(error, tmp_path, rank=1)
+        thread.join(5)
+    records = [r for r in read([tmp_path]) if isinstance(r, JobDecision)]
+    assert [(r.origin.rank, r.origin.attempt, r.after_attempt) for r in records] == [(1, 0, 0), (1, 1, 1)]
+    assert [(r.action, r.reason, r.exit_code) for r in records] == [
+        ("restart", "may_recover", 1),
+        ("stop", "reproducible", 93),
+    ]
+    assert records[1].details == {"step": 3, "exception": "RuntimeError"}
+    assert records[1].line() == last_decision(tmp_path).line()  # type: ignore[union-attr]
 
 
 class DictStore:
@@ -191,7 +244,7 @@ class DictStore:
 
 
 def test_two_nodes_share_the_decision_through_the_store(tmp_path: Path) -> None:
-    """Ranks on two nodes (two journal folders) act on one decision, recorded once in the store and in each folder."""
+    """Ranks on two nodes act on one decision, recorded once: in the store, each folder, the recorder's journal."""
     store = DictStore()
     node_a, node_b = tmp_path / "a", tmp_path / "b"
     error = boom()
@@ -214,6 +267,11 @@ def test_two_nodes_share_the_decision_through_the_store(tmp_path: Path) -> None:
         assert json.loads((node / STOP_FILE).read_text())["reason"] == "reproducible"
     assert last_decision(None, store=store) == seen[1]
     assert store.get(f"lifecycle/decisions/{RUN}/count") == b"2"
+    decided = [r for r in read([node_a, node_b]) if isinstance(r, JobDecision)]  # once per attempt, for the job
+    assert [(r.origin.rank, r.after_attempt, r.reason) for r in decided] == [
+        (1, 0, "may_recover"),
+        (1, 1, "reproducible"),
+    ]
     elsewhere = tmp_path / "c"  # a node whose ranks decided nothing (they died): a new worker's read mirrors them
     assert last_decision(elsewhere, store=store) == seen[1]
     assert len(list((elsewhere / DECISIONS).iterdir())) == 2 and (elsewhere / STOP_FILE).is_file()

@@ -61,6 +61,7 @@ from lifecycle._training.retry import decision_key, recorded_decisions
 from lifecycle.journal import (
     Eval,
     FailedSave,
+    JobDecision,
     Left,
     Problem,
     Record,
@@ -134,12 +135,13 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
             note = f"  ({said})" if said else ""
             step = _named(r.step, r.name)
             events.append((r.start, f"    {verb} {step:<32} {_ms(r.end - r.start)}{failed}{note}"))
-        elif isinstance(r, FailedSave):
+        elif isinstance(r, FailedSave):  # words of the record's failure kind (evidence.WORDS), as everywhere
             then = "training went on" if r.action == "continued" else "the attempt failed on it"
-            text = f"checkpoint save of step {r.step} FAILED ({r.consecutive} in a row; {then}): "
+            text = f"{r.failure_kind.words} of step {r.step} ({r.consecutive} in a row; {then}): "
             events.append((r.time, text + _short(r.error)))
         elif isinstance(r, StepSkipped):
-            text = f"step {r.step} skipped: its loss was not finite on {r.ranks} rank(s) ({r.consecutive} in a row)"
+            who = f"rank {r.culprit}" if r.culprit is not None else f"{r.ranks} rank(s)"
+            text = f"step {r.step} skipped: {who} {r.failure_kind.words} ({r.consecutive} in a row)"
             events.append((r.time, text))
         elif isinstance(r, Verdict):  # its words from the typed kind where the record has it (version 4)
             kind = Kind.named(r.evidence.kind if r.evidence is not None else r.verdict)
@@ -229,8 +231,9 @@ def render_timeline(
     independently, then one rank of each group of ranks that ended alike, under a line
     ``ranks 0, 2-1023 (1023 ranks), as rank 0:``; groups past ``MAX_ROWS`` are counted;
     then the ``ranks`` asked for (whose records the model holds: every rank's from
-    ``build``, those asked of ``scan``). ``decisions`` (``retry.recorded_decisions``):
-    a failed attempt's decision, one line (``  decision: stop (reproducible): ...``) after its verdict.
+    ``build``, those asked of ``scan``). A failed attempt's decision, its ``decision`` record (or, for a journal
+    without one, ``decisions``: ``retry.recorded_decisions``), is one line after its verdict
+    (``  decision after attempt 1: stop (reproducible): ...``).
     """
     lines: list[str] = []
     asked = sorted(set(ranks))
@@ -242,8 +245,10 @@ def render_timeline(
             if verdicts:
                 lines += _verdict_lines(attempt.verdict)
             key = decision_key(run.key.run_id, attempt.key.restart_count, attempt.key.attempt)
-            if decisions and key in decisions and attempt.key.iteration == 0:
-                lines.append(f"  decision: {decisions[key].line()}")
+            said = [r.line() for rs in attempt.ranks.values() for r in rs if isinstance(r, JobDecision)]
+            if not said and decisions and key in decisions and attempt.key.iteration == 0:
+                said = [decisions[key].line()]  # a journal written before its decision record: the folder's
+            lines += [f"  decision after attempt {attempt.number}: {line}" for line in said]
             if len(attempt.overview.journaled) <= _model.TIMELINE_RANKS:
                 lines += _rank_lines(attempt.ranks, run.t0)
             else:
