@@ -19,6 +19,9 @@ line (``mismatch``):
   name an ``.svg`` or ``.png`` file are dropped (written only where Graphviz's ``dot`` is
   installed); on the output side, the test's folder reads ``/tmp`` again and this
   interpreter's path ``.venv/bin/python``;
+- a shown line that is only ``^C`` is a Ctrl-C: the demo runs in a session of its own, and
+  once it has printed the shown line above the ``^C`` (compared as below), its process
+  group gets SIGINT, as a terminal's foreground group does; the ``^C`` is not compared;
 - a shown line that is only ``...`` stands for any number of lines (none included), and
   ``...`` inside a line for any text on it; every other shown line must be the next line
   of the output: nothing printed may be missing from a transcript without a ``...`` there;
@@ -31,14 +34,18 @@ line (``mismatch``):
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
+import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from lifecycle.testing import run_command
-from support.launch import REPO, suite_env
+from support.launch import REPO, RunningDemo, started_demo, suite_env
 
 DOCUMENTS: tuple[Path, ...] = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 """Where transcripts are looked for: the README, then docs/*.md by name."""
@@ -48,10 +55,14 @@ FIXTURES = REPO / "tests" / "tools" / "fixtures" / "transcripts"
 
 ELISION = "..."
 
+INTERRUPT = "^C"
+"""A shown line that is only this is a terminal's Ctrl-C: SIGINT to the command's process group, not output."""
+
 __all__ = [
     "DOCUMENTS",
     "ELISION",
     "FIXTURES",
+    "INTERRUPT",
     "Transcript",
     "find_transcripts",
     "mismatch",
@@ -235,7 +246,7 @@ def _where(segment: list[str], printed: list[str], position: int, how: str) -> s
 
 def mismatch(shown: tuple[str, ...] | list[str], output: str) -> str | None:
     """None if ``output`` prints what ``shown`` shows (module docstring); else what differs, per source."""
-    wanted = [normalise(line) for line in shown if not _PICTURE.search(line.strip())]
+    wanted = [normalise(line) for line in shown if not _PICTURE.search(line.strip()) and line.strip() != INTERRUPT]
     printed = [normalise(line) for line in output.splitlines() if not _PICTURE.search(line.strip())]
     printed_by = _split(printed)
     shown_by = _split(wanted)
@@ -272,18 +283,51 @@ def run_transcript(
         where = f"{transcript.source}:{transcript.line} $ {command}"
         if command not in ran:
             real = re.sub(r"(?<![\w.])/tmp/", f"{folder}/", command)
-            real = _LIFECYCLE.sub(lambda m: f"{m.group(1)}{sys.executable} -m lifecycle", real)
-            done = run_command(["bash", "-c", real], timeout_s=timeout_s, env=suite_env(), cwd=REPO)
-            if done.timed_out:
-                problems.append(f"{where}: ran past {timeout_s} s:\n{done.output}")
+            if INTERRUPT in shown:
+                returncode, output, left = _interrupted(real, shown, timeout_s)
+            else:
+                real = _LIFECYCLE.sub(lambda m: f"{m.group(1)}{sys.executable} -m lifecycle", real)
+                done = run_command(["bash", "-c", real], timeout_s=timeout_s, env=suite_env(), cwd=REPO)
+                if done.timed_out:
+                    problems.append(f"{where}: ran past {timeout_s} s:\n{done.output}")
+                    continue
+                returncode, output, left = done.returncode, done.output, done.left_behind
+            if returncode != transcript.exit_code:
+                problems.append(f"{where}: exited {returncode}, not {transcript.exit_code}:\n{output}")
                 continue
-            if done.returncode != transcript.exit_code:
-                problems.append(f"{where}: exited {done.returncode}, not {transcript.exit_code}:\n{done.output}")
-                continue
-            if done.left_behind:
-                problems.append(f"{where}: left processes behind: {done.left_behind}")
-            ran[command] = done.output.replace(f"{folder}/", "/tmp/").replace(sys.executable, ".venv/bin/python")
+            if left:
+                problems.append(f"{where}: left processes behind: {left}")
+            ran[command] = output.replace(f"{folder}/", "/tmp/").replace(sys.executable, ".venv/bin/python")
         found = mismatch(shown, ran[command])
         if found is not None:
             problems.append(f"{where}: the transcript differs from what it printed:\n{found}\nprinted:\n{ran[command]}")
     return problems
+
+
+def _interrupted(command: str, shown: tuple[str, ...], timeout_s: float) -> tuple[int, str, list[int]]:
+    """Run a demo ``command`` whose transcript holds ``^C``; its exit code, output and processes left running.
+
+    The SIGINT goes to the demo's process group once it printed the line shown above the
+    ``^C`` (an ``AssertionError`` if that does not come within ``timeout_s``, or before the
+    demo ended); everything it started is killed on the way out whatever happens.
+    """
+    words = shlex.split(command)
+    if words[:4] != [words[0], "-m", "lifecycle", "demo"] or shown.count(INTERRUPT) != 1:
+        raise ValueError(f"{command!r}: a ^C transcript runs python -m lifecycle demo and holds one ^C")
+    trigger = shown[shown.index(INTERRUPT) - 1] if shown.index(INTERRUPT) else ELISION
+    if trigger.strip() == ELISION:
+        raise ValueError(f"{command!r}: the line above ^C must be one the demo prints (when to press it), not ...")
+    deadline = time.monotonic() + timeout_s
+    with started_demo(*words[4:], cwd=REPO) as demo:
+        _wait_for_line(demo, _pattern(normalise(trigger)), deadline)
+        os.killpg(demo.process.pid, signal.SIGINT)
+        done = demo.finish(timeout=max(deadline - time.monotonic(), 1.0))
+        return done.returncode, done.stdout, demo.left_running(within=10.0)
+
+
+def _wait_for_line(demo: RunningDemo, pattern: re.Pattern[str], deadline: float) -> None:
+    """Return once the demo printed a line that, normalised, is ``pattern``; AssertionError past ``deadline``."""
+    while not any(pattern.fullmatch(normalise(line)) for line in demo.output.splitlines()):
+        if time.monotonic() > deadline or demo.process.poll() is not None:
+            raise AssertionError(f"no line {pattern.pattern!r} before the ^C; output:\n{demo.output[-4000:]}")
+        time.sleep(0.05)  # polls the output the reader thread collects: an event, not a guessed time
