@@ -90,6 +90,22 @@ def test_a_tensor_parallel_size_the_model_cannot_split_names_vocabulary_and_head
     assert message.endswith("use 1, 2 or 4"), message
 
 
+def test_a_tensor_parallel_size_is_checked_against_the_model_before_the_ranks() -> None:
+    """--tp 3 on the default 2 ranks names the model (no --nproc fits it), not the config's world-size fields."""
+    # Before issue 43 this said "tensor_model_parallel_size * ... = 3 does not divide world_size 2".
+    with pytest.raises(UsageError) as refused:
+        check_options(parser().parse_args(["--tp=3"]))
+    assert str(refused.value).startswith("--tp 3: the demo model's vocabulary (64) and attention heads (4)"), refused
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_ranks_names_nproc() -> None:
+    """--tp 2 on 3 ranks: the refusal names --tp and --nproc in the demo's words."""
+    with pytest.raises(UsageError) as refused:
+        check_options(parser().parse_args(["--nproc=3", "--tp=2"]))
+    assert refused.value.flag == "--tp"
+    assert str(refused.value).startswith("--tp 2 does not divide --nproc 3: "), refused
+
+
 def _tp1_checkpoint(folder: Path) -> None:
     """A real committed checkpoint (step 5), written as ``pretrain`` writes one on one rank (TP1 PP1 DP1)."""
     import torch

@@ -457,13 +457,20 @@ def check_options(options: argparse.Namespace) -> PretrainConfig:
     try:
         check_number("training.iterations", options.steps, at_least=1)  # the config allows 0: the demo needs one
         config = demo_config(argparse.Namespace(**{**vars(options), "journal_dir": placeholder}), for_ranks=False)
+        # The model first: a --tp that splits no demo model is wrong on any --nproc, so say that, not the world size.
+        _check_model_split(config, options.tp)
+        if options.nproc % options.tp:  # the demo's layout is TP x DP: say so in its flags, not the config's fields
+            raise UsageError(
+                "--tp",
+                f"{options.tp} does not divide --nproc {options.nproc}: the ranks form data-parallel copies of "
+                f"{options.tp} tensor-parallel ranks each; use an --nproc that is a multiple of {options.tp}",
+            )
         config.parallel.check_world(options.nproc)
     except ConfigError as exc:
         flag = flag_of(exc.field)
         if flag == "--checkpoint-dir" and options.checkpoint_dir is None:
             flag = "--journal-dir"  # the default checkpoint folder lies in the journal folder: the fault is there
         raise UsageError(flag, exc.message) from None
-    _check_model_split(config, options.tp)
     fault = config.fault
     if fault is None:
         return config
