@@ -141,7 +141,7 @@ _CONNECTION = re.compile(
     r"|socket closed|the store is gone|is unreachable",
     re.IGNORECASE,
 )
-_TIMEOUT = re.compile(r"timed out waiting|socket timeout", re.IGNORECASE)
+_TIMEOUT = re.compile(r"timed out waiting|socket timeout|wait timeout after", re.IGNORECASE)
 _LAUNCHER = "StoppedByLauncher:"
 
 
@@ -149,7 +149,8 @@ def error_kind(error: str) -> Kind | None:
     """The consequence ``error`` (``Type: message``) shows, if any: the one rule for every process and view.
 
     ``StoppedByLauncher: ...`` is ``STOPPED_BY_LAUNCHER``; a receive that timed out
-    (gloo's ``Timed out waiting 30000ms``, a socket timeout) ``COLLECTIVE_TIMEOUT``; a
+    (gloo's ``Timed out waiting 30000ms``, a socket timeout, a store's ``wait timeout
+    after 30000ms`` for a key a peer never set) ``COLLECTIVE_TIMEOUT``; a
     connection that broke (reset, closed by peer, broken pipe, an unreachable store)
     ``CONNECTION_LOST``; anything else None (not known to be a consequence). A liveness
     monitor's notice (``VERDICT_PREFIX``) is never a consequence: it names the culprit.

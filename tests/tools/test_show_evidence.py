@@ -160,10 +160,13 @@ def test_the_cause_rule_and_the_verdict_prefix_are_defined_once() -> None:
 
 
 def test_the_consequence_rule_reads_each_consequence_and_no_verdict() -> None:
-    """``error_kind``: a timed-out receive, a broken connection and a launcher's stop are consequences; a liveness
-    monitor's notice and an ordinary error are not."""
+    """``error_kind``: a timed-out receive or store wait, a broken connection and a launcher's stop are consequences;
+    a liveness monitor's notice and an ordinary error are not."""
     for kind, error in CONSEQUENCE_ERRORS.items():
         assert error_kind(error) is kind and consequence(error)
+    # Megatron's group creation waits in the store for a peer that never came (a rank stuck in setup).
+    store_wait = "DistStoreError: wait timeout after 30000ms, keys: /lifecycle/g0/attempt-0/0//1//cpu//0/1"
+    assert error_kind(store_wait) is Kind.COLLECTIVE_TIMEOUT
     assert not consequence(f"{VERDICT_PREFIX}rank 1 hung at step 3, phase step: connection reset")
     assert not consequence("ValueError: bad batch")
     assert consequence("ValueError: bad batch", Kind.COLLECTIVE_TIMEOUT.value)  # the typed kind decides
