@@ -43,7 +43,7 @@ from lifecycle import (
     TorchActions,
     restart,
 )
-from lifecycle.journal import Left, TeardownStep, read
+from lifecycle.journal import JobDecision, Left, TeardownStep, read
 from lifecycle.lowlevel import Ledger, LedgerEntry, Outcome, Resource, RestartMode, StepKind, plan_teardown
 from lifecycle.testing import RecordingActions, RecordingCheckpoints, free_ports, release_everything
 
@@ -495,6 +495,12 @@ def check_wrapped_pretrain(out: Path) -> list[dict[str, list[str]]]:
     return accounts
 
 
+def decisions_in(journal: Path) -> list[tuple[int, int, str, str]]:
+    """The ``decision`` records of the ranks' journals in ``journal``: (rank, after_attempt, action, reason)."""
+    found = [r for r in read(sorted(journal.glob("*.jsonl"))) if isinstance(r, JobDecision)]
+    return [(r.origin.rank, r.after_attempt, r.action, r.reason) for r in found]
+
+
 @pytest.mark.timeout(150)
 def test_wrapped_pretrain_recovers_from_a_one_off_failure_on_one_rank(tmp_path: Path) -> None:
     """``wrapped_pretrain`` on 2 ranks: rank 1 fails once mid-training; all train to the end; iteration 0 accounted.
@@ -502,8 +508,11 @@ def test_wrapped_pretrain_recovers_from_a_one_off_failure_on_one_rank(tmp_path: 
     Both ranks' journals of iteration 0 say what became of the process group and the
     in-flight save (released by the Wrapper's abort, with its time, or deferred to it),
     and ``show`` prints the Wrapper's abort on the timeline of the rank it released on.
+    The job decided once after iteration 0, to restart: the cause (rank 1) journaled it.
     """
     accounts = check_wrapped_pretrain(tmp_path)
+    assert decisions_in(tmp_path / "journal") == [(1, 0, "restart", "may_recover")]
+    assert not (tmp_path / "journal" / "decision.json").exists()
     aborted = [rank for rank, said in enumerate(accounts) if GROUP_ACCOUNTS[0] == said[Resource.PROCESS_GROUP.value]]
     if aborted:
         printed = io.StringIO()
@@ -511,6 +520,25 @@ def test_wrapped_pretrain_recovers_from_a_one_off_failure_on_one_rank(tmp_path: 
             assert show_main([str(tmp_path / "journal"), "--out", str(tmp_path / "diagrams")]) == 0
         lines = [line for line in printed.getvalue().splitlines() if "wrapper  abort_process_group" in line]
         assert len(lines) == len(aborted) and all("restart wrapper's abort" in line for line in lines), lines
+
+
+@pytest.mark.timeout(150)
+def test_wrapped_pretrain_stops_a_reproducible_failure_after_the_second_iteration(tmp_path: Path) -> None:
+    """Rank 1 raises at step 2 of every iteration: both ranks end after iteration 1, RestartStopped "reproducible", 93.
+
+    Without the job's decision NVRx would restart until its ``max_restarts`` (4 here).
+    """
+    results = run_ranks("reproducible", tmp_path, timeout_s=120)
+    for body in results:
+        assert body["iterations_started"] == [0, 1]
+        assert body["decision"]["decision"] == "stop" and body["decision"]["reason"] == "reproducible"
+        assert body["decision"]["attempt"] == 1 and body["exit_code"] == 93
+        assert not body["group_left"] and body["globals_left"] == []
+    assert results[0]["decision"] == results[1]["decision"]
+    journal = tmp_path / "journal"
+    assert decisions_in(journal) == [(1, 0, "restart", "may_recover"), (1, 1, "stop", "reproducible")]
+    stop = json.loads((journal / "decision.json").read_text())
+    assert stop["reason"] == "reproducible" and stop["step"] == 2
 
 
 RELEASE_RUNS = int(os.environ.get("LIFECYCLE_RELEASE_RUNS", "5"))
