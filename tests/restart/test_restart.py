@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,16 +36,18 @@ from support.session import LIVE_STATES, PlannedFailure
 from lifecycle import (
     ConfigError,
     DistributedConfig,
+    ExitCode,
     ForeignResource,
     Owner,
     ParallelConfig,
     Session,
     State,
     TorchActions,
+    exit_code,
     restart,
 )
 from lifecycle.journal import JobDecision, Left, TeardownStep, read
-from lifecycle.lowlevel import Ledger, LedgerEntry, Outcome, Resource, RestartMode, StepKind, plan_teardown
+from lifecycle.lowlevel import Decision, Ledger, LedgerEntry, Outcome, Resource, RestartMode, StepKind, plan_teardown
 from lifecycle.testing import RecordingActions, RecordingCheckpoints, free_ports, release_everything
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,6 +334,16 @@ def test_two_wrapped_runs_back_to_back_in_one_process_both_succeed(world_of_one:
 
 
 # -- without the Wrapper ----------------------------------------------------------------
+
+
+def test_a_decided_stop_reads_as_exit_93_and_pickles() -> None:
+    """``RestartStopped`` carries the job's decision: a ``RestartAbort``, exit code 93, its reason in the message."""
+    decision = Decision("stop", "reproducible", 1, "the same failure twice", {"step": 2})
+    stopped = restart.RestartStopped(decision)
+    assert isinstance(stopped, RestartAbort) and not isinstance(stopped, Exception)
+    assert stopped.exit_code == exit_code(stopped) == ExitCode.DO_NOT_RESTART
+    assert "stop (reproducible): the same failure twice" in str(stopped)
+    assert pickle.loads(pickle.dumps(stopped)).decision == decision
 
 
 def test_the_restart_mode_comes_from_the_wrappers_call_object() -> None:
