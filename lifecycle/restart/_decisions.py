@@ -23,7 +23,7 @@ from nvidia_resiliency_ext.inprocess.initialize import Initialize
 
 from lifecycle._training.decide import Decision, RestartPolicy
 from lifecycle._training.exits import ExitCode
-from lifecycle._training.retry import decide_after
+from lifecycle._training.retry import decide_after, last_decision
 from lifecycle.journal.evidence import Kind
 
 WRAPPER_WAIT_S = 5.0
@@ -93,7 +93,12 @@ class DecideAfterFailure(Finalize):  # type: ignore[misc]  # NVRx is untyped
 
 
 class StopWhenDecided(Initialize):  # type: ignore[misc]  # NVRx is untyped
-    """The Wrapper's ``initialize`` step that raises ``RestartStopped`` when the last decision was a stop."""
+    """The Wrapper's ``initialize`` step that raises ``RestartStopped`` when the last decision was a stop.
+
+    Before the first iteration the last decision is the run's, read from the journal
+    folder (``last_decision``), as a worker torchrun restarted reads it: a Wrapper
+    started in a job that already decided to stop runs nothing.
+    """
 
     def __init__(self, decisions: Decisions) -> None:
         """Read the decision from ``decisions``."""
@@ -101,6 +106,8 @@ class StopWhenDecided(Initialize):  # type: ignore[misc]  # NVRx is untyped
 
     def __call__(self, state: Any) -> Any:
         """Return ``state`` unless the job decided to stop; then raise ``RestartStopped``."""
+        if self.decisions.last is None and state.iteration == 0:
+            self.decisions.last = last_decision(self.decisions.journal_dir)
         last = self.decisions.last
         if last is not None and last.stop:
             raise RestartStopped(last)

@@ -47,7 +47,17 @@ from lifecycle import (
     restart,
 )
 from lifecycle.journal import JobDecision, Left, TeardownStep, read
-from lifecycle.lowlevel import Decision, Ledger, LedgerEntry, Outcome, Resource, RestartMode, StepKind, plan_teardown
+from lifecycle.lowlevel import (
+    Decision,
+    Ledger,
+    LedgerEntry,
+    Outcome,
+    Resource,
+    RestartMode,
+    StepKind,
+    decide_after,
+    plan_teardown,
+)
 from lifecycle.testing import RecordingActions, RecordingCheckpoints, free_ports, release_everything
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,6 +282,18 @@ def test_max_restarts_is_honoured(world_of_one: WorldOfOne) -> None:
     assert all(s.state is State.FAILED for s in job.sessions)
     assert any("iteration 2 failed with PlannedFailure" in note for note in info.value.__notes__)
     assert_nothing_left(world_of_one)
+
+
+@pytest.mark.timeout(60)
+def test_a_wrapper_started_after_the_job_decided_to_stop_runs_nothing(world_of_one: WorldOfOne, tmp_path: Path) -> None:
+    """The run's journal folder holds a stop: the first iteration raises ``RestartStopped`` with it; no session."""
+    decided = decide_after(ConfigError("training.iterations", "bad"), tmp_path, rank=0)
+    assert decided.stop
+    job = StagedJob(world_of_one)
+    with pytest.raises(restart.RestartStopped) as stopped:
+        restart.run(job, max_restarts=2, group_timeout_s=GROUP_TIMEOUT_S, journal_dir=tmp_path, **FAST)
+    assert stopped.value.decision == decided and job.sessions == []
+    assert_nothing_left(world_of_one, monitor_exit=False)  # its pid was never seen: it ends by itself
 
 
 @pytest.mark.timeout(60)
