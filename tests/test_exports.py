@@ -71,6 +71,7 @@ EXPORTS: dict[str, list[str]] = {
     "lifecycle.restart": [
         "CudaHealthCheck",
         "NvmlHealthChecksOff",
+        "RestartStopped",
         "SessionAbort",
         "SessionFinalize",
         "abort",

@@ -133,8 +133,9 @@ def exit_code(
     ``SUCCESS`` when its loop did every step, ``STOPPED`` when an exit was requested or
     the time ran out. An exception: ``STOPPED`` if an exit had been requested before it
     (``requested_exit``) or it is a ``KeyboardInterrupt``/``SystemExit``;
-    ``DO_NOT_RESTART`` for a configuration error, a refused checkpoint (``CheckpointMismatch``)
-    or misuse of a session; otherwise ``RESTART`` (``StoppedByLauncher`` and a failure the
+    ``DO_NOT_RESTART`` for a configuration error, a refused checkpoint (``CheckpointMismatch``),
+    misuse of a session, or an error carrying the job's ``decision`` to stop
+    (``lifecycle.restart.RestartStopped``); otherwise ``RESTART`` (``StoppedByLauncher`` and a failure the
     launcher stopped included) — unless ``journal_dir`` is given and this rank's
     journal there (``rank``: default the ``RANK`` environment variable, else 0) shows
     ``no_progress_limit`` attempts of this run in a row, the last included, that ended
@@ -147,7 +148,7 @@ def exit_code(
     requested = getattr(outcome, "requested_exit", None) is not None
     if not launcher and (requested or isinstance(outcome, KeyboardInterrupt | SystemExit)):
         return ExitCode.STOPPED
-    if _not_worth_restarting(outcome):
+    if _not_worth_restarting(outcome) or getattr(getattr(outcome, "decision", None), "stop", False) is True:
         return ExitCode.DO_NOT_RESTART
     if journal_dir is not None and no_progress_limit > 0:
         rank = int(os.environ.get("RANK", "0")) if rank is None else rank

@@ -49,12 +49,16 @@ from lifecycle._torch.config import LOOPBACK, validate
 from lifecycle._torch.store import open_store
 from lifecycle._training.callbacks import Callback
 from lifecycle._training.config import PretrainConfig
+from lifecycle._training.decide import RestartPolicy
 from lifecycle._training.pretrain import BatchProvider, ForwardStepFunc, ModelProvider, PretrainResult, pretrain
+from lifecycle.journal import run_id
+from lifecycle.restart._decisions import DecideAfterFailure, Decisions, RestartStopped, StopWhenDecided
 from lifecycle.restart._nvml import NvmlHealthChecksOff, drop_nvml_health_checks
 
 __all__ = [
     "CudaHealthCheck",
     "NvmlHealthChecksOff",
+    "RestartStopped",
     "SessionAbort",
     "SessionFinalize",
     "abort",
@@ -290,6 +294,8 @@ def make_wrapper(
     store_host: str | None = None,
     group_timeout_s: float = 60.0,
     backend: str = "gloo",
+    journal_dir: str | os.PathLike[str] | None = None,
+    policy: RestartPolicy | None = None,
     **wrapper_kwargs: Any,
 ) -> Wrapper:
     """Build an ``inprocess.Wrapper`` that runs lifecycle sessions.
@@ -309,6 +315,14 @@ def make_wrapper(
     is set; where NVML does not load (no NVIDIA driver: a CPU host) they would fail every
     restart, so they are turned off with an ``NvmlHealthChecksOff`` warning (see
     ``lifecycle.restart._nvml``). Raises ``ConfigError`` for a bad value.
+
+    With a ``journal_dir`` (the ranks' journal folder, shared by the ranks of a host,
+    with one run id: ``lifecycle.journal.run_id``) the job decides after every failed
+    iteration, in the Wrapper's finalize, as ``lifecycle.lowlevel.decide_after`` does for
+    a retry loop (``policy``: default ``RestartPolicy`` with ``max_restarts`` as its
+    budget when above 0): journaled, the same on every rank; a ``stop`` ends the
+    restarts at the start of the next iteration, every rank raising ``RestartStopped``
+    (exit 93's meaning, with the reason), before NVRx's own limit is checked.
     """
     check_number("max_restarts", max_restarts, at_least=0)
     if store_port is None:
@@ -323,9 +337,16 @@ def make_wrapper(
     options: dict[str, Any] = {**wrapper_kwargs, **wrapper_timeouts(group_timeout_s, backend, wrapper_kwargs)}
     store_kwargs = {"port": store_port, "host_name": store_host or LOOPBACK}
     options["store_kwargs"] = {**store_kwargs, **options.get("store_kwargs", {})}
-    options["initialize"] = _then(RetryController(max_iterations=max_restarts + 1), options.get("initialize"))
+    retry: Any = RetryController(max_iterations=max_restarts + 1)
+    done: Any = finalize()
+    if journal_dir is not None:
+        if policy is None:
+            policy = RestartPolicy(max_restarts=max_restarts) if max_restarts > 0 else RestartPolicy()
+        decisions = Decisions(journal_dir, policy)
+        retry, done = _then(StopWhenDecided(decisions), retry), _then(done, DecideAfterFailure(decisions))
+    options["initialize"] = _then(retry, options.get("initialize"))
     options["abort"] = _then(abort(), options.get("abort"))
-    options["finalize"] = _then(finalize(), options.get("finalize"))
+    options["finalize"] = _then(done, options.get("finalize"))
     if backend == "nccl":
         options["health_check"] = _then(CudaHealthCheck(), options.get("health_check"))
     wrapper = Wrapper(**options)
@@ -368,8 +389,10 @@ def run(
     ``job`` builds its session with ``session_for(call_wrapper, ...)``; ``backend`` is its
     groups' backend (timeouts and health check: ``make_wrapper``). A failure on any
     rank restarts it on every rank, at most ``max_restarts`` times; then the Wrapper's
-    ``RestartAbort`` propagates (with a note naming the last failure). Restart
-    exceptions are never caught here.
+    ``RestartAbort`` propagates (with a note naming the last failure). With
+    ``journal_dir`` in ``wrapper_kwargs`` the job decides after each failed iteration
+    (``make_wrapper``): a stop raises ``RestartStopped`` instead. Restart exceptions are
+    never caught here.
 
     A process group or Megatron globals that already exist are refused with
     ``ForeignResource`` before the Wrapper starts. A ``BaseException`` that is not an
@@ -443,6 +466,7 @@ def wrapped_pretrain(
     model_provider: ModelProvider | None = None,
     batch_provider: BatchProvider | None = None,
     actions: Callable[[str, Store], DistributedActions] | None = None,
+    policy: RestartPolicy | None = None,
     **wrapper_kwargs: Any,
 ) -> PretrainResult:
     """Run ``pretrain`` under the Wrapper: a failure on any rank restarts it on every rank, in the same processes.
@@ -456,8 +480,15 @@ def wrapped_pretrain(
     group's port + 1) and its timeouts are ordered against ``config.distributed.timeout_s``
     for ``config.distributed.backend`` (``wrapper_timeouts``; nccl adds ``CudaHealthCheck``).
     Returns the ``PretrainResult`` of the successful iteration; after ``max_restarts``
-    restarts the Wrapper's ``RestartAbort`` propagates. ``config.fault`` fires in every
-    iteration, so it exhausts the restarts: inject a one-off fault with a callback.
+    restarts the Wrapper's ``RestartAbort`` propagates. With a ``config.journal_dir``
+    the job decides after every failed iteration, as a retry loop's ``decide_after``
+    does (``make_wrapper``; ``policy``: default ``RestartPolicy(max_restarts=max_restarts)``):
+    a stop raises ``RestartStopped`` (exit 93's meaning, its ``decision`` the reason)
+    instead of restarting, so a failure raised at the same step in two iterations in a
+    row ends the call after the second ("reproducible"). The ranks' journals then carry
+    rank 0's run id (``lifecycle.journal.run_id``), agreed through the store, so that
+    they decide about one job. ``config.fault`` fires in every iteration: inject a
+    one-off fault with a callback.
     One rendezvous store is opened before the Wrapper starts and kept for all its
     iterations (rank 0 hosts it at the group's port), each iteration under its own
     prefix; it is dropped when this call returns or raises. ``actions`` builds the
@@ -503,17 +534,32 @@ def wrapped_pretrain(
         rendezvous = validate(per_iteration.distributed, per_iteration.parallel)
         kept = open_store(rendezvous, datetime.timedelta(seconds=distributed.timeout_s))
         try:
-            return run(
-                job,
-                max_restarts=max_restarts,
-                store_port=store_port,
-                store_host=distributed.master_addr,
-                group_timeout_s=distributed.timeout_s,
-                backend=distributed.backend,
-                **wrapper_kwargs,
-            )
+            with _restored_env(("LIFECYCLE_RUN_ID",)):
+                if config.journal_dir is not None:
+                    os.environ["LIFECYCLE_RUN_ID"] = _shared_run_id(kept)
+                return run(
+                    job,
+                    max_restarts=max_restarts,
+                    store_port=store_port,
+                    store_host=distributed.master_addr,
+                    group_timeout_s=distributed.timeout_s,
+                    backend=distributed.backend,
+                    journal_dir=config.journal_dir,
+                    policy=policy,
+                    **wrapper_kwargs,
+                )
         finally:
             kept = None  # the server stops listening with its last reference
+
+
+_RUN_ID_KEY = "lifecycle/wrapper/run_id"
+
+
+def _shared_run_id(store: Store) -> str:
+    """Rank 0's run id, published in ``store`` by rank 0 and read (waited for) by the others."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        store.set(_RUN_ID_KEY, run_id())
+    return bytes(store.get(_RUN_ID_KEY)).decode()
 
 
 publish(globals())  # each name reads as lifecycle.restart.NAME where its home is private

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,16 +36,28 @@ from support.session import LIVE_STATES, PlannedFailure
 from lifecycle import (
     ConfigError,
     DistributedConfig,
+    ExitCode,
     ForeignResource,
     Owner,
     ParallelConfig,
     Session,
     State,
     TorchActions,
+    exit_code,
     restart,
 )
-from lifecycle.journal import Left, TeardownStep, read
-from lifecycle.lowlevel import Ledger, LedgerEntry, Outcome, Resource, RestartMode, StepKind, plan_teardown
+from lifecycle.journal import JobDecision, Left, TeardownStep, read
+from lifecycle.lowlevel import (
+    Decision,
+    Ledger,
+    LedgerEntry,
+    Outcome,
+    Resource,
+    RestartMode,
+    StepKind,
+    decide_after,
+    plan_teardown,
+)
 from lifecycle.testing import RecordingActions, RecordingCheckpoints, free_ports, release_everything
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,6 +285,18 @@ def test_max_restarts_is_honoured(world_of_one: WorldOfOne) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_wrapper_started_after_the_job_decided_to_stop_runs_nothing(world_of_one: WorldOfOne, tmp_path: Path) -> None:
+    """The run's journal folder holds a stop: the first iteration raises ``RestartStopped`` with it; no session."""
+    decided = decide_after(ConfigError("training.iterations", "bad"), tmp_path, rank=0)
+    assert decided.stop
+    job = StagedJob(world_of_one)
+    with pytest.raises(restart.RestartStopped) as stopped:
+        restart.run(job, max_restarts=2, group_timeout_s=GROUP_TIMEOUT_S, journal_dir=tmp_path, **FAST)
+    assert stopped.value.decision == decided and job.sessions == []
+    assert_nothing_left(world_of_one, monitor_exit=False)  # its pid was never seen: it ends by itself
+
+
+@pytest.mark.timeout(60)
 def test_a_caller_created_group_is_refused_up_front(world_of_one: WorldOfOne) -> None:
     """Under the Wrapper, a group the caller created is refused by ``init_distributed``; nothing is acquired."""
     outcome: dict[str, Any] = {}
@@ -331,6 +356,16 @@ def test_two_wrapped_runs_back_to_back_in_one_process_both_succeed(world_of_one:
 
 
 # -- without the Wrapper ----------------------------------------------------------------
+
+
+def test_a_decided_stop_reads_as_exit_93_and_pickles() -> None:
+    """``RestartStopped`` carries the job's decision: a ``RestartAbort``, exit code 93, its reason in the message."""
+    decision = Decision("stop", "reproducible", 1, "the same failure twice", {"step": 2})
+    stopped = restart.RestartStopped(decision)
+    assert isinstance(stopped, RestartAbort) and not isinstance(stopped, Exception)
+    assert stopped.exit_code == exit_code(stopped) == ExitCode.DO_NOT_RESTART
+    assert "stop (reproducible): the same failure twice" in str(stopped)
+    assert pickle.loads(pickle.dumps(stopped)).decision == decision
 
 
 def test_the_restart_mode_comes_from_the_wrappers_call_object() -> None:
@@ -495,6 +530,12 @@ def check_wrapped_pretrain(out: Path) -> list[dict[str, list[str]]]:
     return accounts
 
 
+def decisions_in(journal: Path) -> list[tuple[int, int, str, str]]:
+    """The ``decision`` records of the ranks' journals in ``journal``: (rank, after_attempt, action, reason)."""
+    found = [r for r in read(sorted(journal.glob("*.jsonl"))) if isinstance(r, JobDecision)]
+    return [(r.origin.rank, r.after_attempt, r.action, r.reason) for r in found]
+
+
 @pytest.mark.timeout(150)
 def test_wrapped_pretrain_recovers_from_a_one_off_failure_on_one_rank(tmp_path: Path) -> None:
     """``wrapped_pretrain`` on 2 ranks: rank 1 fails once mid-training; all train to the end; iteration 0 accounted.
@@ -502,8 +543,11 @@ def test_wrapped_pretrain_recovers_from_a_one_off_failure_on_one_rank(tmp_path: 
     Both ranks' journals of iteration 0 say what became of the process group and the
     in-flight save (released by the Wrapper's abort, with its time, or deferred to it),
     and ``show`` prints the Wrapper's abort on the timeline of the rank it released on.
+    The job decided once after iteration 0, to restart: the cause (rank 1) journaled it.
     """
     accounts = check_wrapped_pretrain(tmp_path)
+    assert decisions_in(tmp_path / "journal") == [(1, 0, "restart", "may_recover")]
+    assert not (tmp_path / "journal" / "decision.json").exists()
     aborted = [rank for rank, said in enumerate(accounts) if GROUP_ACCOUNTS[0] == said[Resource.PROCESS_GROUP.value]]
     if aborted:
         printed = io.StringIO()
@@ -511,6 +555,25 @@ def test_wrapped_pretrain_recovers_from_a_one_off_failure_on_one_rank(tmp_path: 
             assert show_main([str(tmp_path / "journal"), "--out", str(tmp_path / "diagrams")]) == 0
         lines = [line for line in printed.getvalue().splitlines() if "wrapper  abort_process_group" in line]
         assert len(lines) == len(aborted) and all("restart wrapper's abort" in line for line in lines), lines
+
+
+@pytest.mark.timeout(150)
+def test_wrapped_pretrain_stops_a_reproducible_failure_after_the_second_iteration(tmp_path: Path) -> None:
+    """Rank 1 raises at step 2 of every iteration: both ranks end after iteration 1, RestartStopped "reproducible", 93.
+
+    Without the job's decision NVRx would restart until its ``max_restarts`` (4 here).
+    """
+    results = run_ranks("reproducible", tmp_path, timeout_s=120)
+    for body in results:
+        assert body["iterations_started"] == [0, 1]
+        assert body["decision"]["decision"] == "stop" and body["decision"]["reason"] == "reproducible"
+        assert body["decision"]["attempt"] == 1 and body["exit_code"] == 93
+        assert not body["group_left"] and body["globals_left"] == []
+    assert results[0]["decision"] == results[1]["decision"]
+    journal = tmp_path / "journal"
+    assert decisions_in(journal) == [(1, 0, "restart", "may_recover"), (1, 1, "stop", "reproducible")]
+    stop = json.loads((journal / "decision.json").read_text())
+    assert stop["reason"] == "reproducible" and stop["step"] == 2
 
 
 RELEASE_RUNS = int(os.environ.get("LIFECYCLE_RELEASE_RUNS", "5"))

@@ -53,8 +53,10 @@ def journal(
     resumed: int = 0,
     restart: int = 0,
     host: str = "h",
+    committed: int | None = None,
 ) -> None:
-    """Append one failed attempt of ``rank`` to its journal: steps from ``resumed``+1, a failure at ``step``."""
+    """Append one failed attempt of ``rank`` to its journal: steps from ``resumed``+1, a failure at ``step``, the
+    last committed step ``committed`` at its end."""
     origin = Origin(run_id=RUN, rank=rank, attempt=attempt, restart_mode="ordinary", iteration=0, restart_count=restart)
     with JournalWriter(
         journal_path(folder, rank), RunStart(origin=origin, world_size=2, pid=1, host=host, start=0.0)
@@ -71,7 +73,7 @@ def journal(
                 state="failed",
                 exit_reason=None,
                 final_step=step - 1,
-                checkpoint_step=None,
+                checkpoint_step=committed,
                 error="E: x",
                 end=0.0,
             )
@@ -156,6 +158,54 @@ def test_budget_applies_to_in_process_retries(tmp_path: Path) -> None:
         journal(tmp_path, 1, attempt, step=3 + attempt)
         actions.append(decide_after(boom(), tmp_path, rank=1, policy=policy).action)
     assert actions == ["restart", "stop"]
+
+
+def decided_alike(folder: Path, cause: int, error: BaseException, policy: RestartPolicy | None = None) -> Decision:
+    """The decision after the attempt just journaled: the victim (the other of ranks 0 and 1) waits, the cause
+    records; both get the same one."""
+    seen: dict[int, Decision] = {}
+
+    def victim() -> None:
+        lost = ConnectionError("Connection reset by peer")
+        seen[1 - cause] = decide_after(lost, folder, rank=1 - cause, policy=policy)
+
+    thread = threading.Thread(target=victim)
+    thread.start()
+    seen[cause] = decide_after(error, folder, rank=cause, policy=policy)
+    thread.join(5)
+    assert seen[0] == seen[1], seen
+    return seen[cause]
+
+
+def test_the_same_rank_raising_in_three_in_process_retries_is_named(tmp_path: Path) -> None:
+    """In-process retries (attempts 0-2, no torchrun restart), rank 1 on node-b raising at a new step each time:
+    the third stops 'repeated_culprit' naming node-b (not reproducible: the steps differ)."""
+    decisions = []
+    for attempt in (0, 1, 2):
+        step = 3 + attempt
+        journal(tmp_path, 0, attempt, step=step, resumed=attempt, committed=attempt + 1, host="node-a")
+        journal(tmp_path, 1, attempt, step=step, resumed=attempt, committed=attempt + 1, host="node-b")
+        decisions.append(decided_alike(tmp_path, 1, boom()))
+    assert [(d.action, d.reason) for d in decisions] == [
+        ("restart", "may_recover"),
+        ("restart", "may_recover"),
+        ("stop", "repeated_culprit"),
+    ]
+    assert decisions[-1].details == {"host": "node-b"} and decisions[-1].exit_code == 93
+
+
+def test_raises_on_alternating_ranks_spend_the_budget_of_in_process_retries(tmp_path: Path) -> None:
+    """In-process retries whose cause alternates between ranks, each committing a step: restarted 3 times (the
+    budget, ``max_restarts=3``), the fourth failure stops 'budget' on both ranks."""
+    policy = RestartPolicy(max_restarts=3)
+    decisions = []
+    for attempt in range(4):
+        cause, step = attempt % 2, 2 * attempt + 3
+        for rank in (0, 1):
+            journal(tmp_path, rank, attempt, cause=cause, step=step, resumed=2 * attempt, committed=2 * attempt + 2)
+        decisions.append(decided_alike(tmp_path, cause, boom(), policy=policy))
+    assert [d.action for d in decisions] == ["restart", "restart", "restart", "stop"]
+    assert (decisions[-1].reason, decisions[-1].attempt, decisions[-1].details["restarts"]) == ("budget", 3, 3)
 
 
 def test_fatal_error_stops(tmp_path: Path) -> None:

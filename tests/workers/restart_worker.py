@@ -31,6 +31,7 @@ from lifecycle import (
     SessionHandle,
     TorchActions,
     TrainingConfig,
+    exit_code,
     restart,
 )
 
@@ -133,11 +134,46 @@ def wrapped_pretrain(out: Path) -> dict[str, Any]:
     }
 
 
+def reproducible(out: Path) -> dict[str, Any]:
+    """``wrapped_pretrain`` on 2 ranks; rank 1 raises at step 2 of every iteration: the job decides to stop."""
+    started_iterations: list[int] = []
+
+    class FailAlways(Callback):
+        def on_train_start(self, session: SessionHandle, ctx: Any) -> None:
+            started_iterations.append(session.iteration)
+
+        def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+            if RANK == 1 and step == 2:
+                raise RuntimeError("rank 1 fails at step 2, every time")
+
+    config = PretrainConfig(
+        distributed=DistributedConfig(timeout_s=GROUP_TIMEOUT_S),
+        model=ModelConfig(seq_length=8, hidden_size=16, num_layers=1, num_heads=2),
+        training=TrainingConfig(iterations=4, log_interval=0),
+        checkpoint=CheckpointConfig(dir=str(out / "ckpt"), interval=1, resume=True),
+        journal_dir=str(out / "journal"),
+    )
+    try:
+        restart.wrapped_pretrain(config, None, [FailAlways()], max_restarts=4, **FAST)
+    except restart.RestartStopped as stopped:
+        return {
+            "iterations_started": started_iterations,
+            "decision": stopped.decision.to_json(),
+            "exit_code": int(exit_code(stopped, config.journal_dir)),
+            "group_left": dist.is_initialized(),
+            "globals_left": megatron_left(),
+        }
+    raise AssertionError("wrapped_pretrain returned: the job did not stop")
+
+
+SCENARIOS = {"collective": collective, "pretrain": wrapped_pretrain, "reproducible": reproducible}
+
+
 def main() -> None:
     """Run the scenario named on the command line; write its result (or error) as JSON."""
     scenario, out = sys.argv[1], Path(sys.argv[2])
     try:
-        body = {"ok": True, **{"collective": collective, "pretrain": wrapped_pretrain}[scenario](out)}
+        body = {"ok": True, **SCENARIOS[scenario](out)}
     except BaseException as exc:  # noqa: BLE001 - reported to the test, which fails on it
         body = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "notes": getattr(exc, "__notes__", [])}
     (out / f"rank{RANK}.json").write_text(json.dumps(body))
