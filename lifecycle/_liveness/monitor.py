@@ -17,8 +17,9 @@ Every ``interval_s`` it
 - reads, in one request (``look``), its neighbour's beat and, until it has seen one,
   the attempt's first verdict;
 - watches one neighbour (rank + 1) by its beat count; a neighbour silent for
-  ``max(4 intervals, floor)`` (a monitor whose rank is done says so in its last beat)
-  is confirmed by one rank, the one whose store ``add`` on
+  ``max(4 intervals, floor)`` is suspected (journaled, withdrawn when it beats); one silent
+  past the group timeout (a monitor whose rank is done says so in its last beat) is
+  confirmed by one rank, the one whose store ``add`` on
   ``<prefix>/liveness/confirm/<rank>/<beat>`` returns 1, which reads it once more and
   publishes it as unresponsive;
 - classifies its own rank when stale, from ``/proc/<pid>/stat``: ``T`` stopped, ``R``
@@ -32,6 +33,8 @@ Every ``interval_s`` it
   the phase's deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
   ``kill`` mode, the rank is told (``check_store``).
 
+Past the deadline the rank is only suspected; the verdict waits for the conviction
+deadline with the evidence re-read (``lifecycle._liveness.judgement``).
 A verdict on its own rank (kind ``stopped``, ``spinning``, ``hang``, or ``died`` when
 the rank's process is gone without saying it was done) is published as the rank's
 failure notice (``<prefix>/failures/<seq>``, the format of ``lifecycle._torch.notice``)
@@ -98,7 +101,12 @@ class Monitor:
         self.page = page
         self.wake = wake
         self.store = StoreClient(settings.host, settings.port, settings.store_timeout_s)
-        self.deadlines = Deadlines(settings.floor_s, settings.default_deadline_s, dict(settings.deadlines))
+        self.deadlines = Deadlines(
+            settings.floor_s,
+            settings.default_deadline_s,
+            dict(settings.deadlines),
+            uncalibrated_s=settings.conviction_floor_s,
+        )
         self.beats = 0
         self.last: Position | None = None
         self.changed = time.monotonic()

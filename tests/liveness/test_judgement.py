@@ -226,3 +226,15 @@ def test_a_conviction_floor_is_a_third_of_the_group_timeout_scaled_by_patience_a
             liveness=LivenessConfig(mode="kill", interval_s=1.0),  # type: ignore[arg-type]
         )
     PretrainConfig(liveness=LivenessConfig(mode="off", patience=9.0))  # type: ignore[arg-type]  # off: nothing
+
+
+def test_the_loop_past_warm_up_and_before_calibration_takes_the_conviction_floor_not_the_long_default() -> None:
+    """Warm-up: the default (600 s); past it, uncalibrated: the conviction floor; calibrated: 5x the slowest step."""
+    deadlines = monitor.Deadlines(floor_s=2.0, default_deadline_s=600.0, deadlines={}, uncalibrated_s=10.0)
+    assert deadlines.of("step") == (600.0, "default")
+    deadlines.sample("step", 30.0, 2)  # two warm-up steps (a first step 50x the rest)
+    assert deadlines.of("batch") == (10.0, "floor")
+    assert deadlines.of("checkpoint") == (600.0, "default")
+    for seconds in (0.05, 4.0, 0.05):  # a 4 s step among them (a callback on this rank): learned
+        deadlines.sample("step", seconds)
+    assert deadlines.of("callback") == (20.0, "calibrated")
