@@ -289,6 +289,17 @@ class LivenessConfig:
             check_number(f"liveness.deadlines.{phase}", seconds, integer=False, above=0, unit="seconds")
         check_number("liveness.patience", self.patience, integer=False, above=0, unit="")
 
+    def in_force(self, group_timeout_s: float) -> str:
+        """The deadlines in force, in words, for a start line ("" when liveness is off)."""
+        if self.mode is LivenessMode.OFF:
+            return ""
+        floor = self.conviction_floor_s(group_timeout_s)
+        return (
+            f"{self.mode.value}: every {self.interval_s:g} s; suspected past max(5 x the slowest step, "
+            f"{self.floor_s:g} s); convicted past max(that, {floor:g} s = patience {self.patience:g} x the "
+            f"{group_timeout_s:g} s group timeout / 3)"
+        )
+
     def check_against(self, group_timeout_s: float) -> None:
         """Refuse settings that provably convict a healthy rank or let a victim's timeout come first.
 

@@ -226,6 +226,7 @@ def test_a_conviction_floor_is_a_third_of_the_group_timeout_scaled_by_patience_a
             liveness=LivenessConfig(mode="kill", interval_s=1.0),  # type: ignore[arg-type]
         )
     PretrainConfig(liveness=LivenessConfig(mode="off", patience=9.0))  # type: ignore[arg-type]  # off: nothing
+    assert "10 s = patience 1 x the 30 s group timeout / 3" in LivenessConfig(mode="kill").in_force(30.0)  # type: ignore[arg-type]
 
 
 def test_the_loop_past_warm_up_and_before_calibration_takes_the_conviction_floor_not_the_long_default() -> None:
