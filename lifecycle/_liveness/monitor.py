@@ -30,7 +30,7 @@ Every ``interval_s`` it
   a culprit leaves waiting are its victims); one rank per count reads all positions
   (``behind``), never all ranks;
 - watches the store itself: silent (every read failing or timing out) for longer than
-  the phase's deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
+  the phase's conviction deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
   ``kill`` mode, the rank is told (``check_store``).
 
 Past the deadline the rank is only suspected; the verdict waits for the conviction
@@ -90,7 +90,7 @@ PR_SET_PDEATHSIG = 1
 NO_VERDICT = b"-"
 """What ``<prefix>/liveness/verdict/1`` holds until the attempt's first verdict is published."""
 STORE_MARGIN = 4
-"""Intervals past the phase's deadline before a silent store's host is reported (``check_store``)."""
+"""Intervals past the phase's conviction deadline before a silent store's host is reported (``check_store``)."""
 
 
 class Monitor:
@@ -224,14 +224,14 @@ class Monitor:
         return True
 
     def check_store(self, position: Position, now: float) -> None:
-        """Once the store has not answered for the phase's deadline plus ``STORE_MARGIN`` intervals, say so.
+        """Once the store has not answered for the phase's conviction deadline plus ``STORE_MARGIN`` intervals, say so.
 
         The verdict goes to the log and the page (kind ``store``, no rank); in ``kill``
         mode the rank gets ``lost_signal`` (its handler raises ``StoreHostLost`` while it
         trains). The margin leaves a stopped rank that hosts the store to its own monitor,
         which names it, and whose kill resets the peers' connections first.
         """
-        phase_s, _ = self.deadlines.of(position.phase)
+        phase_s = judgement.conviction_deadline(self.deadlines.of(position.phase)[0], self.s.conviction_floor_s)
         deadline = phase_s + STORE_MARGIN * self.s.interval_s
         silent = now - self.answered
         if silent <= deadline:
@@ -244,8 +244,8 @@ class Monitor:
         )
         note = (
             f"the store's host, {host}, has not answered rank {self.s.rank}'s monitor for {silent:.1f} s "
-            f"at {position.where()} (deadline {deadline:.1f} s: the phase's {phase_s:.1f} s and {STORE_MARGIN} "
-            "intervals); no failure can be announced nor a restart agreed through it"
+            f"at {position.where()} (deadline {deadline:.1f} s: the phase's conviction {phase_s:.1f} s and "
+            f"{STORE_MARGIN} intervals); no failure can be announced nor a restart agreed through it"
         )
         _log(f"lifecycle liveness: {note}")
         if not self.seen:

@@ -151,7 +151,7 @@ def test_a_monitor_lost_twice_fails_its_rank_in_kill_mode_naming_the_loss(tmp_pa
 
 
 STORE_MARGIN_S = 4 * 0.25
-"""The monitor's margin past the phase's deadline before a silent store's host is reported: 4 intervals."""
+"""The monitor's margin past the conviction deadline before a silent store's host is reported: 4 intervals."""
 
 
 @pytest.mark.slow
@@ -159,7 +159,8 @@ STORE_MARGIN_S = 4 * 0.25
 @pytest.mark.parametrize("kind", ["agent-stop", "agent-kill"])
 def test_a_store_host_that_stops_or_dies_fails_every_rank_naming_it(tmp_path: Path, kind: str) -> None:
     """torchrun's agent (the store's host) stopped or killed at step 60, the ranks training on without it: every rank
-    fails within D + 4 intervals + 2 s of that, and names torchrun's agent (its StoreHostLost, or the store's error)."""
+    fails within the conviction deadline + 4 intervals + 2 s of that, and names torchrun's agent (its StoreHostLost,
+    or the store's error)."""
     args = (str(tmp_path), kind, "step", "0", "2000")
     run_workers("liveness_worker", *args, world_size=2, timeout_s=120, torchrun=True, grace_s=30)
     reports = [json.loads((tmp_path / f"report-{rank}.json").read_text()) for rank in range(2)]
@@ -169,7 +170,7 @@ def test_a_store_host_that_stops_or_dies_fails_every_rank_naming_it(tmp_path: Pa
         took = float(report["failed_at"]) - fault_at
         # Past the monitor's deadline: its next look (0.25 s), the store's timeout (0.125 s), the failure path (its
         # notice waits 0.75 s on a frozen store), the teardown: SLACK_S + 1 s.
-        assert took <= DEADLINE_S + STORE_MARGIN_S + SLACK_S + 1.0, (took, report)
+        assert took <= CONVICTION_S + STORE_MARGIN_S + SLACK_S + 1.0, (took, report)
         said = " ".join([str(report["error"]), *map(str, report["notes"])])
         assert "torchrun's agent" in said, report
     assert any(str(report["error"]).startswith("StoreHostLost: ") for report in reports), reports

@@ -38,6 +38,6 @@ def test_the_zoo_at_the_demos_defaults_has_no_verdict_and_no_kill(tmp_path: Path
         report = json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1])
         assert report["error"] is None, report
     kinds = _kinds(tmp_path)
-    print("zoo journal records:", kinds)
+    print("zoo journal records:", kinds, "in", sorted(p.name for p in tmp_path.iterdir()))
     assert kinds.get("verdict", 0) == 0, kinds
     assert kinds.get("suspicion", 0) == kinds.get("withdrawal", 0), kinds
