@@ -77,6 +77,7 @@ def test_a_silent_fault_is_named_and_releases_every_rank(
         report = _report(by_rank[survivor].output)
         assert report["error"] is not None, report
         took = float(str(report["failed_at"])) - float(str(report["last_step_end"]))
+        print(f"{kind} in {phase}, rank {faulty} of {world}: rank {survivor} released {took:.2f} s after the fault")
         assert took <= BOUND_S, (survivor, took, report)
         notes = " ".join(str(note) for note in report["notes"])  # type: ignore[attr-defined]
         if kind == "crash" and faulty == 0:

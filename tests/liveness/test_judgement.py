@@ -239,3 +239,24 @@ def test_the_loop_past_warm_up_and_before_calibration_takes_the_conviction_floor
     for seconds in (0.05, 4.0, 0.05):  # a 4 s step among them (a callback on this rank): learned
         deadlines.sample("step", seconds)
     assert deadlines.of("callback") == (20.0, "calibrated")
+
+
+def test_show_says_a_suspicion_and_its_withdrawal_in_the_ranks_timeline_never_as_a_verdict(tmp_path: Path) -> None:
+    """A journaled suspicion and withdrawal appear in show's timeline as such; the attempt has no verdict."""
+    from lifecycle import journal
+    from lifecycle._tools.show import model as show_model
+    from lifecycle._tools.show import synthetic
+    from lifecycle._tools.show.main import render_timeline
+
+    origin = journal.Origin("r", 0, 0, "ordinary", 0)
+    ranks = {
+        rank: synthetic.rank_call(journal.Origin("r", rank, 0, "ordinary", 0), 2, 1000.0, steps=5) for rank in (0, 1)
+    }
+    facts = Evidence("stopped", 0, 3, "step", "T", 2.5, 2.0, "monitor")
+    ranks[0].insert(-1, journal.Suspicion(origin=origin, culprit=0, evidence=facts, time=1000.3))
+    ranks[0].insert(-1, journal.Withdrawal(origin=origin, culprit=0, time=1000.4, step=4, phase="step"))
+    synthetic.write(tmp_path, ranks)
+    text = "\n".join(render_timeline(show_model.build(journal.read([tmp_path]))))
+    assert "suspected by its liveness monitor: rank 0 stopped at step 3, phase step (past its 2.0 s deadline)" in text
+    assert "suspicion of rank 0 withdrawn: it made progress (step 4, phase step)" in text
+    assert "killed by its liveness monitor" not in text
