@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 import os
@@ -183,8 +184,8 @@ def _watcher(port: int, marks: Marks) -> monitor.Monitor:
 
 
 @pytest.mark.timeout(60)
-def test_a_neighbour_that_stops_beating_is_published_unresponsive_once_and_a_done_one_never() -> None:
-    """Rank 1's beat unchanged past max(4 intervals, floor): rank 0's monitor publishes it (notice 1, verdict 1);
+def test_a_neighbour_silent_past_the_group_timeout_is_published_unresponsive_once_and_a_done_one_never() -> None:
+    """Rank 1's beat unchanged past the group timeout (1 s here): rank 0's monitor publishes it (notice 1, verdict 1);
     a second look publishes nothing more; a beat that says done is never published."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
@@ -192,6 +193,7 @@ def test_a_neighbour_that_stops_beating_is_published_unresponsive_once_and_a_don
     marks = Marks()
     try:
         watcher = _watcher(server.port, marks)
+        watcher.s = dataclasses.replace(watcher.s, group_timeout_s=1.0)
         server.set("p/liveness/hb/1", '[7, 40, 0, 12, "step"]')
         watcher.look(now=0.0)
         watcher.look(now=0.9)  # within the floor: nothing
