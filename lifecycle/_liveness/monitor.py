@@ -90,6 +90,8 @@ PR_SET_PDEATHSIG = 1
 NO_VERDICT = b"-"
 """What ``<prefix>/liveness/verdict/1`` holds until the attempt's first verdict is published."""
 STORE_MARGIN = 4
+RESUME_WAIT = 2
+"""Intervals a stopped rank's monitor tries to publish its verdict through the store the rank hosts, once resumed."""
 """Intervals past the phase's conviction deadline before a silent store's host is reported (``check_store``)."""
 
 
@@ -483,12 +485,27 @@ class Monitor:
             return
         self.dump(kind.value)
         if first is None and kind is Kind.STOPPED:
-            # A stopped rank that hosts the store froze the store too: it answers again now.
-            first = self.publish(facts, note, pid=self.s.pid)
+            # A stopped rank that hosts the store froze the store too: it answers again now that it is resumed.
+            first = self.publish_resumed(facts, note)
             if first:
                 self.wait_until_seen()
         judgement.send(self.s.pid, self.pidfd, signal.SIGCONT)
         judgement.send(self.s.pid, self.pidfd, signal.SIGKILL)
+
+    def publish_resumed(self, facts: Evidence, note: str) -> bool | None:
+        """Publish the verdict through a store its host (this rank, just resumed) froze: tried for ``RESUME_WAIT``.
+
+        The server first serves the connections queued while it was stopped (every
+        monitor's tries, one per look): a connect may time out meanwhile, so the publish
+        is tried again (each try bounded by the store timeout) until it goes through or
+        ``RESUME_WAIT`` intervals have passed.
+        """
+        deadline = time.monotonic() + RESUME_WAIT * self.s.interval_s
+        while True:
+            first = self.publish(facts, note, pid=self.s.pid, quiet=time.monotonic() < deadline)
+            if first is not None or time.monotonic() >= deadline:
+                return first
+            time.sleep(min(0.02, self.s.interval_s / 4))
 
     def wait_until_seen(self) -> None:
         """Wait (at most two intervals) until every other monitor has copied the verdict to its rank's page.
@@ -519,18 +536,20 @@ class Monitor:
         if failed:
             _log(f"lifecycle liveness: could not write a {line['kind']} record to {self.s.journal}: {failed}")
 
-    def publish(self, facts: Evidence, note: str, *, pid: int) -> bool | None:
+    def publish(self, facts: Evidence, note: str, *, pid: int, quiet: bool = False) -> bool | None:
         """The failure notice of the rank ``facts`` name and the verdict, in the store (best effort, bounded).
 
         Both carry the evidence as typed fields (``kind``, ``evidence``) beside the words.
 
         True if this is the attempt's first verdict (the one every monitor copies to its
-        page), False if another came first, None if the store failed.
+        page), False if another came first, None if the store failed (logged unless ``quiet``: tried again).
         """
         self.seq = None
         try:
             self.seq, n, text = judgement.publish(self.store, self.s.prefix, facts, note, pid)
         except StoreError as exc:
+            if quiet:
+                return None
             _log(f"lifecycle liveness: publishing the verdict on rank {facts.rank} failed: {exc}")
             return None
         if n == 1:
