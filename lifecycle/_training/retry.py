@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from lifecycle._core.errors import StoreHostLost
 from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
 from lifecycle._training.exits import _not_worth_restarting
 from lifecycle.journal import Failure, RunEnd, RunStart, TrainStep, journal_path, load, run_id
@@ -91,6 +92,10 @@ def decide_after(
     unreadable journal or store: it decides from what it has (``error`` alone, at worst).
     """
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    if store is not None and _store_host_lost(error):
+        # The store's host stopped answering (torchrun's agent hosts both stores): a torch store call to a stopped
+        # host blocks past its timeout, so the journal folder holds the decision.
+        store = None
     if journal_dir is None and store is None:
         return decide([_facts(error, None, rank)[0]], policy)
     folder = None if journal_dir is None else Path(journal_dir)
@@ -111,6 +116,18 @@ def decide_after(
             (folder / STOP_FILE).write_text(found[1].json_line() + "\n", encoding="utf-8")
         print(found[1].json_line(), file=sys.stderr, flush=True)
     return found[1]
+
+
+def _store_host_lost(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from, or during) is a ``StoreHostLost``."""
+    seen: set[int] = set()
+    found: BaseException | None = error
+    while found is not None and id(found) not in seen:
+        if isinstance(found, StoreHostLost):
+            return True
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return False
 
 
 class _Ledger:
