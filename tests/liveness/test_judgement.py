@@ -243,10 +243,9 @@ def test_the_loop_past_warm_up_and_before_calibration_takes_the_conviction_floor
 
 def test_show_says_a_suspicion_and_its_withdrawal_in_the_ranks_timeline_never_as_a_verdict(tmp_path: Path) -> None:
     """A journaled suspicion and withdrawal appear in show's timeline as such; the attempt has no verdict."""
+    from support.internals import render_timeline, show_model, synthetic
+
     from lifecycle import journal
-    from lifecycle._tools.show import model as show_model
-    from lifecycle._tools.show import synthetic
-    from lifecycle._tools.show.main import render_timeline
 
     origin = journal.Origin("r", 0, 0, "ordinary", 0)
     ranks = {
