@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,6 +171,21 @@ def publish(store: Any, prefix: str, facts: Evidence, note: str, pid: int) -> tu
     text = json.dumps({**verdict, "evidence": facts.to_json()}).encode()
     store.set(f"{prefix}/liveness/verdict/{n}", text)
     return seq, n, text
+
+
+def publish_resumed(publish: Callable[[bool], bool | None], seconds: float, pause: float) -> bool | None:
+    """``publish(quiet)`` tried for ``seconds`` through a store its host (the rank, just resumed) froze.
+
+    The server first serves the connections queued while it was stopped: a call may time
+    out meanwhile, so the publish is tried again (each try bounded by the store timeout,
+    ``quiet`` until the last) until it goes through (True/False) or the time is up (None).
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        first = publish(time.monotonic() < deadline)
+        if first is not None or time.monotonic() >= deadline:
+            return first
+        time.sleep(pause)
 
 
 def dump(pid: int, pidfd: int, signum: int, stacks: str, *, resume: bool) -> None:

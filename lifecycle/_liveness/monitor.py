@@ -90,8 +90,7 @@ PR_SET_PDEATHSIG = 1
 NO_VERDICT = b"-"
 """What ``<prefix>/liveness/verdict/1`` holds until the attempt's first verdict is published."""
 STORE_MARGIN = 4
-RESUME_WAIT = 2
-"""Intervals a stopped rank's monitor tries to publish its verdict through the store the rank hosts, once resumed."""
+RESUME_WAIT = 2  # intervals a stopped rank's monitor retries its verdict through the store it hosts, once resumed
 """Intervals past the phase's conviction deadline before a silent store's host is reported (``check_store``)."""
 
 
@@ -239,11 +238,8 @@ class Monitor:
         if silent <= deadline:
             return
         self.lost = True
-        host = (
-            f"{self.s.store_host} ({self.s.host}:{self.s.port})"
-            if self.s.store_host
-            else f"{self.s.host}:{self.s.port}"
-        )
+        host = f"{self.s.host}:{self.s.port}"
+        host = f"{self.s.store_host} ({host})" if self.s.store_host else host
         note = (
             f"the store's host, {host}, has not answered rank {self.s.rank}'s monitor for {silent:.1f} s "
             f"at {position.where()} (deadline {deadline:.1f} s: the phase's conviction {phase_s:.1f} s and "
@@ -486,26 +482,13 @@ class Monitor:
         self.dump(kind.value)
         if first is None and kind is Kind.STOPPED:
             # A stopped rank that hosts the store froze the store too: it answers again now that it is resumed.
-            first = self.publish_resumed(facts, note)
+            pause = min(0.02, self.s.interval_s / 4)
+            publish = lambda quiet: self.publish(facts, note, pid=self.s.pid, quiet=quiet)  # noqa: E731
+            first = judgement.publish_resumed(publish, RESUME_WAIT * self.s.interval_s, pause)
             if first:
                 self.wait_until_seen()
         judgement.send(self.s.pid, self.pidfd, signal.SIGCONT)
         judgement.send(self.s.pid, self.pidfd, signal.SIGKILL)
-
-    def publish_resumed(self, facts: Evidence, note: str) -> bool | None:
-        """Publish the verdict through a store its host (this rank, just resumed) froze: tried for ``RESUME_WAIT``.
-
-        The server first serves the connections queued while it was stopped (every
-        monitor's tries, one per look): a connect may time out meanwhile, so the publish
-        is tried again (each try bounded by the store timeout) until it goes through or
-        ``RESUME_WAIT`` intervals have passed.
-        """
-        deadline = time.monotonic() + RESUME_WAIT * self.s.interval_s
-        while True:
-            first = self.publish(facts, note, pid=self.s.pid, quiet=time.monotonic() < deadline)
-            if first is not None or time.monotonic() >= deadline:
-                return first
-            time.sleep(min(0.02, self.s.interval_s / 4))
 
     def wait_until_seen(self) -> None:
         """Wait (at most two intervals) until every other monitor has copied the verdict to its rank's page.

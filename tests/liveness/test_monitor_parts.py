@@ -6,6 +6,7 @@ import dataclasses
 import json
 import mmap
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -144,6 +145,57 @@ def test_every_store_call_is_bounded_against_a_frozen_server() -> None:
         with pytest.raises(monitor.StoreError):
             client.get("k")
         assert time.monotonic() - started < 1.5
+    finally:
+        host.kill()
+        host.wait()
+
+
+def _accept_queue(port: int) -> int:
+    """The connections queued, not yet accepted, on the listening socket of ``port`` (its ``/proc/net`` rx_queue)."""
+    queued = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as file:
+            for line in file.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    queued += int(fields[4].split(":")[1], 16)
+    return queued
+
+
+@pytest.mark.timeout(60)
+def test_a_client_keeps_one_connection_waiting_on_a_frozen_server_and_answers_at_once_when_it_resumes() -> None:
+    """Twenty failed looks on a SIGSTOPped host queue one connection, not twenty; resumed, the next call answers."""
+    host = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from torch.distributed import TCPStore\n"
+            "s = TCPStore('127.0.0.1', 0, 1, True, wait_for_workers=False)\n"
+            "print(s.port, flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert host.stdout is not None
+        port = int(host.stdout.readline())
+        client = monitor.StoreClient("127.0.0.1", port, 0.1)
+        client.set("k", b"v")
+        stop_process(host.pid)
+        for _ in range(20):
+            with pytest.raises(monitor.StoreError):
+                client.get("k")
+        assert _accept_queue(port) <= 1
+        os.kill(host.pid, signal.SIGCONT)
+        started = time.monotonic()
+        while True:
+            try:
+                assert client.get("k") == b"v"
+                break
+            except monitor.StoreError:
+                assert time.monotonic() - started < 1.0
     finally:
         host.kill()
         host.wait()
