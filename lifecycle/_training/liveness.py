@@ -73,6 +73,8 @@ def start_liveness(
         origin=dataclasses.asdict(journal.origin),
         store_host="torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "",
         lost_signal=int(LOST_SIGNAL) if lost is not None else 0,
+        conviction_floor_s=live.conviction_floor_s(config.distributed.timeout_s),
+        group_timeout_s=config.distributed.timeout_s,
     )
     try:
         monitor = start_monitor(settings)

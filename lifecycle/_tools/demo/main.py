@@ -158,6 +158,8 @@ class _Plan:
     port: int
     local: bool
     temporary: Path | None = None
+    liveness: str = ""
+    """The liveness deadlines in force, in words ("" when liveness is off), for the start line."""
 
 
 def _plan(options: argparse.Namespace, argv: list[str]) -> _Plan:
@@ -186,7 +188,8 @@ def _plan(options: argparse.Namespace, argv: list[str]) -> _Plan:
         if made is not None:  # the temporary folder made above: nothing will use it
             shutil.rmtree(made, ignore_errors=True)
         raise
-    return _Plan(options, worker_args, journal_dir, checkpoint_dir, port, local, made)
+    in_force = ranks.liveness.in_force(ranks.distributed.timeout_s)
+    return _Plan(options, worker_args, journal_dir, checkpoint_dir, port, local, made, liveness=in_force)
 
 
 def _latest_layout(folder: Path) -> tuple[int, dict[str, int] | None] | None:
@@ -395,6 +398,8 @@ def _launch(plan: _Plan) -> int:
     layout = f"TP{args.tp} PP1 DP{args.nproc // args.tp}"
     print(f"demo: {args.nproc} ranks ({layout}), {args.steps} steps, rendezvous {rendezvous}", flush=True)
     print(f"demo: journals in {plan.journal_dir}, checkpoints in {plan.checkpoint_dir}", flush=True)
+    if plan.liveness:
+        print(f"demo: liveness {plan.liveness}", flush=True)
     torchrun_log = plan.journal_dir / TORCHRUN_LOG
     started = time.monotonic()
     with _Signals().installed() as signals, torchrun_log.open("ab") as log:
