@@ -7,6 +7,7 @@ without loading torch. ``PretrainConfig`` gathers the distributed and parallel l
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -382,12 +383,16 @@ class LivenessConfig:
         )
 
     def check_against(self, group_timeout_s: float) -> None:
-        """Refuse settings that provably convict a healthy rank or let a victim's timeout come first.
+        """Refuse settings that provably let a victim's timeout come first; warn on an interval with no look between.
 
         The conviction floor must stay below the group timeout (a rank stuck before a
         collective is convicted before its peers' receive times out: else the victim's
-        timeout is the first failure and the culprit is never named); the interval must
-        be below the floor (a suspicion needs at least one look before it convicts).
+        timeout is the first failure and the culprit is never named): ``ConfigError``.
+        An interval at or above the floor is only warned on (``RuntimeWarning``): a rank
+        past its deadline is then convicted at the look that first suspects it, as before
+        judgement, but no healthy rank is killed that the group timeout would have spared
+        (the floor is a third of it: a short group timeout, not the interval, bounds the
+        healthy pauses such a run survives).
         """
         if self.mode is LivenessMode.OFF:
             return
@@ -400,10 +405,12 @@ class LivenessConfig:
                 "use a patience below 3",
             )
         if self.interval_s >= floor:
-            raise ConfigError(
-                "liveness.interval_s",
-                f"{self.interval_s}: not below the conviction floor ({floor:.1f} s): a suspicion would convict "
-                "at its first look, never re-read",
+            warnings.warn(
+                f"liveness.interval_s {self.interval_s:g} is not below the conviction floor ({floor:.2g} s = "
+                f"patience {self.patience:g} x the {group_timeout_s:g} s group timeout / 3): a rank past its "
+                "deadline is convicted at the look that first suspects it, with no look between",
+                RuntimeWarning,
+                stacklevel=4,  # check_against, __post_init__, the dataclass __init__: the caller's line
             )
 
 

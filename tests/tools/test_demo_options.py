@@ -195,6 +195,8 @@ def test_an_unreachable_rendezvous_fails_within_the_timeout_naming_the_address(t
     assert done.returncode == 1, done.stdout
     assert elapsed < 40, (elapsed, done.stdout[-3000:])
     assert "--master-addr 192.0.2.99 (192.0.2.99) is not an address of this machine" in done.stdout, done.stdout
+    # --timeout 3 puts the conviction floor (1 s) at the 1 s interval: not provably bad, so a warning, in demo words
+    assert "demo: warning: --liveness-interval 1 is not below the conviction floor (1 s" in done.stdout, done.stdout
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("demo: FAILED") and "192.0.2.99:" in last, last
 

@@ -64,6 +64,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -80,7 +81,15 @@ from lifecycle._launch.launcher import (
     torchrun_command,
 )
 from lifecycle._tools.demo.console import RANK_LOGS, TORCHRUN_LOG, RankOutput
-from lifecycle._tools.demo.options import SAME_REQUEST_S, UsageError, check_options, demo_config, max_restarts, parser
+from lifecycle._tools.demo.options import (
+    SAME_REQUEST_S,
+    UsageError,
+    check_options,
+    demo_config,
+    flag_of,
+    max_restarts,
+    parser,
+)
 from lifecycle._tools.demo.report import Ending, Run, rank_journals, report
 from lifecycle._tools.demo.worker import STOP_MARKER
 from lifecycle._training.exits import ExitCode
@@ -164,7 +173,12 @@ class _Plan:
 
 def _plan(options: argparse.Namespace, argv: list[str]) -> _Plan:
     """Check every option, cheapest first; make the folders. ``UsageError`` naming the flag of the first bad one."""
-    check_options(options)
+    with warnings.catch_warnings(record=True) as warned:  # the config's own warnings, said as the demo's
+        warnings.simplefilter("always")
+        check_options(options)
+    for said in dict.fromkeys(str(warning.message) for warning in warned):
+        field, _, rest = said.partition(" ")
+        print(f"demo: warning: {flag_of(field)} {rest}", file=sys.stderr)
     _check_memory(options.nproc)
     port, local = _check_rendezvous(options.master_addr, options.master_port)
     worker_args = list(argv)
@@ -176,7 +190,9 @@ def _plan(options: argparse.Namespace, argv: list[str]) -> _Plan:
             raise UsageError("--journal-dir", f"not given, and no temporary folder could be made: {exc}") from None
         worker_args.append(f"--journal-dir={made}")
     # The folders every rank will use: its own config, built from its own arguments.
-    ranks = demo_config(parser().parse_args(worker_args))
+    with warnings.catch_warnings():  # said above
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ranks = demo_config(parser().parse_args(worker_args))
     journal_dir, checkpoint_dir = Path(str(ranks.journal_dir)), Path(str(ranks.checkpoint.dir))
     try:
         _check_folder("--journal-dir", journal_dir)
