@@ -378,7 +378,7 @@ class LivenessConfig:
         floor = self.conviction_floor_s(group_timeout_s)
         return (
             f"{self.mode.value}: every {self.interval_s:g} s; suspected past max(5 x the slowest step, "
-            f"{self.floor_s:g} s); convicted past max(that, {floor:g} s = patience {self.patience:g} x the "
+            f"{self.floor_s:g} s); convicted past max(that, {floor:.3g} s = patience {self.patience:g} x the "
             f"{group_timeout_s:g} s group timeout / 3)"
         )
 

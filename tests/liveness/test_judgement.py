@@ -259,3 +259,27 @@ def test_show_says_a_suspicion_and_its_withdrawal_in_the_ranks_timeline_never_as
     assert "suspected by its liveness monitor: rank 0 stopped at step 3, phase step (past its 2.0 s deadline)" in text
     assert "suspicion of rank 0 withdrawn: it made progress (step 4, phase step)" in text
     assert "killed by its liveness monitor" not in text
+
+
+def test_show_prints_the_deadlines_in_force_under_each_ranks_start(tmp_path: Path) -> None:
+    """A run record's ``liveness`` (the deadlines in force) is a line under that rank's start; "" prints none."""
+    import dataclasses
+
+    from support.internals import render_timeline, show_model, synthetic
+
+    from lifecycle import LivenessConfig, journal
+
+    said = LivenessConfig(mode="kill").in_force(30.0)  # type: ignore[arg-type]
+    ranks = {
+        rank: synthetic.rank_call(journal.Origin("r", rank, 0, "ordinary", 0), 2, 1000.0, steps=3) for rank in (0, 1)
+    }
+    first = ranks[0][0]
+    assert isinstance(first, journal.RunStart)
+    ranks[0][0] = dataclasses.replace(first, liveness=said)
+    synthetic.write(tmp_path, ranks)
+    lines = render_timeline(show_model.build(journal.read([tmp_path])))
+    started = [i for i, line in enumerate(lines) if "pretrain started" in line]
+    assert len(started) == 2, lines
+    assert lines[started[0] + 1].strip().endswith(f"liveness {said}"), lines
+    assert sum("liveness kill: every 1 s" in line for line in lines) == 1, lines
+    assert "convicted past max(that, 10 s = patience 1 x the 30 s group timeout / 3)" in said

@@ -120,7 +120,7 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
         if isinstance(r, RunStart):
             o = r.origin
             text = f"pretrain started (pid {r.pid} on {r.host}, restart mode {o.restart_mode}, iteration {o.iteration})"
-            events.append((r.start, text))
+            events += [(r.start, text)] + ([(r.start, f"    liveness {r.liveness}")] if r.liveness else [])
         elif isinstance(r, Transition):
             text = f"{r.source} → {r.dest}  [{r.trigger}, {_ms(r.end - r.start)}]"
             if r.agreed_attempt is not None:
