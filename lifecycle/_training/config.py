@@ -343,7 +343,8 @@ class LivenessConfig:
     ``max(deadline, conviction_floor_s(group timeout))``: ``patience`` × a third of the
     group timeout (10 s at 30 s). ``patience`` trades detection time for tolerance of
     healthy pauses (docs/liveness.md); at 3 or more the floor reaches the group timeout
-    and ``PretrainConfig`` refuses it (a collective would time out first, on a victim).
+    and ``PretrainConfig`` refuses it (a collective would time out first, on a victim), as
+    it refuses a ``floor_s`` at or above the group timeout.
     """
 
     mode: LivenessMode = LivenessMode.OFF
@@ -385,9 +386,10 @@ class LivenessConfig:
     def check_against(self, group_timeout_s: float) -> None:
         """Refuse settings that provably let a victim's timeout come first; warn on an interval with no look between.
 
-        The conviction floor must stay below the group timeout (a rank stuck before a
-        collective is convicted before its peers' receive times out: else the victim's
-        timeout is the first failure and the culprit is never named): ``ConfigError``.
+        The conviction floor and ``floor_s`` (no deadline is shorter) must stay below the
+        group timeout (a rank stuck before a collective is convicted before its peers'
+        receive times out: else the victim's timeout is the first failure and the culprit
+        is never named): ``ConfigError``.
         An interval at or above the floor is only warned on (``RuntimeWarning``): a rank
         past its deadline is then convicted at the look that first suspects it, as before
         judgement, but no healthy rank is killed that the group timeout would have spared
@@ -403,6 +405,13 @@ class LivenessConfig:
                 f"{self.patience}: the conviction floor ({floor:.1f} s) reaches the group timeout "
                 f"({group_timeout_s:.1f} s): a peer's collective times out before the culprit is convicted; "
                 "use a patience below 3",
+            )
+        if self.floor_s >= group_timeout_s:
+            raise ConfigError(
+                "liveness.floor_s",
+                f"{self.floor_s:g}: the least calibrated deadline, not below the group timeout "
+                f"({group_timeout_s:g} s): a peer's collective times out before any culprit is convicted; use a "
+                "floor below the group timeout",
             )
         if self.interval_s >= floor:
             warnings.warn(

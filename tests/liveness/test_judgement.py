@@ -210,7 +210,7 @@ def test_evidence_holds_only_at_the_same_count_in_a_matching_state() -> None:
 
 
 def test_a_conviction_floor_is_a_third_of_the_group_timeout_scaled_by_patience_and_refused_at_it() -> None:
-    """10 s at a 30 s group timeout, 20 s at 60 s; patience scales it; refused at the timeout, warned at an interval."""
+    """10 s at 30 s, 20 s at 60 s; patience scales it; it or floor_s at the timeout refused; the interval warned."""
     from lifecycle import ConfigError, DistributedConfig, LivenessConfig, PretrainConfig
 
     assert LivenessConfig(mode="kill").conviction_floor_s(30.0) == 10.0  # type: ignore[arg-type]
@@ -219,6 +219,13 @@ def test_a_conviction_floor_is_a_third_of_the_group_timeout_scaled_by_patience_a
         PretrainConfig(
             distributed=DistributedConfig(timeout_s=30.0),
             liveness=LivenessConfig(mode="kill", patience=3.0),  # type: ignore[arg-type]
+        )
+    with pytest.raises(
+        ConfigError, match=r"liveness\.floor_s: 30: the least calibrated deadline, not below the group timeout"
+    ):
+        PretrainConfig(
+            distributed=DistributedConfig(timeout_s=30.0),
+            liveness=LivenessConfig(mode="report", floor_s=30.0),  # type: ignore[arg-type]
         )
     with pytest.warns(RuntimeWarning, match=r"liveness\.interval_s 1 is not below the conviction floor \(1 s"):
         PretrainConfig(  # not provably bad: warned on, not refused (the demo's --timeout 3 runs)

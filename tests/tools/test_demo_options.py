@@ -56,6 +56,7 @@ def refused(tmp_path: Path, *args: str) -> str:
         (["--nproc=3", "--tp=3"], "--tp"),  # divides the world, not the model's 64-token vocabulary
         (["--checkpoint-dir="], "--checkpoint-dir"),  # old: the current folder, resumed from by the next run
         (["--timeout=inf"], "--timeout"),
+        (["--timeout=2"], "--timeout"),  # not above the liveness floor (2 s): the culprit could never be named first
         (["--fail-at=step", "--fail-rank=-1"], "--fail-rank"),
         (["--fail-rank=0"], "--fail-rank"),
         (["--master-port=-1"], "--master-port"),
