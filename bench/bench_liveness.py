@@ -18,7 +18,11 @@ Three tables, each measured side by side in one run:
    batch provider, or dies (SIGKILL) at step ``FAIL_STEP``: the time from the end of
    rank 0's last step to rank 0's exception, with the monitor (``kill``, 1 s interval,
    2 s floor: the defaults) and with torch alone (``off``). The steps sleep 20 ms, so the
-   fault comes at most one step after that last step end.
+   fault comes at most one step after that last step end. The title states the deadlines
+   in force (``LivenessConfig.in_force``): a fault is convicted past the conviction floor.
+4. **False kills in the zoo.** The zoo (``tests/workers/liveness_zoo_worker.py``: healthy
+   but slow episodes at the demo's defaults, 2 ranks): verdicts and kills (0 expected),
+   suspicions and withdrawals.
 """
 
 from __future__ import annotations
@@ -209,20 +213,54 @@ def release_table() -> str:
         rows.append([f"{kind} (in {phase})", f"{with_monitor:.1f}", f"{alone:.1f}", ratio, named])
     title = (
         f"liveness monitor: time from the fault to the survivor's exception (2 ranks, gloo, rank 1 faulty at step "
-        f"{FAIL_STEP}, {GROUP_TIMEOUT_S:.0f} s group timeout, monitor at its defaults: 1 s interval, 2 s floor)"
+        f"{FAIL_STEP}, {GROUP_TIMEOUT_S:.0f} s group timeout; monitor at its defaults: {_in_force()})"
     )
     header = ["fault", "with the monitor (s)", "torch alone (s)", "torch alone ÷ monitor", "culprit named by kind"]
     return table(title, header, rows)
 
 
-_WORDS = {"stop": "is stopped", "spin": "is spinning", "hang": "is waiting", "crash": "died"}
+_WORDS = {"stop": "stopped", "spin": "was spinning", "hang": "hung", "crash": "died"}
 
 
-TABLES = {"cost": cost_table, "start": start_table, "release": release_table}
+def _in_force(group_timeout_s: float = GROUP_TIMEOUT_S) -> str:
+    """The default monitor's deadlines in force at ``group_timeout_s`` (table 3's by default)."""
+    from lifecycle import LivenessConfig
+
+    return LivenessConfig(mode="kill").in_force(group_timeout_s)  # type: ignore[arg-type]
+
+
+def zoo_table() -> str:
+    """Table 4: verdicts, kills, suspicions and withdrawals in one run of the zoo (2 ranks, the demo's defaults)."""
+    from lifecycle.testing import launch_ranks
+
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    worker = tests / "workers" / "liveness_zoo_worker.py"
+    env = {"PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])}
+    with tempfile.TemporaryDirectory() as folder:
+        results = launch_ranks([str(worker), folder], 2, timeout_s=400, env=env)
+        counts: dict[str, int] = {}
+        for path in Path(folder).glob("rank*.jsonl"):
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    kind = json.loads(line)["kind"]
+                    counts[kind] = counts.get(kind, 0) + 1
+    kills = sum(1 for r in results if r.returncode == -9)
+    rows = [
+        ["verdicts (false convictions)", str(counts.get("verdict", 0)), "0"],
+        ["ranks killed", str(kills), "0"],
+        ["ranks that did not finish", str(sum(1 for r in results if r.returncode != 0)), "0"],
+        ["suspicions", str(counts.get("suspicion", 0)), "–"],
+        ["withdrawals", str(counts.get("withdrawal", 0)), "= suspicions"],
+    ]
+    title = f"liveness monitor: false kills in the zoo (2 ranks, gloo, 30 s group timeout; {_in_force(30.0)})"
+    return table(title, ["measure", "count", "target"], rows)
+
+
+TABLES = {"cost": cost_table, "start": start_table, "release": release_table, "zoo": zoo_table}
 
 
 def main(names: tuple[str, ...] = tuple(TABLES)) -> str:
-    """The tables named (all three by default), in order."""
+    """The tables named (all four by default), in order."""
     return "\n".join(TABLES[name]() for name in names)
 
 

@@ -35,6 +35,14 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "distributed/test_nccl_settings.py": frozenset({"lifecycle._torch.config", "lifecycle._torch.megatron"}),
     "distributed/test_store_ops.py": frozenset({"lifecycle._torch.notice", "lifecycle._torch.store"}),
     "liveness/test_fault_kinds.py": frozenset({"lifecycle._liveness.monitor"}),
+    "liveness/test_judgement.py": frozenset(
+        {
+            "lifecycle._liveness.judgement",
+            "lifecycle._liveness.monitor",
+            "lifecycle._liveness.rank",
+            "lifecycle._liveness.settings",
+        }
+    ),
     "liveness/test_monitor_load.py": frozenset(
         {"lifecycle._liveness.monitor", "lifecycle._liveness.rank", "lifecycle._liveness.settings"}
     ),

@@ -19,6 +19,12 @@ CALIBRATED_AFTER = 3
 class Deadlines:
     """Deadline per phase: ``max(factor × slowest sample, floor_s)`` once calibrated; else ``default_deadline_s``.
 
+    The loop past its warm-up steps and not yet calibrated: ``uncalibrated_s`` when set
+    (the conviction floor: a rank that hangs in its first steps is still named in time).
+    A step longer than a look is sampled alone, so the slowest single long step (a
+    periodic heavy step, rank 0's work between steps) sets the deadline; steps shorter
+    than a look are sampled by their mean, which the floor covers.
+
     ``deadlines`` (phase → seconds) override (the names are ``LivenessConfig``'s). The
     training loop's phases share the ``loop`` deadline, sampled per step; other phases
     are sampled per occurrence (``evaluation``, ``checkpoint``, ``finalize`` apart).
@@ -28,6 +34,8 @@ class Deadlines:
     default_deadline_s: float
     deadlines: dict[str, float]
     factor: float = 5.0
+    uncalibrated_s: float = 0.0
+    """The loop's deadline past warm-up until calibrated (the conviction floor); 0: ``default_deadline_s``."""
     samples: dict[str, list[float]] = field(default_factory=dict)
     seen: dict[str, int] = field(default_factory=dict)  # occurrences (steps, for the loop) seen, warm-up included
     covered: dict[str, int] = field(default_factory=dict)  # occurrences past warm-up the samples stand for
@@ -52,10 +60,12 @@ class Deadlines:
             self.covered[key] = self.covered.get(key, 0) + past
 
     def of(self, phase: str) -> tuple[float, str]:
-        """``phase``'s deadline and how it was set (``explicit``, ``calibrated``, ``default``)."""
+        """``phase``'s deadline and how it was set (``explicit``, ``calibrated``, ``floor``, ``default``)."""
         if phase in self.deadlines:
             return self.deadlines[phase], "explicit"
         found = self.samples.get(self.key(phase), [])
         if self.covered.get(self.key(phase), 0) >= CALIBRATED_AFTER:
             return max(self.factor * max(found), self.floor_s), "calibrated"
+        if self.uncalibrated_s and self.key(phase) == "loop" and self.seen.get("loop", 0) >= WARMUP_STEPS:
+            return max(self.uncalibrated_s, self.floor_s), "floor"
         return self.default_deadline_s, "default"

@@ -17,8 +17,9 @@ Every ``interval_s`` it
 - reads, in one request (``look``), its neighbour's beat and, until it has seen one,
   the attempt's first verdict;
 - watches one neighbour (rank + 1) by its beat count; a neighbour silent for
-  ``max(4 intervals, floor)`` (a monitor whose rank is done says so in its last beat)
-  is confirmed by one rank, the one whose store ``add`` on
+  ``max(4 intervals, floor)`` is suspected (journaled, withdrawn when it beats); one silent
+  past the group timeout (a monitor whose rank is done says so in its last beat) is
+  confirmed by one rank, the one whose store ``add`` on
   ``<prefix>/liveness/confirm/<rank>/<beat>`` returns 1, which reads it once more and
   publishes it as unresponsive;
 - classifies its own rank when stale, from ``/proc/<pid>/stat``: ``T`` stopped, ``R``
@@ -29,9 +30,11 @@ Every ``interval_s`` it
   a culprit leaves waiting are its victims); one rank per count reads all positions
   (``behind``), never all ranks;
 - watches the store itself: silent (every read failing or timing out) for longer than
-  the phase's deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
+  the phase's conviction deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
   ``kill`` mode, the rank is told (``check_store``).
 
+Past the deadline the rank is only suspected; the verdict waits for the conviction
+deadline with the evidence re-read (``lifecycle._liveness.judgement``).
 A verdict on its own rank (kind ``stopped``, ``spinning``, ``hang``, or ``died`` when
 the rank's process is gone without saying it was done) is published as the rank's
 failure notice (``<prefix>/failures/<seq>``, the format of ``lifecycle._torch.notice``)
@@ -50,22 +53,23 @@ import mmap
 import os
 import select
 import signal
-import socket
 import sys
 import time
 
 if __package__:
+    from lifecycle._liveness import judgement
     from lifecycle._liveness.deadlines import LOOP_PHASES, Deadlines
     from lifecycle._liveness.page import PAGE_SIZE, Position, process_state, read_marks, write_verdict
     from lifecycle._liveness.settings import Settings
     from lifecycle._liveness.summary import Summary, summarize
     from lifecycle._liveness.wire import StoreClient, StoreError
-    from lifecycle.journal.evidence import VERDICT_PREFIX, Evidence, Kind
+    from lifecycle.journal.evidence import Evidence, Kind
 else:  # run as a script (python -S -E -s monitor.py): its folder is on the path; never import the package (torch)
     # The evidence module is standard library only, like this folder's: loaded from its file, not its package.
     sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "journal"))
+    import judgement  # type: ignore[import-not-found,no-redef]
     from deadlines import LOOP_PHASES, Deadlines  # type: ignore[import-not-found,no-redef]
-    from evidence import VERDICT_PREFIX, Evidence, Kind  # type: ignore[import-not-found,no-redef]
+    from evidence import Evidence, Kind  # type: ignore[import-not-found,no-redef]
     from page import (  # type: ignore[import-not-found,no-redef]
         PAGE_SIZE,
         Position,
@@ -86,26 +90,9 @@ PR_SET_PDEATHSIG = 1
 NO_VERDICT = b"-"
 """What ``<prefix>/liveness/verdict/1`` holds until the attempt's first verdict is published."""
 STORE_MARGIN = 4
-"""Intervals past the phase's deadline before a silent store's host is reported (``check_store``)."""
-DUMP_WAIT_S = 0.5
-"""The longest the monitor waits for a wedged rank's stack dump before it kills the rank."""
-
-
-def append_line(path: str, data: bytes) -> None:
-    """Append ``data`` (one journal line) to ``path`` in one ``write`` on a file opened for appending.
-
-    The monitor's records and the rank's, each appended so, never interleave; after a
-    torn line (a writer killed mid-line) ``data`` starts a line of its own. Raises
-    ``OSError`` when the file cannot be opened or written.
-    """
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            data = b"\n" + data
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+"""Intervals past the phase's conviction deadline before a silent store's host is reported (``check_store``)."""
+RESUME_WAIT = 2
+"""Intervals a stopped rank's monitor retries its verdict through the store it hosts, once resumed."""
 
 
 class Monitor:
@@ -116,7 +103,12 @@ class Monitor:
         self.page = page
         self.wake = wake
         self.store = StoreClient(settings.host, settings.port, settings.store_timeout_s)
-        self.deadlines = Deadlines(settings.floor_s, settings.default_deadline_s, dict(settings.deadlines))
+        self.deadlines = Deadlines(
+            settings.floor_s,
+            settings.default_deadline_s,
+            dict(settings.deadlines),
+            uncalibrated_s=settings.conviction_floor_s,
+        )
         self.beats = 0
         self.last: Position | None = None
         self.changed = time.monotonic()
@@ -136,6 +128,9 @@ class Monitor:
         self.gather_round_s = max(2 * settings.interval_s, 0.5)
         self.asked: tuple[int, int] | None = None  # the (count, round) this rank last asked about
         self.lowest: tuple[tuple[int, int], Summary] | None = None  # and the summary it got
+        self.suspect: judgement.Suspect | None = None  # this rank, suspected and not (yet) convicted
+        self.neighbour_suspected = False  # the neighbour's monitor is silent: suspected unresponsive
+        self.pidfd = judgement.open_pidfd(settings.pid)
 
     def run(self) -> int:
         """The loop; returns the exit code."""
@@ -182,6 +177,8 @@ class Monitor:
             self.last = position
             self.changed = now
             self.running_ticks = 0
+            if self.suspect is not None:
+                self.withdraw(position, "it made progress")
 
     def beat(self, position: Position, *, done: bool = False) -> bool:
         """Publish this monitor's beat and its rank's position (one store write); False if the store failed.
@@ -229,28 +226,25 @@ class Monitor:
         return True
 
     def check_store(self, position: Position, now: float) -> None:
-        """Once the store has not answered for the phase's deadline plus ``STORE_MARGIN`` intervals, say so.
+        """Once the store has not answered for the phase's conviction deadline plus ``STORE_MARGIN`` intervals, say so.
 
         The verdict goes to the log and the page (kind ``store``, no rank); in ``kill``
         mode the rank gets ``lost_signal`` (its handler raises ``StoreHostLost`` while it
         trains). The margin leaves a stopped rank that hosts the store to its own monitor,
         which names it, and whose kill resets the peers' connections first.
         """
-        phase_s, _ = self.deadlines.of(position.phase)
+        phase_s = judgement.conviction_deadline(self.deadlines.of(position.phase)[0], self.s.conviction_floor_s)
         deadline = phase_s + STORE_MARGIN * self.s.interval_s
         silent = now - self.answered
         if silent <= deadline:
             return
         self.lost = True
-        host = (
-            f"{self.s.store_host} ({self.s.host}:{self.s.port})"
-            if self.s.store_host
-            else f"{self.s.host}:{self.s.port}"
-        )
+        host = f"{self.s.host}:{self.s.port}"
+        host = f"{self.s.store_host} ({host})" if self.s.store_host else host
         note = (
             f"the store's host, {host}, has not answered rank {self.s.rank}'s monitor for {silent:.1f} s "
-            f"at {position.where()} (deadline {deadline:.1f} s: the phase's {phase_s:.1f} s and {STORE_MARGIN} "
-            "intervals); no failure can be announced nor a restart agreed through it"
+            f"at {position.where()} (deadline {deadline:.1f} s: the phase's conviction {phase_s:.1f} s and "
+            f"{STORE_MARGIN} intervals); no failure can be announced nor a restart agreed through it"
         )
         _log(f"lifecycle liveness: {note}")
         if not self.seen:
@@ -261,7 +255,14 @@ class Monitor:
                 os.kill(self.s.pid, self.s.lost_signal)
 
     def classify(self, position: Position, now: float) -> None:
-        """Judge this rank when its position is older than its phase's deadline and it is the one behind."""
+        """Suspect this rank past its phase's deadline with evidence against it; convict past the conviction deadline.
+
+        Evidence, from ``/proc``: ``T`` stopped, ``R`` spinning (two ticks in a row),
+        ``S``/``D`` asleep while it is the one behind (``behind``; never once a verdict
+        is out: the ranks a culprit leaves waiting are its victims). A suspicion whose
+        evidence no longer holds is withdrawn; one that still holds, re-read, at
+        ``max(deadline, conviction_floor_s)`` is convicted (``judgement``).
+        """
         age = now - self.changed
         deadline, _ = self.deadlines.of(position.phase)
         if age <= deadline:
@@ -269,17 +270,63 @@ class Monitor:
         state = process_state(self.s.pid)
         if state is None:
             return  # the next tick reports the death
+        kind: Kind | None = None
+        why = ""
         if state in ("T", "t"):
-            self.judge(Kind.STOPPED, position, age, deadline, f"its process is stopped (state {state})", state)
+            kind, why = Kind.STOPPED, f"its process is stopped (state {state})"
         elif state == "R":
             self.running_ticks += 1
             if self.running_ticks >= 2:
-                self.judge(Kind.SPINNING, position, age, deadline, "its process runs without progress", state)
+                kind, why = Kind.SPINNING, "its process runs without progress"
         else:
             self.running_ticks = 0
-            behind = "" if self.seen else self.behind(position, age)
+            suspected_hang = self.suspect is not None and self.suspect.kind is Kind.HANG
+            behind = "" if self.seen else (self.behind(position, age) if not suspected_hang else "held")
             if behind and not self.verdict_out():
-                self.judge(Kind.HANG, position, age, deadline, f"it sleeps in {position.where()}; {behind}", state)
+                kind, why = Kind.HANG, f"it sleeps in {position.where()}; {behind}"
+        if self.suspect is not None and self.suspect.kind is not kind:
+            if kind is None and self.suspect.kind is Kind.SPINNING and state == "R":
+                return  # one tick asleep between two spinning: still the same evidence
+            self.withdraw(position, f"its process state is {state} now")
+        if kind is None:
+            return
+        if self.suspect is None:
+            self.suspicious(kind, position, age, deadline, state, why)
+        if age > judgement.conviction_deadline(deadline, self.s.conviction_floor_s):
+            self.convict(position, age, deadline, why)
+
+    def suspicious(self, kind: Kind, position: Position, age: float, deadline: float, state: str, why: str) -> None:
+        """Suspect this rank: journal the suspicion (its evidence; its stacks unless stopped) and log it."""
+        facts = Evidence(kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor")
+        self.suspect = judgement.Suspect(kind, time.monotonic(), position.count, facts)
+        stacks = ""
+        if self.s.mode == "kill" and kind is not Kind.STOPPED:  # a stopped rank cannot dump without being resumed
+            self.dump(kind.value)
+            stacks = self.s.stacks
+        _log(
+            f"lifecycle liveness: rank {self.s.rank} suspected: {kind.words} at {position.where()}, no progress for "
+            f"{age:.1f} s (deadline {deadline:.1f} s); {why}; convicted only if it still holds at "
+            f"{judgement.conviction_deadline(deadline, self.s.conviction_floor_s):.1f} s"
+        )
+        self.append(judgement.suspicion_line(self.s.origin, facts, stacks))
+
+    def withdraw(self, position: Position, why: str) -> None:
+        """Withdraw the suspicion of this rank (``why``: what changed): journaled and logged."""
+        suspect, self.suspect = self.suspect, None
+        if suspect is None:
+            return
+        _log(f"lifecycle liveness: suspicion of rank {self.s.rank} withdrawn at {position.where()}: {why}")
+        self.append(judgement.withdrawal_line(self.s.origin, self.s.rank, position.step, position.phase))
+
+    def convict(self, position: Position, age: float, deadline: float, why: str) -> None:
+        """Convict the suspect if its evidence still holds on a fresh read of the marks and ``/proc``; else withdraw."""
+        suspect = self.suspect
+        assert suspect is not None
+        fresh = read_marks(self.page)
+        if not judgement.holds(suspect, fresh.count, fresh.done, process_state(self.s.pid)):
+            self.withdraw(fresh, "it moved on the conviction's fresh read")
+            return
+        self.judge(suspect.kind, position, age, deadline, why, suspect.facts.process_state)
 
     def verdict_out(self) -> bool:
         """Whether the attempt has a verdict already (then copied to the page and acknowledged, as ``look`` does).
@@ -345,15 +392,39 @@ class Monitor:
         return summarize(self.store.multi_get(keys), self.s.rank, position.count, position.attempt).encode()
 
     def watch(self, beat: bytes, now: float) -> None:
-        """Follow the neighbour's ``beat`` (just read); confirm and publish one that stopped (one rank, by ``add``)."""
+        """Follow the neighbour's ``beat`` (just read): a silent one is suspected unresponsive, never a failure.
+
+        Silent past ``max(4 intervals, floor)``: a ``suspicion`` (journaled, logged),
+        withdrawn when it beats again. Only a silence that outlasts the group timeout
+        (``group_timeout_s``; never when it is 0) is published as the failure notice and
+        verdict, by one rank (the one whose ``add`` on the beat comes first), after a
+        confirming read: by then every collective waiting for it has timed out, and a
+        monitor that merely missed beats is never "failed first" for a later failure.
+        """
         key = f"{self.s.prefix}/liveness/hb/{self.neighbour}"
         if json.loads(beat)[5:] == ["done"]:
             return
+        _, _, _, step, phase = json.loads(beat)[:5]
         if beat != self.neighbour_beat:
             self.neighbour_beat, self.neighbour_changed = beat, now
+            if self.neighbour_suspected:
+                self.neighbour_suspected = False
+                _log(f"lifecycle liveness: suspicion of rank {self.neighbour} withdrawn: its monitor beats again")
+                self.append(judgement.withdrawal_line(self.s.origin, self.neighbour, step, phase))
             return
         silent = now - self.neighbour_changed
         if silent <= max(4 * self.s.interval_s, self.s.floor_s):
+            return
+        where = f"phase {phase}" if step is None else f"step {step}, phase {phase}"
+        facts = Evidence(Kind.UNRESPONSIVE.value, self.neighbour, step, phase, "", silent, None, "neighbour")
+        if not self.neighbour_suspected:
+            self.neighbour_suspected = True
+            _log(
+                f"lifecycle liveness: rank {self.neighbour} suspected unresponsive: its monitor has not beaten for "
+                f"{silent:.1f} s (last at {where}); a suspicion only, unless it outlasts the group timeout"
+            )
+            self.append(judgement.suspicion_line(self.s.origin, facts, ""))
+        if not self.s.group_timeout_s or silent <= self.s.group_timeout_s:
             return
         try:
             # One confirmer per silent beat: the rank whose add on it comes first.
@@ -366,13 +437,10 @@ class Monitor:
                 return
         except StoreError:
             return
-        _, _, _, step, phase = json.loads(beat)[:5]
-        where = f"phase {phase}" if step is None else f"step {step}, phase {phase}"
         note = (
             f"rank {self.neighbour} {Kind.UNRESPONSIVE.words}: its monitor has not beaten for {silent:.1f} s "
             f"(last at {where}; its host or monitor is gone, no connection reset)"
         )
-        facts = Evidence(Kind.UNRESPONSIVE.value, self.neighbour, step, phase, "", silent, None, "neighbour")
         self.publish(facts, note, pid=0)
         self.record(facts, note)
         self.neighbour_changed = now + 3600.0
@@ -380,7 +448,14 @@ class Monitor:
     def judge(
         self, kind: Kind, position: Position, age: float, deadline: float | None, why: str, state: str = ""
     ) -> None:
-        """Publish the verdict on this rank (its ``/proc`` ``state``); then (``kill`` mode) dump its stacks, kill it."""
+        """Publish the verdict on this rank (its ``/proc`` ``state``); then (``kill`` mode) dump its stacks, kill it.
+
+        After the acknowledgement wait the marks and ``/proc`` are read once more: a rank
+        that moved, resumed or finished since is signalled nothing (the verdict stands
+        published; a withdrawal is journaled). The signals go through a pidfd where the
+        kernel has one (never to a process that reused the id); between that last read and
+        the signal the rank may still move: a window of one ``/proc`` read.
+        """
         self.judged = True
         facts = Evidence(kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor")
         if kind is Kind.DIED:
@@ -398,17 +473,23 @@ class Monitor:
         self.record(facts, note, stacks=stacks, killed=self.s.mode == "kill" and kind is not Kind.DIED)
         if kind is Kind.DIED or self.s.mode != "kill" or read_marks(self.page).done:
             return  # a rank done since (finished, or failing on its own) is signalled nothing: its handlers may be gone
-        self.dump(kind.value)
-        if first is None and kind is Kind.STOPPED:
-            # A stopped rank that hosts the store froze the store too: it answers again now.
-            first = self.publish(facts, note, pid=self.s.pid)
         if first:
             self.wait_until_seen()
-        try:
-            os.kill(self.s.pid, signal.SIGCONT)
-            os.kill(self.s.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        suspect = self.suspect or judgement.Suspect(kind, 0.0, position.count, facts)
+        fresh = read_marks(self.page)
+        if not judgement.holds(suspect, fresh.count, fresh.done, process_state(self.s.pid)):
+            self.withdraw(fresh, "it moved, resumed or finished before any signal: not signalled")
+            return
+        self.dump(kind.value)
+        if first is None and kind is Kind.STOPPED:
+            # A stopped rank that hosts the store froze the store too: it answers again now that it is resumed.
+            pause = min(0.02, self.s.interval_s / 4)
+            publish = lambda quiet: self.publish(facts, note, pid=self.s.pid, quiet=quiet)  # noqa: E731
+            first = judgement.publish_resumed(publish, RESUME_WAIT * self.s.interval_s, pause)
+            if first:
+                self.wait_until_seen()
+        judgement.send(self.s.pid, self.pidfd, signal.SIGCONT)
+        judgement.send(self.s.pid, self.pidfd, signal.SIGKILL)
 
     def wait_until_seen(self) -> None:
         """Wait (at most two intervals) until every other monitor has copied the verdict to its rank's page.
@@ -430,74 +511,30 @@ class Monitor:
 
         ``facts`` is the verdict's evidence (typed fields of the record); ``killed``: this
         monitor kills the culprit (its own rank) right after.
-
-        One ``write`` on a file opened for appending: the rank's own records, written the
-        same way, never interleave with it; after a line the rank's death tore, it starts
-        a line of its own.
         """
-        if not self.s.journal:
-            return
-        line = {
-            "version": JOURNAL_VERSION,
-            "kind": "verdict",
-            **self.s.origin,
-            "culprit": facts.rank,
-            "verdict": facts.kind,
-            "phase": facts.phase,
-            "step": facts.step,
-            "note": note,
-            "time": time.time(),
-            "seq": self.seq,
-            "stacks": stacks,
-            "evidence": facts.to_json(),
-            "killed": killed,
-        }
-        try:
-            append_line(self.s.journal, (json.dumps(line) + "\n").encode())
-        except OSError as exc:
-            _log(f"lifecycle liveness: could not write the verdict to {self.s.journal}: {exc}")
+        self.append(judgement.verdict_line(self.s.origin, facts, note, self.seq, stacks, killed))
 
-    def publish(self, facts: Evidence, note: str, *, pid: int) -> bool | None:
+    def append(self, line: dict[str, object]) -> None:
+        """Append one record to the rank's journal (``judgement.append``); a failure is logged, never raised."""
+        failed = judgement.append(self.s.journal, JOURNAL_VERSION, line)
+        if failed:
+            _log(f"lifecycle liveness: could not write a {line['kind']} record to {self.s.journal}: {failed}")
+
+    def publish(self, facts: Evidence, note: str, *, pid: int, quiet: bool = False) -> bool | None:
         """The failure notice of the rank ``facts`` name and the verdict, in the store (best effort, bounded).
 
         Both carry the evidence as typed fields (``kind``, ``evidence``) beside the words.
 
         True if this is the attempt's first verdict (the one every monitor copies to its
-        page), False if another came first, None if the store failed.
+        page), False if another came first, None if the store failed (logged unless ``quiet``: tried again).
         """
-        now = time.time()
         self.seq = None
-        rank, phase, step = facts.rank, facts.phase, facts.step
-        verdict = {
-            "rank": rank,
-            "kind": facts.kind,
-            "phase": phase,
-            "step": step,
-            "note": note,
-            "time": now,
-            "evidence": facts.to_json(),
-        }
         try:
-            seq = self.store.add(f"{self.s.prefix}/failures/count", 1)
-            notice = {
-                "rank": rank,
-                "host": socket.gethostname(),
-                "pid": pid,
-                "phase": phase,
-                "step": step,
-                "error": f"{VERDICT_PREFIX}{note}"[:300],
-                "time": now,
-                "seq": seq,
-                "kind": facts.kind,
-                "evidence": facts.to_json(),
-            }
-            self.store.set(f"{self.s.prefix}/failures/{seq}", json.dumps(notice).encode())
-            self.seq = seq
-            n = self.store.add(f"{self.s.prefix}/liveness/verdicts", 1)
-            text = json.dumps(verdict).encode()
-            self.store.set(f"{self.s.prefix}/liveness/verdict/{n}", text)
+            self.seq, n, text = judgement.publish(self.store, self.s.prefix, facts, note, pid)
         except StoreError as exc:
-            _log(f"lifecycle liveness: publishing the verdict on rank {rank} failed: {exc}")
+            if quiet:
+                return None
+            _log(f"lifecycle liveness: publishing the verdict on rank {facts.rank} failed: {exc}")
             return None
         if n == 1:
             write_verdict(self.page, text)
@@ -505,33 +542,8 @@ class Monitor:
         return n == 1
 
     def dump(self, kind: str) -> None:
-        """Have the rank write its stacks (a stopped one: the signal first, pending, then SIGCONT); wait for the file.
-
-        The handler writes the dump at once, from C; this returns as soon as the file
-        stops growing (at most ``DUMP_WAIT_S``), before a resumed rank's code runs far.
-        """
-        pid = self.s.pid
-        before = _size(self.s.stacks)
-        try:
-            os.kill(pid, self.s.dump_signal)
-            if kind == "stopped":
-                os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + DUMP_WAIT_S
-        size, steady = before, 0
-        while time.monotonic() < deadline and steady < 2:
-            time.sleep(0.002)
-            now = _size(self.s.stacks)
-            steady = steady + 1 if now > before and now == size else 0
-            size = now
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+        """Have the rank write its stacks into the side file and wait for them (``judgement.dump``)."""
+        judgement.dump(self.s.pid, self.pidfd, self.s.dump_signal, self.s.stacks, resume=kind == "stopped")
 
 
 def _log(line: str) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO
 
 from lifecycle import journal as _journal
+from lifecycle._liveness import judgement
 from lifecycle._liveness import monitor as _monitor
 from lifecycle._liveness import page as _page
 from lifecycle._liveness.settings import Settings
@@ -362,9 +363,9 @@ def _how(returncode: int) -> str:
 def _append(path: str, data: bytes) -> None:
     """Append ``data`` (one journal line) to ``path`` in one ``write`` on a file opened for appending; never raises.
 
-    The monitor's ``append_line``, which its own records use too: they never interleave.
+    ``judgement.append_line``, which the monitor's records use too: they never interleave.
     """
     try:
-        _monitor.append_line(path, data)
+        judgement.append_line(path, data)
     except OSError as exc:
         logger.warning("lifecycle liveness: could not write to the journal %s: %s", path, exc)

@@ -61,6 +61,10 @@ class Settings:
     """The signal the rank registers with ``faulthandler`` and the monitor sends for a stack dump."""
     pid: int = field(default_factory=os.getpid)
     """The process the monitor watches: by default the one that builds the settings (the rank)."""
+    conviction_floor_s: float = 0.0
+    """The least a position must stand still before a suspicion on it convicts (0: the phase's deadline alone)."""
+    group_timeout_s: float = 0.0
+    """The collectives' group timeout: a silent monitor is published unresponsive only past it (0: never)."""
 
     def __post_init__(self) -> None:
         """Derive the store calls' bound from the interval when none is given."""

@@ -35,6 +35,9 @@ class StoreClient:
         """Remember the server; connect on first use."""
         self.host, self.port, self.timeout_s = host, port, timeout_s
         self._sock: socket.socket | None = None
+        self._pending: socket.socket | None = None  # connected, validated and pinged; the ping's answer still due
+        self._answer = b""  # the part of the ping's answer read so far
+        self._nonce = os.getpid() & 0xFFFFFFFF
         self.calls = 0
 
     def connect(self) -> None:
@@ -44,15 +47,34 @@ class StoreClient:
     def _socket(self) -> socket.socket:
         if self._sock is not None:
             return self._sock
+        # A connection whose answer timed out is kept and read again, never replaced by a new one: a frozen server's
+        # kernel still queues every new connection, which the server, resumed, must serve in turn before any other.
+        sock, self._pending = self._pending, None
+        sent = sock is not None
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(struct.pack("<BI", _VALIDATE, _MAGIC))
-            nonce = os.getpid() & 0xFFFFFFFF
-            sock.sendall(struct.pack("<BI", _PING, nonce))
-            if struct.unpack("<I", _exactly(sock, 4))[0] != nonce:
+            if sock is None:
+                self._answer = b""
+                sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.sendall(struct.pack("<BI", _VALIDATE, _MAGIC))
+                sock.sendall(struct.pack("<BI", _PING, self._nonce))
+                sent = True
+            while len(self._answer) < 4:
+                chunk = sock.recv(4 - len(self._answer))
+                if not chunk:
+                    raise ConnectionResetError("the store closed the connection")
+                self._answer += chunk
+            if struct.unpack("<I", self._answer)[0] != self._nonce:
                 raise StoreError("the store answered the ping with another nonce")
-        except (OSError, struct.error) as exc:
+        except TimeoutError as exc:
+            if sent and sock is not None:
+                self._pending = sock  # its answer may come yet: read on the next call
+            elif sock is not None:
+                sock.close()
+            raise StoreError(f"connecting to {self.host}:{self.port}: {exc}") from None
+        except (OSError, struct.error, StoreError) as exc:
+            if sock is not None:
+                sock.close()
             raise StoreError(f"connecting to {self.host}:{self.port}: {exc}") from None
         self._sock = sock
         return sock

@@ -7,6 +7,7 @@ without loading torch. ``PretrainConfig`` gathers the distributed and parallel l
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -336,6 +337,14 @@ class LivenessConfig:
     three samples), ``default_deadline_s`` before (setup, the first save, an evaluation,
     finalize), or ``deadlines[phase]`` when given. The group timeout
     (``distributed.timeout_s``) stays the bound for what the monitor cannot see.
+
+    Past its phase's deadline a rank is only *suspected* (journaled, withdrawn when it
+    moves); it is convicted (verdict, notice, kill) only if the evidence still holds at
+    ``max(deadline, conviction_floor_s(group timeout))``: ``patience`` × a third of the
+    group timeout (10 s at 30 s). ``patience`` trades detection time for tolerance of
+    healthy pauses (docs/liveness.md); at 3 or more the floor reaches the group timeout
+    and ``PretrainConfig`` refuses it (a collective would time out first, on a victim), as
+    it refuses a ``floor_s`` at or above the group timeout.
     """
 
     mode: LivenessMode = LivenessMode.OFF
@@ -343,6 +352,11 @@ class LivenessConfig:
     floor_s: float = 2.0
     default_deadline_s: float = 600.0
     deadlines: tuple[tuple[str, float], ...] = ()
+    patience: float = 1.0
+
+    def conviction_floor_s(self, group_timeout_s: float) -> float:
+        """The least a rank must stand still, evidence holding, before it is convicted: patience × timeout / 3."""
+        return self.patience * group_timeout_s / 3
 
     def __post_init__(self) -> None:
         """Accept the mode as a string; reject an unknown one and non-positive durations."""
@@ -356,6 +370,57 @@ class LivenessConfig:
         check_number("liveness.default_deadline_s", self.default_deadline_s, integer=False, above=0, unit="seconds")
         for phase, seconds in self.deadlines:
             check_number(f"liveness.deadlines.{phase}", seconds, integer=False, above=0, unit="seconds")
+        check_number("liveness.patience", self.patience, integer=False, above=0, unit="")
+
+    def in_force(self, group_timeout_s: float) -> str:
+        """The deadlines in force, in words, for a start line ("" when liveness is off)."""
+        if self.mode is LivenessMode.OFF:
+            return ""
+        floor = self.conviction_floor_s(group_timeout_s)
+        return (
+            f"{self.mode.value}: every {self.interval_s:g} s; suspected past max(5 x the slowest step, "
+            f"{self.floor_s:g} s); convicted past max(that, {floor:.3g} s = patience {self.patience:g} x the "
+            f"{group_timeout_s:g} s group timeout / 3)"
+        )
+
+    def check_against(self, group_timeout_s: float) -> None:
+        """Refuse settings that provably let a victim's timeout come first; warn on an interval with no look between.
+
+        The conviction floor and ``floor_s`` (no deadline is shorter) must stay below the
+        group timeout (a rank stuck before a collective is convicted before its peers'
+        receive times out: else the victim's timeout is the first failure and the culprit
+        is never named): ``ConfigError``.
+        An interval at or above the floor is only warned on (``RuntimeWarning``): a rank
+        past its deadline is then convicted at the look that first suspects it, as before
+        judgement, but no healthy rank is killed that the group timeout would have spared
+        (the floor is a third of it: a short group timeout, not the interval, bounds the
+        healthy pauses such a run survives).
+        """
+        if self.mode is LivenessMode.OFF:
+            return
+        floor = self.conviction_floor_s(group_timeout_s)
+        if floor >= group_timeout_s:
+            raise ConfigError(
+                "liveness.patience",
+                f"{self.patience}: the conviction floor ({floor:.1f} s) reaches the group timeout "
+                f"({group_timeout_s:.1f} s): a peer's collective times out before the culprit is convicted; "
+                "use a patience below 3",
+            )
+        if self.floor_s >= group_timeout_s:
+            raise ConfigError(
+                "liveness.floor_s",
+                f"{self.floor_s:g}: the least calibrated deadline, not below the group timeout "
+                f"({group_timeout_s:g} s): a peer's collective times out before any culprit is convicted; use a "
+                "floor below the group timeout",
+            )
+        if self.interval_s >= floor:
+            warnings.warn(
+                f"liveness.interval_s {self.interval_s:g} is not below the conviction floor ({floor:.2g} s = "
+                f"patience {self.patience:g} x the {group_timeout_s:g} s group timeout / 3): a rank past its "
+                "deadline is convicted at the look that first suspects it, with no look between",
+                RuntimeWarning,
+                stacklevel=4,  # check_against, __post_init__, the dataclass __init__: the caller's line
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +464,7 @@ class PretrainConfig:
                 raise ConfigError(name, f"must be {allowed}, got {value!r}")
         if self.journal_dir is not None and (not isinstance(self.journal_dir, str) or not self.journal_dir):
             raise ConfigError("journal_dir", f"must be None or a non-empty string, got {self.journal_dir!r}")
+        self.liveness.check_against(self.distributed.timeout_s)
         for name in ("pipeline_model_parallel_size", "context_parallel_size"):
             size = getattr(self.parallel, name)
             if size == 1:

@@ -54,8 +54,10 @@ class RunJournal:
     closed is not written (the ``left`` record then said what it was left to).
     """
 
-    def __init__(self, directory: str | None, origin: Origin, world_size: int, session: Session) -> None:
-        """Open the journal (if ``directory`` is set) and write the run's start."""
+    def __init__(
+        self, directory: str | None, origin: Origin, world_size: int, session: Session, liveness: str = ""
+    ) -> None:
+        """Open the journal (if ``directory`` is set) and write the run's start (``liveness``: its deadlines, words)."""
         self.origin = origin
         self._session = session
         self._writer: JournalWriter | None = None
@@ -64,7 +66,12 @@ class RunJournal:
         if directory is None:
             return
         first = RunStart(
-            origin=origin, world_size=world_size, pid=os.getpid(), host=socket.gethostname(), start=time.time()
+            origin=origin,
+            world_size=world_size,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            start=time.time(),
+            liveness=liveness,
         )
         try:
             self._writer = JournalWriter(_journal.journal_path(directory, origin.rank), first)

@@ -27,6 +27,15 @@ from lifecycle._training.journaling import RunJournal
 logger = logging.getLogger("lifecycle.pretrain")
 
 
+def in_force(config: PretrainConfig, session: Session) -> str:
+    """The liveness deadlines ``config`` puts in force in ``session``, in words; a ``kill`` monitor under an
+    in-process restart says ``report`` (``start_liveness`` starts it so). "" when liveness is off."""
+    live = config.liveness
+    if live.mode is LivenessMode.KILL and session.restart_mode is RestartMode.INPROCESS:
+        live = dataclasses.replace(live, mode=LivenessMode.REPORT)
+    return live.in_force(config.distributed.timeout_s)
+
+
 def start_liveness(
     config: PretrainConfig, session: Session, rank: int, world_size: int, journal: RunJournal
 ) -> RankMonitor | None:
@@ -73,6 +82,8 @@ def start_liveness(
         origin=dataclasses.asdict(journal.origin),
         store_host="torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "",
         lost_signal=int(LOST_SIGNAL) if lost is not None else 0,
+        conviction_floor_s=live.conviction_floor_s(config.distributed.timeout_s),
+        group_timeout_s=config.distributed.timeout_s,
     )
     try:
         monitor = start_monitor(settings)

@@ -39,7 +39,7 @@ from lifecycle._training.config import (
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER
 from lifecycle._training.faults import enospc_once, fire
 from lifecycle._training.journaling import RunJournal
-from lifecycle._training.liveness import start_liveness
+from lifecycle._training.liveness import in_force, start_liveness
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
 from lifecycle._training.nonfinite import NonfiniteGuard, NonfiniteLoss
 from lifecycle._training.placement import dp_group, flat_apply, model_device, shard_layout, to_device
@@ -251,7 +251,7 @@ class _Run:
             restart_count=_journal.restart_count(),
         )
         # The session's actions say, once the group exists, which attempt the ranks agreed on.
-        self.journal = RunJournal(config.journal_dir, origin, self.world_size, session)
+        self.journal = RunJournal(config.journal_dir, origin, self.world_size, session, in_force(config, session))
         if self.journal.enabled:
             session.add_observer(self.journal.observe)
         self.step = 0

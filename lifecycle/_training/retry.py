@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lifecycle._core.errors import StoreHostLost
-from lifecycle._liveness.monitor import append_line
+from lifecycle._liveness.judgement import append_line
 from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
 from lifecycle._training.exits import _not_worth_restarting
 from lifecycle.journal import Failure, JobDecision, Origin, RunEnd, RunStart, TrainStep, journal_path, load, run_id

@@ -63,7 +63,11 @@ class _Record:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunStart(_Record):
-    """A ``pretrain`` call started (``start``) in process ``pid`` on ``host``; a writer's first record in a file."""
+    """A ``pretrain`` call started (``start``) in process ``pid`` on ``host``; a writer's first record in a file.
+
+    ``liveness``: the liveness deadlines its config puts in force, in words
+    (``LivenessConfig.in_force``); "" when liveness is off (or the writer is older).
+    """
 
     kind: ClassVar[str] = "run"
     origin: Origin
@@ -71,6 +75,7 @@ class RunStart(_Record):
     pid: int
     host: str
     start: float
+    liveness: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

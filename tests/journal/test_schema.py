@@ -273,14 +273,15 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
 
 
 def v4_records() -> list[Record]:
-    """One rank's version 4 journal, every record kind version 4 added or typed: the failure with its evidence and
-    the first failure's, a suspicion, its withdrawal, a release by the restart wrapper's abort, a verdict with its
-    evidence that killed the rank, a failed save, a skipped step (its culprit), the job's decision after the attempt;
-    the v4 fixture holds these lines (an issue that adds a record kind or field adds it here, rewrites the fixture)."""
+    """One rank's version 4 journal, every record kind version 4 added or typed: the run's liveness deadlines, the
+    failure with its evidence and the first failure's, a suspicion, its withdrawal, a release by the restart
+    wrapper's abort, a verdict with its evidence that killed the rank, a failed save, a skipped step (its culprit),
+    the job's decision after the attempt; the v4 fixture holds these lines (an issue that adds a record kind or
+    field adds it here and rewrites the fixture)."""
     o = Origin("job-4", 1, 0, "ordinary", 0)
     hang = Evidence("hang", 1, 41, "batch", "S", 4.1, 2.0, "monitor")
     return [
-        RunStart(origin=o, world_size=2, pid=11, host="h", start=20.0),
+        RunStart(origin=o, world_size=2, pid=11, host="h", start=20.0, liveness="kill: every 1 s"),
         Transition(origin=o, source="globals_ready", dest="training", trigger="start_training", start=20.3, end=20.4),
         TrainStep(origin=o, step=40, loss=2.5, start=20.4, end=20.5),
         FailedSave(

@@ -1,7 +1,8 @@
 """Silent faults become failure edges: a stopped, spinning, hung or dead rank is named and every rank fails in time.
 
-Two or four gloo ranks train with a liveness monitor each (0.25 s interval, 2 s floor) and a
-60 s group timeout, so only the monitor can release them in time. One rank stops,
+Two or four gloo ranks train with a liveness monitor each (0.25 s interval, 2 s floor,
+patience 0.5: a 10 s conviction floor) and a 60 s group timeout, so only the monitor can
+release them in time. One rank stops,
 spins in C holding the GIL, hangs in the batch provider, or dies, at step 60.
 """
 
@@ -18,9 +19,13 @@ from support.launch import run_workers
 from lifecycle import journal
 
 DEADLINE_S = 2.0
-"""The loop's deadline in these runs: the floor (the steps are far shorter than 0.4 s)."""
-
+"""The loop's suspicion deadline in these runs: the floor (the steps are far shorter than 0.4 s)."""
+CONVICTION_S = 10.0
+"""The conviction deadline: max(DEADLINE_S, patience 0.5 x the 60 s group timeout / 3)."""
+INTERVAL_S = 0.25
 SLACK_S = 2.0
+BOUND_S = CONVICTION_S + 2 * INTERVAL_S + SLACK_S
+"""Every rank fails within the conviction deadline + 2 intervals + 2 s of the fault (issue 38)."""
 
 CELLS = [
     pytest.param("stop", "step", 1, 2, id="stop-last-of-2"),
@@ -59,7 +64,7 @@ def _report(output: str) -> dict[str, object]:
 def test_a_silent_fault_is_named_and_releases_every_rank(
     tmp_path: Path, kind: str, phase: str, faulty: int, world: int
 ) -> None:
-    """Every rank fails within D + 2 s of the fault; the survivor's notes name the faulty rank, never itself."""
+    """Every rank fails within BOUND_S (conviction + 2 intervals + 2 s); notes name the faulty rank, never itself."""
     pages_before = _marks_pages()
     args = (str(tmp_path), kind, phase, str(faulty), "400")
     results = run_workers("liveness_worker", *args, world_size=world, timeout_s=100)
@@ -72,7 +77,8 @@ def test_a_silent_fault_is_named_and_releases_every_rank(
         report = _report(by_rank[survivor].output)
         assert report["error"] is not None, report
         took = float(str(report["failed_at"])) - float(str(report["last_step_end"]))
-        assert took <= DEADLINE_S + SLACK_S, (survivor, took, report)
+        print(f"{kind} in {phase}, rank {faulty} of {world}: rank {survivor} released {took:.2f} s after the fault")
+        assert took <= BOUND_S, (survivor, took, report)
         notes = " ".join(str(note) for note in report["notes"])  # type: ignore[attr-defined]
         if kind == "crash" and faulty == 0:
             # Rank 0 hosts the store: it died with it, no verdict could be published; the store's error names its host.
@@ -146,7 +152,7 @@ def test_a_monitor_lost_twice_fails_its_rank_in_kill_mode_naming_the_loss(tmp_pa
 
 
 STORE_MARGIN_S = 4 * 0.25
-"""The monitor's margin past the phase's deadline before a silent store's host is reported: 4 intervals."""
+"""The monitor's margin past the conviction deadline before a silent store's host is reported: 4 intervals."""
 
 
 @pytest.mark.slow
@@ -154,7 +160,8 @@ STORE_MARGIN_S = 4 * 0.25
 @pytest.mark.parametrize("kind", ["agent-stop", "agent-kill"])
 def test_a_store_host_that_stops_or_dies_fails_every_rank_naming_it(tmp_path: Path, kind: str) -> None:
     """torchrun's agent (the store's host) stopped or killed at step 60, the ranks training on without it: every rank
-    fails within D + 4 intervals + 2 s of that, and names torchrun's agent (its StoreHostLost, or the store's error)."""
+    fails within the conviction deadline + 4 intervals + 2 s of that, and names torchrun's agent (its StoreHostLost,
+    or the store's error)."""
     args = (str(tmp_path), kind, "step", "0", "2000")
     run_workers("liveness_worker", *args, world_size=2, timeout_s=120, torchrun=True, grace_s=30)
     reports = [json.loads((tmp_path / f"report-{rank}.json").read_text()) for rank in range(2)]
@@ -164,7 +171,7 @@ def test_a_store_host_that_stops_or_dies_fails_every_rank_naming_it(tmp_path: Pa
         took = float(report["failed_at"]) - fault_at
         # Past the monitor's deadline: its next look (0.25 s), the store's timeout (0.125 s), the failure path (its
         # notice waits 0.75 s on a frozen store), the teardown: SLACK_S + 1 s.
-        assert took <= DEADLINE_S + STORE_MARGIN_S + SLACK_S + 1.0, (took, report)
+        assert took <= CONVICTION_S + STORE_MARGIN_S + SLACK_S + 1.0, (took, report)
         said = " ".join([str(report["error"]), *map(str, report["notes"])])
         assert "torchrun's agent" in said, report
     assert any(str(report["error"]).startswith("StoreHostLost: ") for report in reports), reports

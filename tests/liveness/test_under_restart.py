@@ -26,6 +26,7 @@ from lifecycle import (
     Session,
     SessionHandle,
     TorchActions,
+    journal,
     pretrain,
 )
 from lifecycle.lowlevel import RestartMode
@@ -96,3 +97,8 @@ def test_pretrain_plugs_the_marks_into_its_session_while_the_monitor_runs(
     peek, session = _run(tmp_path, restart_mode)
     assert peek.plugged and all(peek.plugged)
     assert session.progress_sink is None
+    # The journal's run record says the deadlines in force, in the monitor's real mode (show prints them).
+    start = next(r for r in journal.read([tmp_path / "journal"]) if isinstance(r, journal.RunStart))
+    mode = "report" if restart_mode is RestartMode.INPROCESS else "kill"
+    assert start.liveness.startswith(f"{mode}: every 1 s; suspected past max(5 x the slowest step, 2 s)"), start
+    assert "convicted past max(that, 6.67 s = patience 1 x the 20 s group timeout / 3)" in start.liveness, start

@@ -56,6 +56,7 @@ def refused(tmp_path: Path, *args: str) -> str:
         (["--nproc=3", "--tp=3"], "--tp"),  # divides the world, not the model's 64-token vocabulary
         (["--checkpoint-dir="], "--checkpoint-dir"),  # old: the current folder, resumed from by the next run
         (["--timeout=inf"], "--timeout"),
+        (["--timeout=2"], "--timeout"),  # not above the liveness floor (2 s): the culprit could never be named first
         (["--fail-at=step", "--fail-rank=-1"], "--fail-rank"),
         (["--fail-rank=0"], "--fail-rank"),
         (["--master-port=-1"], "--master-port"),
@@ -211,6 +212,8 @@ def test_an_unreachable_rendezvous_fails_within_the_timeout_naming_the_address(t
     assert done.returncode == 1, done.stdout
     assert elapsed < 40, (elapsed, done.stdout[-3000:])
     assert "--master-addr 192.0.2.99 (192.0.2.99) is not an address of this machine" in done.stdout, done.stdout
+    # --timeout 3 puts the conviction floor (1 s) at the 1 s interval: not provably bad, so a warning, in demo words
+    assert "demo: warning: --liveness-interval 1 is not below the conviction floor (1 s" in done.stdout, done.stdout
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("demo: FAILED") and "192.0.2.99:" in last, last
 

@@ -56,6 +56,8 @@ FAIL_STEP = 60
 GROUP_TIMEOUT_S = 60.0
 INTERVAL_S = 0.25
 FLOOR_S = 2.0
+PATIENCE = 0.5
+"""Conviction floor: 0.5 x 60 s / 3 = 10 s, the demo's (30 s timeout, patience 1) with a 60 s group timeout."""
 BASE_STEP_S = 0.02
 STALL_S = 12.0
 
@@ -124,7 +126,9 @@ def main(out: Path, kind: str, phase: str, fail_rank: int, steps: int, jitter: f
         checkpoint=CheckpointConfig(dir=str(out / "ckpt"), interval=250) if jitter else CheckpointConfig(),
         journal_dir=str(out),
         fault=fault,
-        liveness=LivenessConfig(mode="kill", interval_s=INTERVAL_S, floor_s=FLOOR_S, default_deadline_s=30.0),  # type: ignore[arg-type]
+        liveness=LivenessConfig(
+            mode="kill", interval_s=INTERVAL_S, floor_s=FLOOR_S, default_deadline_s=30.0, patience=PATIENCE
+        ),  # type: ignore[arg-type]
         exit=ExitConfig(handle_sigterm=kind != "agent-stall"),  # off the main thread no handler can be installed
     )
     error: BaseException | None = None

@@ -64,6 +64,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -80,7 +81,15 @@ from lifecycle._launch.launcher import (
     torchrun_command,
 )
 from lifecycle._tools.demo.console import RANK_LOGS, TORCHRUN_LOG, RankOutput
-from lifecycle._tools.demo.options import SAME_REQUEST_S, UsageError, check_options, demo_config, max_restarts, parser
+from lifecycle._tools.demo.options import (
+    SAME_REQUEST_S,
+    UsageError,
+    check_options,
+    demo_config,
+    flag_of,
+    max_restarts,
+    parser,
+)
 from lifecycle._tools.demo.report import Ending, Run, rank_journals, report
 from lifecycle._tools.demo.worker import STOP_MARKER
 from lifecycle._training.exits import ExitCode
@@ -158,11 +167,18 @@ class _Plan:
     port: int
     local: bool
     temporary: Path | None = None
+    liveness: str = ""
+    """The liveness deadlines in force, in words ("" when liveness is off), for the start line."""
 
 
 def _plan(options: argparse.Namespace, argv: list[str]) -> _Plan:
     """Check every option, cheapest first; make the folders. ``UsageError`` naming the flag of the first bad one."""
-    check_options(options)
+    with warnings.catch_warnings(record=True) as warned:  # the config's own warnings, said as the demo's
+        warnings.simplefilter("always")
+        check_options(options)
+    for said in dict.fromkeys(str(warning.message) for warning in warned):
+        field, _, rest = said.partition(" ")
+        print(f"demo: warning: {flag_of(field)} {rest}", file=sys.stderr)
     _check_memory(options.nproc)
     port, local = _check_rendezvous(options.master_addr, options.master_port)
     worker_args = list(argv)
@@ -174,7 +190,9 @@ def _plan(options: argparse.Namespace, argv: list[str]) -> _Plan:
             raise UsageError("--journal-dir", f"not given, and no temporary folder could be made: {exc}") from None
         worker_args.append(f"--journal-dir={made}")
     # The folders every rank will use: its own config, built from its own arguments.
-    ranks = demo_config(parser().parse_args(worker_args))
+    with warnings.catch_warnings():  # said above
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ranks = demo_config(parser().parse_args(worker_args))
     journal_dir, checkpoint_dir = Path(str(ranks.journal_dir)), Path(str(ranks.checkpoint.dir))
     try:
         _check_folder("--journal-dir", journal_dir)
@@ -186,7 +204,8 @@ def _plan(options: argparse.Namespace, argv: list[str]) -> _Plan:
         if made is not None:  # the temporary folder made above: nothing will use it
             shutil.rmtree(made, ignore_errors=True)
         raise
-    return _Plan(options, worker_args, journal_dir, checkpoint_dir, port, local, made)
+    in_force = ranks.liveness.in_force(ranks.distributed.timeout_s)
+    return _Plan(options, worker_args, journal_dir, checkpoint_dir, port, local, made, liveness=in_force)
 
 
 def _latest_layout(folder: Path) -> tuple[int, dict[str, int] | None] | None:
@@ -395,6 +414,8 @@ def _launch(plan: _Plan) -> int:
     layout = f"TP{args.tp} PP1 DP{args.nproc // args.tp}"
     print(f"demo: {args.nproc} ranks ({layout}), {args.steps} steps, rendezvous {rendezvous}", flush=True)
     print(f"demo: journals in {plan.journal_dir}, checkpoints in {plan.checkpoint_dir}", flush=True)
+    if plan.liveness:
+        print(f"demo: liveness {plan.liveness}", flush=True)
     torchrun_log = plan.journal_dir / TORCHRUN_LOG
     started = time.monotonic()
     with _Signals().installed() as signals, torchrun_log.open("ab") as log:

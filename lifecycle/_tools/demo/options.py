@@ -28,6 +28,7 @@ from lifecycle._training.config import (
     DATA_FAULTS,
     STEPPED_PHASES,
     FaultKind,
+    LivenessConfig,
     LivenessMode,
     OnNonfiniteLoss,
     OnSaveError,
@@ -470,6 +471,14 @@ def check_options(options: argparse.Namespace) -> PretrainConfig:
         flag = flag_of(exc.field)
         if flag == "--checkpoint-dir" and options.checkpoint_dir is None:
             flag = "--journal-dir"  # the default checkpoint folder lies in the journal folder: the fault is there
+        if exc.field == "liveness.floor_s":  # no demo flag sets the floor: the --timeout is what is too short
+            floor = LivenessConfig().floor_s
+            raise UsageError(
+                "--timeout",
+                f"{options.timeout:g}: not above the liveness floor ({floor:g} s, the "
+                "least calibrated deadline): a peer's collective would time out before any culprit is named; "
+                f"give a --timeout above {floor:g}, or --liveness off",
+            ) from None
         raise UsageError(flag, exc.message) from None
     fault = config.fault
     if fault is None:

@@ -69,10 +69,12 @@ from lifecycle.journal import (
     RunStart,
     Skipped,
     StepSkipped,
+    Suspicion,
     TeardownStep,
     TrainStep,
     Transition,
     Verdict,
+    Withdrawal,
 )
 from lifecycle.journal.evidence import Kind
 
@@ -119,7 +121,7 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
         if isinstance(r, RunStart):
             o = r.origin
             text = f"pretrain started (pid {r.pid} on {r.host}, restart mode {o.restart_mode}, iteration {o.iteration})"
-            events.append((r.start, text))
+            events += [(r.start, text)] + ([(r.start, f"    liveness {r.liveness}")] if r.liveness else [])
         elif isinstance(r, Transition):
             text = f"{r.source} → {r.dest}  [{r.trigger}, {_ms(r.end - r.start)}]"
             if r.agreed_attempt is not None:
@@ -149,6 +151,13 @@ def _events(call: list[Record]) -> list[tuple[float, str]]:
             how = KILLED if killed_by_monitor(r) else "named by its liveness monitor"
             where = f"phase {r.phase}" if r.step is None else f"step {r.step}, phase {r.phase}"
             events.append((r.time, f"{how}: {said} ({where})"))
+        elif isinstance(r, Suspicion):  # a suspicion kills nothing: said as one, with the deadline it passed
+            e = r.evidence
+            past = f" (past its {e.deadline_s:.1f} s deadline)" if e.deadline_s is not None else ""
+            events.append((r.time, f"suspected by its liveness monitor: {e.words()}{past}; not a verdict"))
+        elif isinstance(r, Withdrawal):
+            where = f"phase {r.phase}" if r.step is None else f"step {r.step}, phase {r.phase}"
+            events.append((r.time, f"suspicion of rank {r.culprit} withdrawn: it made progress ({where})"))
     steps = [r for r in call if isinstance(r, TrainStep)]
     last = steps[-1] if steps else None
     if last is not None and last.end is not None:
