@@ -1,14 +1,16 @@
 """``pretrain``'s copy of the training state in node memory (``CheckpointConfig.memory_copy``).
 
 Every ``interval`` steps the loop calls ``after_step``: the state (model, optimizer, step,
-data position, RNG) is cloned on the training thread, then serialized and written to the
-rank's older slot (``lifecycle._training.memory``) by a background thread while the next
-step runs; the next copy waits for it. ``resume`` (collective) picks the step to resume
-from: the newest step every rank holds a whole copy of, if no older than the newest
-committed checkpoint (rank 0's view), else the checkpoint (``load_checkpoint``).
+data position, RNG) is copied on the training thread into one reused byte buffer (a
+``copy_`` per tensor, no pickle: ``_Packer``), then checksummed and written to the rank's
+older slot (``lifecycle._training.memory``) by a background thread while the next step
+runs (``zlib.crc32`` and ``os.write`` release the GIL); the next copy waits for it.
+``resume`` (collective) picks the step to resume from: the newest step every rank holds a
+whole copy of, if no older than the newest committed checkpoint (rank 0's view), else the
+checkpoint (``load_checkpoint``).
 
 The interval, unless configured: the first ``MEASURED`` steps of a call are each copied,
-and their cost is measured: the time the training thread spends (the clone, a wait for the
+and their cost is measured: the time the training thread spends (the packing, a wait for the
 previous write) plus, when the model is on the CPU, the background write (it competes for
 the same cores). ``interval = ceil(median cost / (memory_budget × median step time))``;
 every rank takes the largest (one ``all_reduce``, once), so all copy the same steps.
@@ -16,7 +18,7 @@ every rank takes the largest (one ``all_reduce``, once), so all copy the same st
 
 from __future__ import annotations
 
-import io
+import json
 import logging
 import math
 import os
@@ -45,15 +47,82 @@ _WARNED: set[str] = set()
 """Runs this process already warned about a copy that does not fit: one warning a run."""
 
 
-def _clone(value: Any) -> Any:
-    """``value`` with every tensor copied to the CPU (a snapshot the training thread may then change freely)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_clone(v) for v in value)
-    return value
+_ALIGN = 64
+"""Each tensor's bytes start at a multiple of this in the payload: any dtype can be viewed in place."""
+
+
+class _Packer:
+    """The state as a payload of two parts: its structure (JSON, 8-byte length first), every tensor's bytes.
+
+    The tensors are copied, on the calling thread, into one byte buffer reused from copy to
+    copy (the caller waits for the previous write first): one ``copy_`` per tensor, no pickle.
+    Read back by ``_unpack``, which runs no code of the file's (as ``weights_only`` loading).
+    """
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def pack(self, state: dict[str, Any]) -> list[bytes | memoryview]:
+        """The payload's parts: the structure's bytes and a view of the buffer (valid until the next ``pack``)."""
+        tensors: list[torch.Tensor] = []
+
+        def walk(value: Any) -> dict[str, Any]:
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
+                return {"t": len(tensors) - 1}
+            if isinstance(value, dict):
+                return {"m": [[k, walk(v)] for k, v in value.items()]}
+            if isinstance(value, (list, tuple)):
+                return {"l" if isinstance(value, list) else "u": [walk(v) for v in value]}
+            if value is None or isinstance(value, (bool, int, float, str)):
+                return {"s": value}
+            raise TypeError(f"a {type(value).__name__} in the training state cannot be copied")
+
+        tree = walk(state)
+        metas: list[tuple[str, list[int], int, int]] = []
+        offset = 0
+        for tensor in tensors:
+            size = tensor.numel() * tensor.element_size()
+            metas.append((str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, size))
+            offset += -(-size // _ALIGN) * _ALIGN
+        if len(self.buffer) != offset:
+            self.buffer = bytearray(offset)
+        if offset:
+            flat = torch.frombuffer(self.buffer, dtype=torch.uint8)
+            for tensor, (_, _, start, size) in zip(tensors, metas, strict=True):
+                if size:
+                    flat[start : start + size].copy_(tensor.detach().reshape(-1).view(torch.uint8))
+        structure = json.dumps({"tree": tree, "tensors": metas}).encode()
+        return [len(structure).to_bytes(8, "little") + structure, memoryview(self.buffer)]
+
+
+def _unpack(payload: bytes) -> Any:
+    """The state ``_Packer.pack`` made ``payload`` of (its tensors on the CPU); ``ValueError`` if it is not one."""
+    size = int.from_bytes(payload[:8], "little")
+    data = json.loads(payload[8 : 8 + size])
+    raw = bytearray(payload[8 + size :])
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    tensors = []
+    for name, shape, start, length in data["tensors"]:
+        dtype = getattr(torch, str(name), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown dtype {name!r}")
+        tensors.append(flat[start : start + length].view(dtype).reshape(shape).clone())  # owns its memory
+
+    def build(node: dict[str, Any]) -> Any:
+        ((tag, value),) = node.items()
+        if tag == "t":
+            return tensors[value]
+        if tag == "m":
+            return {k: build(v) for k, v in value}
+        if tag in ("l", "u"):
+            items = [build(v) for v in value]
+            return items if tag == "l" else tuple(items)
+        if tag == "s":
+            return value
+        raise ValueError(f"unknown node {tag!r}")
+
+    return build(data["tree"])
 
 
 def _fits(state: dict[str, Any], loaded: Any) -> bool:
@@ -96,6 +165,7 @@ class NodeCopies:
         self.taken = 0
         self._last: float | None = None
         self._thread: threading.Thread | None = None
+        self._packer = _Packer()
 
     def open(self, rank: int, world_size: int, on_cpu: bool) -> None:
         """Sweep other runs' unowned folders, open this rank's slots and set the cap (``CheckpointConfig``)."""
@@ -153,7 +223,7 @@ class NodeCopies:
             payload = self.slots.read(step)
             if payload is not None:
                 try:
-                    loaded = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+                    loaded = _unpack(payload)
                 except Exception:  # noqa: BLE001 - unloadable here: every rank falls back together
                     loaded = None
             ok = torch.tensor([int(loaded is not None and _fits(state, loaded))], device=device)
@@ -175,7 +245,7 @@ class NodeCopies:
             self.periods.append(now - self._last)
         self._join()
         if self.fits and self.slots is not None:
-            snapshot = _clone(state(step))
+            snapshot = self._packer.pack(state(step))
             self._thread = threading.Thread(target=self._write, args=(step, snapshot), daemon=True)
             self._thread.start()
         self.costs.append(time.perf_counter() - now)
@@ -202,14 +272,12 @@ class NodeCopies:
             self.budget,
         )
 
-    def _write(self, step: int, snapshot: dict[str, Any]) -> None:
-        """The background half: serialize ``snapshot`` and publish it; a copy that does not fit stops the copies."""
+    def _write(self, step: int, snapshot: list[bytes | memoryview]) -> None:
+        """The background half: checksum ``snapshot`` and publish it; a copy that does not fit stops the copies."""
         assert self.slots is not None
         began = time.perf_counter()
-        buffer = io.BytesIO()
-        torch.save(snapshot, buffer)
         try:
-            self.slots.write(step, self.attempt, buffer.getvalue(), self.cap)
+            self.slots.write(step, self.attempt, snapshot, self.cap)
         except NoRoom as exc:
             self._no_room(str(exc))
         except OSError as exc:

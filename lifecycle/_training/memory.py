@@ -29,6 +29,7 @@ import re
 import shutil
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,18 +175,21 @@ class RankCopies:
         copy = None if path is None else read_copy(path, self.run_id, self.rank, self.world_size)
         return None if copy is None or copy[0].step != step else copy[1]
 
-    def write(self, step: int, attempt: str, payload: bytes | memoryview, cap: int | None) -> Path:
-        """Publish ``payload`` as this rank's copy of ``step``; the slot it is in.
+    def write(self, step: int, attempt: str, payload: Sequence[bytes | memoryview], cap: int | None) -> Path:
+        """Publish ``payload`` (its parts, in order) as this rank's copy of ``step``; the slot it is in.
 
         Replaces the slot not holding the newest usable copy. ``NoRoom`` (nothing written)
         when the file would not fit the file system's free space, or when two slots of it
         would exceed ``cap`` bytes; another ``OSError`` (``ENOSPC`` included) after removing
         what it wrote. Written with ``os.write``, never through a memory map.
         """
-        header = CopyHeader(
-            self.run_id, attempt, self.rank, self.world_size, step, len(payload), zlib.crc32(payload)
-        ).encode()
-        size = len(header) + len(payload)
+        parts = [memoryview(part).cast("B") for part in payload]
+        checksum = 0
+        for part in parts:
+            checksum = zlib.crc32(part, checksum)  # releases the GIL on large parts: the training thread runs on
+        length = sum(len(part) for part in parts)
+        header = CopyHeader(self.run_id, attempt, self.rank, self.world_size, step, length, checksum).encode()
+        size = len(header) + length
         if cap is not None and _SLOTS * size > cap:
             raise NoRoom(f"two copies of {size} bytes exceed the cap of {cap} bytes")
         stats = os.statvfs(self.folder)
@@ -199,7 +203,7 @@ class RankCopies:
         try:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                for part in (memoryview(header), memoryview(payload)):
+                for part in (memoryview(header), *parts):
                     while part:
                         part = part[os.write(fd, part) :]
             finally:

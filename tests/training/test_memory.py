@@ -35,7 +35,7 @@ def test_copies_alternate_between_two_slots_and_the_newest_two_are_kept(tmp_path
     """Each copy replaces the slot not holding the newest: after steps 1, 2, 3 the slots hold 2 and 3, readable."""
     copies = slots(tmp_path)
     for step in (1, 2, 3):
-        copies.write(step, "0.0", f"state {step}".encode(), cap=None)
+        copies.write(step, "0.0", [f"state {step}".encode()], cap=None)
     assert sorted(copies.newest()) == [2, 3]
     assert copies.read(3) == b"state 3" and copies.read(1) is None
     assert not list(copies.folder.glob("*.tmp-*"))
@@ -44,7 +44,7 @@ def test_copies_alternate_between_two_slots_and_the_newest_two_are_kept(tmp_path
 def test_a_torn_copy_is_never_read(tmp_path: Path) -> None:
     """A slot cut short, or with a changed byte, fails its length or checksum: not a copy."""
     copies = slots(tmp_path)
-    path = copies.write(5, "0.0", b"x" * 1000, cap=None)
+    path = copies.write(5, "0.0", [b"x" * 1000], cap=None)
     whole = path.read_bytes()
     path.write_bytes(whole[:-1])
     assert copies.newest() == {}
@@ -56,7 +56,7 @@ def test_a_torn_copy_is_never_read(tmp_path: Path) -> None:
 
 def test_a_copy_of_another_run_rank_or_world_size_is_never_read(tmp_path: Path) -> None:
     """The header must name this run, this rank and this world size."""
-    path = slots(tmp_path, "other").write(4, "0.0", b"payload", cap=None)
+    path = slots(tmp_path, "other").write(4, "0.0", [b"payload"], cap=None)
     for run, rank, world in (("mine", 0, 2), ("other", 1, 2), ("other", 0, 4)):
         assert read_copy(path, run, rank, world) is None
     assert read_copy(path, "other", 0, 2) is not None
@@ -66,7 +66,7 @@ def test_a_copy_over_the_cap_or_the_free_space_writes_nothing(tmp_path: Path, mo
     """``NoRoom`` before any byte is written: two copies over the cap, or one over the file system's free space."""
     copies = slots(tmp_path)
     with pytest.raises(NoRoom, match="exceed the cap"):
-        copies.write(1, "0.0", b"x" * 100, cap=150)
+        copies.write(1, "0.0", [b"x" * 100], cap=150)
     real = os.statvfs(tmp_path)
 
     class Full:
@@ -74,7 +74,7 @@ def test_a_copy_over_the_cap_or_the_free_space_writes_nothing(tmp_path: Path, mo
 
     monkeypatch.setattr(memory.os, "statvfs", lambda _path: Full)
     with pytest.raises(NoRoom, match="does not fit"):
-        copies.write(1, "0.0", b"x", cap=None)
+        copies.write(1, "0.0", [b"x"], cap=None)
     assert sorted(p.name for p in copies.folder.iterdir()) == [".lock"]
 
 
@@ -98,7 +98,7 @@ def test_opening_removes_this_ranks_torn_temporary_files(tmp_path: Path) -> None
 def test_sweep_removes_other_runs_no_process_holds(tmp_path: Path) -> None:
     """Another run's folder whose lock a live process holds stays; one nobody holds (its job was killed) goes; the
     sweeping run's own folder stays."""
-    slots(tmp_path, "held").write(1, "0.0", b"p", cap=None)  # this process holds its lock
+    slots(tmp_path, "held").write(1, "0.0", [b"p"], cap=None)  # this process holds its lock
     orphan = tmp_path / "orphan"
     orphan.mkdir()
     (orphan / ".lock").touch()
@@ -130,7 +130,7 @@ def test_a_lock_held_by_a_live_process_keeps_the_folder_until_it_ends(tmp_path: 
 def test_removing_a_ranks_copies_removes_the_folder_once_no_process_holds_it(tmp_path: Path) -> None:
     """``remove`` deletes this rank's slots, releases the lock, and the folder (all left in it) once no lock is held."""
     copies = slots(tmp_path, rank=0)
-    copies.write(1, "0.0", b"p", cap=None)
+    copies.write(1, "0.0", [b"p"], cap=None)
     (copies.folder / "rank1.slot0").write_bytes(b"p")
     remove_rank_copies("run-1", 0, tmp_path)
     assert not copies.folder.exists()

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from support.launch import run_workers
 
+from lifecycle._training.copies import _Packer, _unpack
 from lifecycle._training.memory import CopyHeader
 from lifecycle.checkpoint import latest_checkpoint
 from lifecycle.journal import Resumed, read
@@ -84,6 +86,27 @@ def rewrite(out: Path, tmp_path: Path, run: str, rank: int, **fields: Any) -> No
         header, offset = found
         changed = CopyHeader(**{**{f: getattr(header, f) for f in CopyHeader.__slots__}, **fields})
         path.write_bytes(changed.encode() + raw[offset:])
+
+
+@pytest.mark.timeout(30)
+def test_the_packed_state_reads_back_equal_whatever_its_dtypes_shapes_and_keys() -> None:
+    """Tensors of every dtype and shape (0-d, empty, strided), int keys, tuples and scalars survive a pack."""
+    state = {
+        "model": {"w": torch.randn(3, 5).t(), "b": torch.zeros(0), "h": torch.ones(7, dtype=torch.bfloat16)},
+        "optimizer": {"state": {0: {"step": torch.tensor(3.0), "m": torch.arange(4)}}, "param_groups": [
+            {"lr": 1e-3, "betas": (0.9, 0.999), "params": [0], "foreach": None, "amsgrad": False}]},
+        "step": 17, "consumed": 68, "rng": torch.get_rng_state(), "mask": torch.tensor([True, False]),
+    }  # fmt: skip
+    parts = _Packer().pack(state)
+    back = _unpack(b"".join(bytes(p) for p in parts))
+    assert back.keys() == state.keys() and back["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    assert list(back["optimizer"]["state"]) == [0] and (back["step"], back["consumed"]) == (17, 68)
+    for got, want in (
+        [(back["model"][k], state["model"][k]) for k in state["model"]]
+        + [(back["optimizer"]["state"][0][k], state["optimizer"]["state"][0][k]) for k in ("step", "m")]
+        + [(back["rng"], state["rng"]), (back["mask"], state["mask"])]
+    ):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
 
 
 @pytest.mark.slow
