@@ -209,7 +209,10 @@ class NodeCopies:
         mine = torch.full((3,), -1, dtype=torch.int64)
         mine[: len(held)] = torch.tensor(held, dtype=torch.int64)
         if rank == 0:
-            found = latest_checkpoint(directory)
+            try:
+                found = latest_checkpoint(directory)
+            except OSError:  # the peers wait in the all_gather: the checkpoint's own load says what is wrong
+                found = None
             mine[2] = -1 if found is None else found[0]
         device = collective_device()
         gathered = [torch.zeros(3, dtype=torch.int64, device=device) for _ in range(world)]
