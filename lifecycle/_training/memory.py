@@ -144,6 +144,7 @@ class RankCopies:
     def __init__(self, run_id: str, rank: int, world_size: int, root: Path | None = None) -> None:
         self.run_id, self.rank, self.world_size = run_id, rank, world_size
         self.folder = (root or copy_root()) / _safe(run_id)
+        self._latest: Path | None = None  # the slot this object last published: no file is read to find it again
 
     def slot(self, index: int) -> Path:
         """The path of slot ``index`` (0 or 1) of this rank."""
@@ -196,9 +197,10 @@ class RankCopies:
         free = stats.f_bavail * stats.f_frsize
         if size > free:
             raise NoRoom(f"a copy of {size} bytes does not fit the {free} bytes free in {self.folder}")
-        held = self.newest()
-        newest = held[max(held)] if held else None
-        target = self.slot(1) if newest == self.slot(0) else self.slot(0)
+        if self._latest is None:
+            held = self.newest()
+            self._latest = held[max(held)] if held else self.slot(1)
+        target = self.slot(1) if self._latest == self.slot(0) else self.slot(0)
         temporary = target.with_name(f"{target.name}.tmp-{os.getpid()}")
         try:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -209,6 +211,7 @@ class RankCopies:
             finally:
                 os.close(fd)
             os.rename(temporary, target)
+            self._latest = target
         except OSError:
             with contextlib.suppress(OSError):
                 temporary.unlink()
