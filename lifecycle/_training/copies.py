@@ -61,6 +61,8 @@ class _Packer:
 
     def __init__(self) -> None:
         self.buffer = bytearray()
+        self._layout: list[tuple[str, list[int], int, int]] = []
+        self._targets: list[torch.Tensor] = []  # each tensor's place in the buffer, typed and shaped: one copy_ each
 
     def pack(self, state: dict[str, Any]) -> list[bytes | memoryview]:
         """The payload's parts: the structure's bytes and a view of the buffer (valid until the next ``pack``)."""
@@ -85,13 +87,16 @@ class _Packer:
             size = tensor.numel() * tensor.element_size()
             metas.append((str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, size))
             offset += -(-size // _ALIGN) * _ALIGN
-        if len(self.buffer) != offset:
+        if metas != self._layout:  # the first copy, or the state changed shape: lay the buffer out again
             self.buffer = bytearray(offset)
-        if offset:
-            flat = torch.frombuffer(self.buffer, dtype=torch.uint8)
-            for tensor, (_, _, start, size) in zip(tensors, metas, strict=True):
-                if size:
-                    flat[start : start + size].copy_(tensor.detach().reshape(-1).view(torch.uint8))
+            flat = torch.frombuffer(self.buffer, dtype=torch.uint8) if offset else torch.empty(0, dtype=torch.uint8)
+            self._targets = [
+                flat[start : start + size].view(tensor.dtype).view(tensor.shape)
+                for tensor, (_, _, start, size) in zip(tensors, metas, strict=True)
+            ]
+            self._layout = metas
+        for tensor, target in zip(tensors, self._targets, strict=True):
+            target.copy_(tensor.detach())
         structure = json.dumps({"tree": tree, "tensors": metas}).encode()
         return [len(structure).to_bytes(8, "little") + structure, memoryview(self.buffer)]
 
