@@ -126,6 +126,31 @@ def test_a_crash_at_a_random_step_resumes_from_the_copy_exactly(tmp_path: Path) 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_a_whole_job_killed_at_a_random_step_resumes_from_the_copy_and_another_run_sweeps_it(tmp_path: Path) -> None:
+    """Every rank SIGKILLed at the end of a seeded step: the job started again resumes from the copy (at most the step
+    being written lost) with equal hashes; killed again, its folder is swept by the next start of another run."""
+    out, env = tmp_path / "run", env_of(tmp_path, "killed")
+    out.mkdir()
+    assert [r.returncode for r in launch("kill", out, env)] == [-9, -9]
+    results = launch("resume", out, env)
+    assert all(r.ok for r in results), [r.output[-2000:] for r in results]
+    found = resumes(out)
+    assert {(r.source, r.step) for r in found} == {("memory", found[0].step)}
+    assert found[0].step >= FAULT_STEP - 1, f"fault at the end of {FAULT_STEP}, resumed from {found[0].step}"
+    check_restored(out, found[0].step)
+    nothing_left(tmp_path)
+    again = tmp_path / "again"
+    again.mkdir()
+    assert [r.returncode for r in launch("kill", again, env)] == [-9, -9]
+    assert (tmp_path / "shm" / "killed").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    assert all(r.ok for r in launch("resume", other, env_of(tmp_path, "another")))
+    nothing_left(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_an_in_process_retry_resumes_from_the_copy_exactly(tmp_path: Path) -> None:
     """Rank 1 raises at a seeded step; both ranks call pretrain again in-process: resumed from the copy of the last
     completed step, state hashing as at that step; nothing of the run left after the retry succeeds."""

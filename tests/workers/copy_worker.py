@@ -3,7 +3,8 @@
 Usage: ``python tests/workers/copy_worker.py MODE OUT_DIR FAULT_STEP`` with ``LIFECYCLE_RUN_ID`` and
 ``LIFECYCLE_COPY_ROOT`` set (the test's). ``MODE``: ``crash`` (rank 1 is SIGKILLed at ``FAULT_STEP``, after its
 backward pass), ``raise`` (rank 1 raises there; both ranks call ``pretrain`` again in this process: an in-process
-retry), ``resume`` (one call, no fault), ``small`` (no fault, ``CAP_MB`` as the copy's cap when set in the
+retry), ``kill`` (every rank SIGKILLs itself at the end of ``FAULT_STEP``: a whole job killed at once),
+``resume`` (one call, no fault), ``small`` (no fault, ``CAP_MB`` as the copy's cap when set in the
 environment). Every call appends to ``OUT_DIR/rank<R>.jsonl``: at each step's end the hashes of the model,
 optimizer and RNG and the data position (train micro-batches consumed); at the start of training the same of the
 restored state (the position read off the first batch it asks for). Checkpoints are in ``OUT_DIR/ckpt``, journals
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,8 +70,8 @@ def digest(value: Any) -> str:
 class Record(Callback):
     """Appends this rank's state hashes at the start of training and at each step's end (module docstring)."""
 
-    def __init__(self, out: Path, data: SyntheticTokens) -> None:
-        self.out, self.data = out, data
+    def __init__(self, out: Path, data: SyntheticTokens, kill_at: int | None = None) -> None:
+        self.out, self.data, self.kill_at = out, data, kill_at
         self.ctx: TrainContext | None = None
         self.last = -1
         self.first: int | None = None  # the first train index asked for after training started
@@ -103,6 +105,8 @@ class Record(Callback):
         assert self.ctx is not None
         position = self.last - self.ctx.data_parallel_rank + self.ctx.data_parallel_size
         self.write({"event": "step", "step": step, "position": position, **self.hashes()})
+        if step == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def config(out: Path, fault: FaultInjection | None) -> PretrainConfig:
@@ -128,7 +132,7 @@ def config(out: Path, fault: FaultInjection | None) -> PretrainConfig:
 
 def main(mode: str, out: Path, step: int) -> int:
     """Run the mode (module docstring); 0 if the last call closed."""
-    record = Record(out, SyntheticTokens(TINY, 4, 1234))
+    record = Record(out, SyntheticTokens(TINY, 4, 1234), step if mode == "kill" else None)
     kind = {"crash": FaultKind.CRASH, "raise": FaultKind.RAISE}.get(mode)
     fault = None if kind is None else FaultInjection(Phase.STEP, rank=1, step=step, kind=kind)
     try:
