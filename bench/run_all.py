@@ -20,6 +20,7 @@ sys.path.insert(0, str(HERE))
 import bench_checkpoint  # noqa: E402
 import bench_leaks  # noqa: E402
 import bench_liveness  # noqa: E402
+import bench_memory_copy  # noqa: E402
 import bench_overhead  # noqa: E402
 import bench_plugin  # noqa: E402
 import bench_recovery  # noqa: E402
@@ -54,6 +55,7 @@ def main() -> None:
         bench_plugin,
         bench_checkpoint,
         bench_saves,
+        bench_memory_copy,
     )
     for bench in (*benches, bench_liveness, bench_recovery):
         print(f"running {bench.__name__} ...", flush=True)

@@ -138,6 +138,17 @@ class CheckpointConfig:
     step). A final save (the loop's end, a requested exit) that fails always fails the
     attempt: its end would otherwise claim a checkpoint it does not have. ``fail``: the
     first failed save fails the attempt (``SaveFailed``).
+
+    ``memory_copy``: also keep this rank's training state (model, optimizer, step, data
+    position, RNG) in node memory (``lifecycle._training.memory``) every
+    ``memory_interval`` steps, so that a retry or a restarted process on the same node
+    resumes from a step newer than the last checkpoint (docs/checkpoint-format.md, "The
+    copy in node memory"). It needs ``dir`` and ``resume``: disk checkpoints stay the
+    durable truth. ``memory_interval`` 0 (default) derives it from a measured budget: the
+    copy's cost over the first steps against ``memory_budget`` (a fraction, default 1%) of
+    a step's time. ``memory_cap_mb``: the most one rank's two slots may take (None: half
+    the file system, shared by the node's ranks); a copy that does not fit is warned about
+    once and the run goes on without copies.
     """
 
     dir: str | None = None
@@ -147,9 +158,14 @@ class CheckpointConfig:
     keep_last: int | None = None
     on_save_error: OnSaveError = OnSaveError.CONTINUE
     max_consecutive_save_failures: int = 3
+    memory_copy: bool = False
+    memory_interval: int = 0
+    memory_budget: float = 0.01
+    memory_cap_mb: float | None = None
 
     def __post_init__(self) -> None:
-        """Reject intervals below 0, ``keep_last`` below 1 and checkpoint options without a directory."""
+        """Reject intervals below 0, ``keep_last`` below 1, checkpoint options without a directory, and a memory
+        copy without ``dir`` and ``resume``, a budget outside (0, 1] or a cap that is not positive."""
         object.__setattr__(self, "on_save_error", _member(OnSaveError, "checkpoint.on_save_error", self.on_save_error))
         check_number("checkpoint.max_consecutive_save_failures", self.max_consecutive_save_failures, at_least=1)
         check_number("checkpoint.interval", self.interval, at_least=0)
@@ -161,6 +177,15 @@ class CheckpointConfig:
         blocker = None if self.dir is None else _file_in_the_way(Path(self.dir))
         if blocker is not None:
             raise ConfigError("checkpoint.dir", f"{blocker} is a file, not a folder")
+        check_number("checkpoint.memory_interval", self.memory_interval, at_least=0)
+        check_number("checkpoint.memory_budget", self.memory_budget, integer=False, above=0, at_most=1)
+        check_number("checkpoint.memory_cap_mb", self.memory_cap_mb, integer=False, above=0, optional=True)
+        if self.memory_copy and (self.dir is None or not self.resume):
+            raise ConfigError(
+                "checkpoint.memory_copy",
+                "needs a checkpoint directory and resume=True: the copy is read only to resume, and disk checkpoints "
+                "stay the durable truth",
+            )
 
 
 def _file_in_the_way(folder: Path) -> Path | None:

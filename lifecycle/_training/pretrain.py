@@ -36,6 +36,7 @@ from lifecycle._training.config import (
     Phase,
     PretrainConfig,
 )
+from lifecycle._training.copies import NodeCopies
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER
 from lifecycle._training.faults import enospc_once, fire
 from lifecycle._training.journaling import RunJournal
@@ -47,7 +48,7 @@ from lifecycle._training.providers import BatchProvider, ForwardStepFunc, ModelP
 from lifecycle._training.saves import Saves
 from lifecycle._training.stops import LauncherStops
 from lifecycle.checkpoint import AsyncCheckpointer, load_checkpoint
-from lifecycle.journal import Eval, Origin, RunEnd, TrainStep
+from lifecycle.journal import Eval, Origin, Resumed, RunEnd, TrainStep
 
 __all__ = [
     "BatchProvider",
@@ -185,6 +186,7 @@ def pretrain(
             error = describe(failure)
             if run.stops.stopped is not None:
                 exit_reason = STOPPED_BY_LAUNCHER
+        run.copies.close(failure is None)  # after a success, this rank's copies go; after a failure they stay
         run.drop_model()
         end = RunEnd(
             origin=run.journal.origin,
@@ -260,6 +262,9 @@ class _Run:
         self.committed: int | None = None
         self.saved: int | None = None
         self.saves = Saves(config.checkpoint, self.journal, self.rank, None)
+        c = config.checkpoint
+        label = f"{origin.restart_count}.{attempt}"
+        self.copies = NodeCopies(c.memory_copy, c.memory_interval, c.memory_budget, c.memory_cap_mb, label)
         self.guard = NonfiniteGuard(config.training, self.journal)
         self.fault_fired = False  # a data fault (DATA_FAULTS) fires once per call
         self.model: torch.nn.Module | None = None
@@ -373,6 +378,7 @@ class _Run:
                 config.checkpoint.dir, keep_last=config.checkpoint.keep_last, layout=self.layout
             )
             session.track_checkpoints(checkpointer)
+            self.copies.open(self.rank, self.world_size, on_cpu=self.device.type == "cpu")
             if config.checkpoint.resume:
                 start_step = self.load(config.checkpoint.dir)
         self.step = start_step
@@ -416,16 +422,22 @@ class _Run:
         """
         assert self.model is not None  # set in setup
         state = self.state(0)
-        # Agreed by every rank; weights_only, checksummed; the layout's tensor and pipeline sizes must match.
-        step = load_checkpoint(directory, state, layout=self.layout)
+        # Agreed by every rank; weights_only, checksummed; the layout's tensor and pipeline sizes must match. A copy in
+        # node memory of a newer step that every rank holds comes first (``NodeCopies.resume``).
+        load = lambda: load_checkpoint(directory, state, layout=self.layout)  # noqa: E731
+        step, source, disk = self.copies.resume(state, directory, load)
         if step is None:
             return 0
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         self.consumed = int(state["consumed"])
-        logger.info("resumed from step %d in %s", step, directory)
-        self.saved = self.committed = self.saves.committed = step
+        logger.info("resumed from step %d in %s", step, directory if source == "checkpoint" else "node memory")
+        self.saved = self.committed = self.saves.committed = step if source == "checkpoint" else disk
+        newest = step if source == "checkpoint" else disk
+        self.journal.write(
+            Resumed(origin=self.journal.origin, step=step, source=source, checkpoint_step=newest, time=time.time())
+        )
         return step
 
     # -- the loop -----------------------------------------------------------------------
@@ -473,6 +485,7 @@ class _Run:
                 # Commit the save started after the previous step: collective, and every
                 # rank is at the same step. Its write overlapped this step's compute.
                 self.commit(checkpointer)
+            self.copies.after_step(step, self.state)  # the copy in node memory, when due
             loss = flags[0].item() / self.world_size
             self.losses.append((step, loss))
             if self.journal.enabled:  # before the hooks: a rank killed in one still shows this step

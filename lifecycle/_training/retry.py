@@ -41,6 +41,7 @@ from lifecycle._core.errors import StoreHostLost
 from lifecycle._liveness.judgement import append_line
 from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
 from lifecycle._training.exits import _not_worth_restarting
+from lifecycle._training.memory import remove_rank_copies
 from lifecycle.journal import Failure, JobDecision, Origin, RunEnd, RunStart, TrainStep, journal_path, load, run_id
 from lifecycle.journal.evidence import RAISED_KINDS, Kind, kind_of
 
@@ -164,6 +165,8 @@ def _decide_after(
     if found is None:
         return decision
     created = ledger.mirror(name, found)
+    if found[1].stop:  # the job ends: this rank's copy in node memory goes (``lifecycle._training.memory``)
+        remove_rank_copies(run_id(), rank)
     if ledger.recorded and folder is not None and origin is not None:  # the journal's record: once, by the recorder
         _journal_decision(folder, origin, found[1])
     if created and found[1].stop and folder is not None:  # once per journal folder: a node's

@@ -20,6 +20,7 @@ with ``strict=False`` skips damaged lines and files, saying what it skipped
 - ``StepSkipped`` (``step_skipped``): a step whose update no rank applied (its loss was not finite).
 - ``JobDecision`` (``decision``): the job's decision after a failed attempt (restart, or stop and why), written once
   per attempt by the rank that recorded it.
+- ``Resumed`` (``resume``): where the call resumed training from (the copy in node memory, or a checkpoint).
 - ``Suspicion`` (``suspicion``) and ``Withdrawal`` (``withdrawal``): a monitor's suspicion of a rank, and its
   withdrawal when the rank made progress again: never a failure.
 
@@ -60,6 +61,7 @@ from lifecycle.journal._records import (
     MonitorLost,
     Origin,
     Record,
+    Resumed,
     RunEnd,
     RunStart,
     StepSkipped,
@@ -86,6 +88,7 @@ __all__ = [
     "Origin",
     "Problem",
     "Record",
+    "Resumed",
     "RunEnd",
     "RunStart",
     "Skipped",

@@ -319,6 +319,23 @@ class StepSkipped(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Resumed(_Record):
+    """The ``pretrain`` call resumed training after step ``step`` from ``source``, at ``time`` (wall clock).
+
+    ``source``: ``memory`` (the run's copy in node memory, ``lifecycle._training.memory``)
+    or ``checkpoint`` (the committed checkpoint every rank agreed on). ``checkpoint_step``: the
+    newest committed checkpoint rank 0 saw when the step was chosen (None: none). Version 4.
+    """
+
+    kind: ClassVar[str] = "resume"
+    origin: Origin
+    step: int
+    source: str
+    checkpoint_step: int | None
+    time: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobDecision(_Record):
     """The job's decision after its failed attempt ``after_attempt`` (0-based, job-wide), made at ``time`` (wall clock).
 
@@ -393,13 +410,14 @@ Record: TypeAlias = (
     | FailedSave
     | StepSkipped
     | JobDecision
+    | Resumed
     | Suspicion
     | Withdrawal
 )
 """Any journal record."""
 
 _CLASSES = (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict, MonitorLost)
-_V4 = (Suspicion, Withdrawal, FailedSave, StepSkipped, JobDecision)
+_V4 = (Suspicion, Withdrawal, FailedSave, StepSkipped, JobDecision, Resumed)
 KINDS: dict[str, type[Record]] = {c.kind: c for c in (*_CLASSES, *_V4)}
 """Each record class by its JSON ``kind``."""
 

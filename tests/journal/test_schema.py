@@ -27,6 +27,7 @@ from lifecycle.journal import (
     MonitorLost,
     Origin,
     Record,
+    Resumed,
     RunEnd,
     RunStart,
     StepSkipped,
@@ -177,6 +178,7 @@ def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
         "save_failed",
         "step_skipped",
         "decision",
+        "resume",
     }
     for cls in KINDS.values():
         names = [f.name for f in compile_fields(cls, skip=frozenset({"origin"})).fields]
@@ -250,7 +252,8 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
     )
     suspicion = Suspicion(origin=ORIGIN, culprit=1, evidence=Evidence("hang", 1, 3, "batch", "S", 4.0, 2.0), time=4.0)
     withdrawal = Withdrawal(origin=ORIGIN, culprit=1, time=4.5, step=4, phase="batch")
-    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal, failed_save, skipped, decided]
+    resumed = Resumed(origin=ORIGIN, step=4, source="memory", checkpoint_step=None, time=4.2)
+    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal, failed_save, skipped, decided, resumed]
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
     shared: dict[object, object] = {}
     fast = []
@@ -276,13 +279,14 @@ def v4_records() -> list[Record]:
     """One rank's version 4 journal, every record kind version 4 added or typed: the run's liveness deadlines, the
     failure with its evidence and the first failure's, a suspicion, its withdrawal, a release by the restart
     wrapper's abort, a verdict with its evidence that killed the rank, a failed save, a skipped step (its culprit),
-    the job's decision after the attempt; the v4 fixture holds these lines (an issue that adds a record kind or
-    field adds it here and rewrites the fixture)."""
+    a resume from the copy in node memory, the job's decision after the attempt; the v4 fixture holds these lines
+    (an issue that adds a record kind or field adds it here and rewrites the fixture)."""
     o = Origin("job-4", 1, 0, "ordinary", 0)
     hang = Evidence("hang", 1, 41, "batch", "S", 4.1, 2.0, "monitor")
     return [
         RunStart(origin=o, world_size=2, pid=11, host="h", start=20.0, liveness="kill: every 1 s"),
         Transition(origin=o, source="globals_ready", dest="training", trigger="start_training", start=20.3, end=20.4),
+        Resumed(origin=o, step=39, source="memory", checkpoint_step=30, time=20.35),
         TrainStep(origin=o, step=40, loss=2.5, start=20.4, end=20.5),
         FailedSave(
             origin=o, step=40, error="rank 1: [Errno 28 ENOSPC]", consecutive=1, action="continued", time=20.6,

@@ -280,3 +280,15 @@ def test_a_nan_loss_and_a_failed_save_are_kinds_of_their_own_and_show_words_them
     assert f"{Kind.SAVE_FAILED.words} of step 20 (1 in a row; training went on): rank 0: [Errno 28 ENOSPC]" in text
     assert f"step 30 skipped: rank 0 {Kind.NONFINITE_LOSS.words} (1 in a row)" in text
     assert f"step 31 skipped: 2 rank(s) {Kind.NONFINITE_LOSS.words} (2 in a row)" in text
+
+
+def test_the_timeline_says_where_a_call_resumed_from() -> None:
+    """A ``resume`` record is a timeline line naming the step and the source: the copy in memory, or a checkpoint."""
+    records = synthetic.rank_call(origin(0), 1, T0, steps=3)
+    end = records.pop()
+    records += [
+        journal.Resumed(origin=origin(0), step=17, source="memory", checkpoint_step=10, time=T0 + 0.1),
+        end,
+    ]
+    text = "\n".join(render_timeline(show_model.build(records)))
+    assert "resumed after step 17 from the copy in node memory (newest checkpoint: step 10)" in text

@@ -276,6 +276,10 @@ def str_fault(phase: Phase, step: int) -> str:
         ("exit.max_duration_s", lambda: ExitConfig(max_duration_s=0)),
         ("fault.phase", lambda: FaultInjection("nowhere")),  # type: ignore[arg-type]
         ("model.vocab_size", lambda: ModelConfig(vocab_size=30)),
+        ("checkpoint.memory_copy", lambda: CheckpointConfig(dir="ckpt", memory_copy=True)),
+        ("checkpoint.memory_interval", lambda: CheckpointConfig(memory_interval=-1)),
+        ("checkpoint.memory_budget", lambda: CheckpointConfig(memory_budget=1.5)),
+        ("checkpoint.memory_cap_mb", lambda: CheckpointConfig(memory_cap_mb=0)),
     ],
 )
 def test_a_bad_config_value_is_rejected_naming_its_field(field: str, make: Any) -> None:

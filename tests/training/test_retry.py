@@ -111,6 +111,24 @@ def test_same_raise_twice_stops_reproducible_on_every_rank(tmp_path: Path) -> No
     assert len(list((tmp_path / DECISIONS).iterdir())) == 2
 
 
+def test_a_stop_removes_the_ranks_copies_in_node_memory_and_a_restart_keeps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's copies in node memory outlive a restart decision (the retry resumes from them) and go at a stop:
+    the job ended with its last failure."""
+    monkeypatch.setenv("LIFECYCLE_COPY_ROOT", str(tmp_path / "shm"))
+    folder = tmp_path / "shm" / RUN
+    folder.mkdir(parents=True)
+    slot = folder / "rank1.slot0"
+    slot.write_bytes(b"a copy")
+    for attempt, kept in ((0, True), (1, False)):
+        journal(tmp_path / "journal", 1, attempt)
+        decision = decide_after(boom(), tmp_path / "journal", rank=1)
+        assert decision.stop is not kept
+        assert slot.exists() is kept
+    assert not folder.exists()
+
+
 def test_the_same_nan_loss_twice_is_decided_by_the_rank_that_raised_it(tmp_path: Path) -> None:
     """A NaN loss (its own kind) at the same step twice: its rank lives, so its peer waits; it stops reproducible."""
     for attempt in (0, 1):

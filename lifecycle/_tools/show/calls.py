@@ -9,6 +9,7 @@ from lifecycle.journal import (
     Eval,
     FailedSave,
     Record,
+    Resumed,
     RunEnd,
     RunStart,
     StepSkipped,
@@ -86,6 +87,10 @@ def events(call: list[Record]) -> list[tuple[float, str]]:
             who = f"rank {r.culprit}" if r.culprit is not None else f"{r.ranks} rank(s)"
             text = f"step {r.step} skipped: {who} {r.failure_kind.words} ({r.consecutive} in a row)"
             events.append((r.time, text))
+        elif isinstance(r, Resumed):  # where training resumed from: the copy in node memory, or a checkpoint
+            where = "the copy in node memory" if r.source == "memory" else "the committed checkpoint"
+            newest = "none" if r.checkpoint_step is None else f"step {r.checkpoint_step}"
+            events.append((r.time, f"resumed after step {r.step} from {where} (newest checkpoint: {newest})"))
         elif isinstance(r, Verdict):  # its words from the typed kind where the record has it (version 4)
             kind = Kind.named(r.evidence.kind if r.evidence is not None else r.verdict)
             said = f"rank {r.culprit} {kind.words if kind is not None else r.verdict}"

@@ -1,0 +1,306 @@
+"""``pretrain``'s copy of the training state in node memory (``CheckpointConfig.memory_copy``).
+
+Every ``interval`` steps the loop calls ``after_step``: the state (model, optimizer, step,
+data position, RNG) is copied on the training thread into one reused byte buffer (a
+``copy_`` per tensor, no pickle: ``_Packer``), then checksummed and written to the rank's
+older slot (``lifecycle._training.memory``) by a background thread while the next step
+runs (``zlib.crc32`` and ``os.write`` release the GIL); the next copy waits for it.
+``resume`` (collective) picks the step to resume from: the newest step every rank holds a
+whole copy of, if no older than the newest committed checkpoint (rank 0's view), else the
+checkpoint (``load_checkpoint``).
+
+The interval, unless configured: the first ``MEASURED`` steps of a call are each copied,
+and their cost is measured: the time the training thread spends (the packing, a wait for the
+previous write) plus, when the model is on the CPU, the background write (it competes for
+the same cores). ``interval = ceil(median cost / (memory_budget × median step time))``;
+every rank takes the largest (one ``all_reduce``, once), so all copy the same steps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lifecycle._training.memory import NoRoom, RankCopies, sweep
+from lifecycle.checkpoint import latest_checkpoint
+from lifecycle.checkpoint.loader import collective_device
+from lifecycle.journal import run_id
+
+__all__ = ["MEASURED", "NodeCopies"]
+
+logger = logging.getLogger("lifecycle.pretrain")
+
+MEASURED = 4
+"""Steps copied at the start of each call to measure the copy's cost, before the interval is derived."""
+
+_WARNED: set[str] = set()
+"""Runs this process already warned about a copy that does not fit: one warning a run."""
+
+
+_ALIGN = 64
+"""Each tensor's bytes start at a multiple of this in the payload: any dtype can be viewed in place."""
+
+
+class _Packer:
+    """The state as a payload of two parts: its structure (JSON, 8-byte length first), every tensor's bytes.
+
+    The tensors are copied, on the calling thread, into one byte buffer reused from copy to
+    copy (the caller waits for the previous write first): one ``copy_`` per tensor, no pickle.
+    Read back by ``_unpack``, which runs no code of the file's (as ``weights_only`` loading).
+    """
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self._layout: list[tuple[str, list[int], int, int]] = []
+        self._targets: list[torch.Tensor] = []  # each tensor's place in the buffer, typed and shaped: one copy_ each
+
+    def pack(self, state: dict[str, Any]) -> list[bytes | memoryview]:
+        """The payload's parts: the structure's bytes and a view of the buffer (valid until the next ``pack``)."""
+        tensors: list[torch.Tensor] = []
+
+        def walk(value: Any) -> dict[str, Any]:
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
+                return {"t": len(tensors) - 1}
+            if isinstance(value, dict):
+                return {"m": [[k, walk(v)] for k, v in value.items()]}
+            if isinstance(value, (list, tuple)):
+                return {"l" if isinstance(value, list) else "u": [walk(v) for v in value]}
+            if value is None or isinstance(value, (bool, int, float, str)):
+                return {"s": value}
+            raise TypeError(f"a {type(value).__name__} in the training state cannot be copied")
+
+        tree = walk(state)
+        metas: list[tuple[str, list[int], int, int]] = []
+        offset = 0
+        for tensor in tensors:
+            size = tensor.numel() * tensor.element_size()
+            metas.append((str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, size))
+            offset += -(-size // _ALIGN) * _ALIGN
+        if metas != self._layout:  # the first copy, or the state changed shape: lay the buffer out again
+            self.buffer = bytearray(offset)
+            flat = torch.frombuffer(self.buffer, dtype=torch.uint8) if offset else torch.empty(0, dtype=torch.uint8)
+            self._targets = [
+                flat[start : start + size].view(tensor.dtype).view(tensor.shape)
+                for tensor, (_, _, start, size) in zip(tensors, metas, strict=True)
+            ]
+            self._layout = metas
+        for tensor, target in zip(tensors, self._targets, strict=True):
+            target.copy_(tensor.detach())
+        structure = json.dumps({"tree": tree, "tensors": metas}).encode()
+        return [len(structure).to_bytes(8, "little") + structure, memoryview(self.buffer)]
+
+
+def _unpack(payload: bytes) -> Any:
+    """The state ``_Packer.pack`` made ``payload`` of (its tensors on the CPU); ``ValueError`` if it is not one."""
+    size = int.from_bytes(payload[:8], "little")
+    data = json.loads(payload[8 : 8 + size])
+    raw = bytearray(payload[8 + size :])
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    tensors = []
+    for name, shape, start, length in data["tensors"]:
+        dtype = getattr(torch, str(name), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown dtype {name!r}")
+        tensors.append(flat[start : start + length].view(dtype).reshape(shape).clone())  # owns its memory
+
+    def build(node: dict[str, Any]) -> Any:
+        ((tag, value),) = node.items()
+        if tag == "t":
+            return tensors[value]
+        if tag == "m":
+            return {k: build(v) for k, v in value}
+        if tag in ("l", "u"):
+            items = [build(v) for v in value]
+            return items if tag == "l" else tuple(items)
+        if tag == "s":
+            return value
+        raise ValueError(f"unknown node {tag!r}")
+
+    return build(data["tree"])
+
+
+def _fits(state: dict[str, Any], loaded: Any) -> bool:
+    """Whether ``loaded`` has the model's keys with the same shapes and dtypes, and the optimizer's groups."""
+    if not isinstance(loaded, dict) or not {"model", "optimizer", "step", "consumed", "rng"} <= loaded.keys():
+        return False
+    mine, theirs = state["model"], loaded["model"]
+    if not isinstance(theirs, dict) or mine.keys() != theirs.keys():
+        return False
+    for key, tensor in mine.items():
+        other = theirs[key]
+        if isinstance(tensor, torch.Tensor) and (
+            not isinstance(other, torch.Tensor) or (tensor.shape, tensor.dtype) != (other.shape, other.dtype)
+        ):
+            return False
+    groups = [len(g["params"]) for g in state["optimizer"]["param_groups"]]
+    return groups == [len(g["params"]) for g in loaded["optimizer"].get("param_groups", [])]
+
+
+class NodeCopies:
+    """One ``pretrain`` call's copies on this rank; does nothing unless ``memory_copy`` is set.
+
+    ``open`` (at setup, before ``resume``) sweeps other runs' unowned copies and opens this
+    run's slots; ``close`` waits for a write in flight and, after a success, removes this
+    rank's files (after a failure they stay for the retry; ``decide_after`` removes them when
+    the job stops, the next start's ``sweep`` after a whole-job kill).
+    """
+
+    def __init__(self, enabled: bool, interval: int, budget: float, cap_mb: float | None, attempt: str) -> None:
+        self.enabled = enabled
+        self.interval = interval  # 0: not derived yet
+        self.budget, self.cap_mb, self.attempt = budget, cap_mb, attempt
+        self.slots: RankCopies | None = None
+        self.fits = enabled
+        self.cap: int | None = None
+        self.on_cpu = True
+        self.costs: list[float] = []
+        self.writes: list[float] = []
+        self.periods: list[float] = []
+        self.taken = 0
+        self._last: float | None = None
+        self._thread: threading.Thread | None = None
+        self._packer = _Packer()
+
+    def open(self, rank: int, world_size: int, on_cpu: bool) -> None:
+        """Sweep other runs' unowned folders, open this rank's slots and set the cap (``CheckpointConfig``)."""
+        if not self.enabled:
+            return
+        self.on_cpu = on_cpu
+        run = run_id()
+        sweep(run)
+        self.slots = RankCopies(run, rank, world_size)
+        try:
+            self.slots.open()
+            stats = os.statvfs(self.slots.folder)
+        except OSError as exc:
+            self._no_room(f"cannot use {self.slots.folder}: {exc}")
+            return
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size) or 1)
+        total = stats.f_blocks * stats.f_frsize
+        self.cap = int(self.cap_mb * 2**20) if self.cap_mb is not None else total // (2 * max(local, 1))
+
+    def _no_room(self, why: str) -> None:
+        """Warn once a run, and take no more copies in this call."""
+        self.fits = False
+        if self.slots is not None and self.slots.run_id not in _WARNED:
+            _WARNED.add(self.slots.run_id)
+            logger.warning("lifecycle: no copy of the training state in node memory: %s; training goes on", why)
+
+    def resume(
+        self, state: dict[str, Any], directory: str, load_disk: Callable[[], int | None]
+    ) -> tuple[int | None, str, int | None]:
+        """COLLECTIVE: resume into ``state`` from a copy or ``load_disk()``: (step, source, newest checkpoint step).
+
+        The copy of the newest step that every rank holds (whole, this run's) is used when
+        it is no older than rank 0's newest committed checkpoint and loads on every rank;
+        ``state``'s entries are then replaced by the copy's. Otherwise ``load_disk()``.
+        """
+        disk: int | None = None
+        if not self.enabled or self.slots is None:
+            return load_disk(), "checkpoint", None
+        held = sorted(self.slots.newest())[-2:] if self.fits else []
+        rank, world = dist.get_rank(), dist.get_world_size()
+        mine = torch.full((3,), -1, dtype=torch.int64)
+        mine[: len(held)] = torch.tensor(held, dtype=torch.int64)
+        if rank == 0:
+            try:
+                found = latest_checkpoint(directory)
+            except OSError:  # the peers wait in the all_gather: the checkpoint's own load says what is wrong
+                found = None
+            mine[2] = -1 if found is None else found[0]
+        device = collective_device()
+        gathered = [torch.zeros(3, dtype=torch.int64, device=device) for _ in range(world)]
+        dist.all_gather(gathered, mine.to(device))
+        views = [g.cpu().tolist() for g in gathered]
+        disk = None if views[0][2] < 0 else int(views[0][2])
+        common = set.intersection(*({s for s in v[:2] if s >= 0} for v in views))
+        step = max(common, default=None)
+        if step is not None and (disk is None or step >= disk):
+            loaded = None
+            payload = self.slots.read(step)
+            if payload is not None:
+                try:
+                    loaded = _unpack(payload)
+                except Exception:  # noqa: BLE001 - unloadable here: every rank falls back together
+                    loaded = None
+            ok = torch.tensor([int(loaded is not None and _fits(state, loaded))], device=device)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            if int(ok.item()) and loaded is not None:
+                state.update(loaded)
+                return step, "memory", disk
+        return load_disk(), "checkpoint", disk
+
+    def after_step(self, step: int, state: Callable[[int], dict[str, Any]]) -> None:
+        """Copy the state of ``step`` if it is due (every ``interval`` steps; each of the first ``MEASURED``)."""
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        measuring = self.interval == 0
+        if not measuring and step % self.interval:
+            return
+        if measuring and self._last is not None:
+            self.periods.append(now - self._last)
+        self._join()
+        if self.fits and self.slots is not None:
+            snapshot = self._packer.pack(state(step))
+            self._thread = threading.Thread(target=self._write, args=(step, snapshot), daemon=True)
+            self._thread.start()
+        self.costs.append(time.perf_counter() - now)
+        self.taken += 1
+        self._last = time.perf_counter()
+        if measuring and self.taken >= MEASURED:
+            self._derive()
+
+    def _derive(self) -> None:
+        """Set ``interval`` from the measured costs (module docstring); the largest on any rank."""
+        self._join()
+        cost = statistics.median(self.costs) + (statistics.median(self.writes) if self.on_cpu and self.writes else 0)
+        period = max(statistics.median(self.periods), 1e-9)
+        mine = torch.tensor([max(1, math.ceil(cost / (self.budget * period)))], dtype=torch.int64)
+        device = collective_device()
+        agreed = mine.to(device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        self.interval = int(agreed.item())
+        logger.info(
+            "copy in node memory: %.2f ms a copy, %.1f ms a step: every %d steps (budget %.2g)",
+            cost * 1e3,
+            period * 1e3,
+            self.interval,
+            self.budget,
+        )
+
+    def _write(self, step: int, snapshot: list[bytes | memoryview]) -> None:
+        """The background half: checksum ``snapshot`` and publish it; a copy that does not fit stops the copies."""
+        assert self.slots is not None
+        began = time.perf_counter()
+        try:
+            self.slots.write(step, self.attempt, snapshot, self.cap)
+        except NoRoom as exc:
+            self._no_room(str(exc))
+        except OSError as exc:
+            self._no_room(f"writing the copy of step {step} failed: {exc}")
+        self.writes.append(time.perf_counter() - began)
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def close(self, success: bool) -> None:
+        """Wait for the write in flight; after a success remove this rank's files (the class docstring)."""
+        if not self.enabled:
+            return
+        self._join()
+        if success and self.slots is not None:
+            self.slots.remove()

@@ -1,0 +1,271 @@
+"""The in-memory copy of a run's training state: two slots per rank in node memory, torch-free.
+
+A run's copies live in ``<root>/<run>/`` (``copy_root()``: ``/dev/shm/lifecycle-copies``
+unless ``LIFECYCLE_COPY_ROOT`` names another folder; ``<run>`` the run id with every
+character but letters, digits, ``_`` and ``-`` made ``_``). Each rank has two slots,
+``rank<R>.slot0`` and ``rank<R>.slot1``; a new copy replaces the slot that does not hold the
+rank's newest one, so a writer killed mid-write leaves the previous copy whole.
+
+A slot file is ``MAGIC``, a 4-byte little-endian header length, the header (JSON: run id,
+attempt, rank, world size, step, payload length, the payload's CRC-32), then the payload.
+It is written with ``os.write`` to a temporary name and published by ``os.rename``: never
+through a memory map (a full ``/dev/shm`` kills a process writing through a map with
+SIGBUS; ``write`` gets ``ENOSPC``). Its size is checked against the free space and the cap
+before a byte is written. A file whose header is not this run's, this rank's and this world
+size's, or whose length or checksum does not match (a torn write), is never used.
+
+Each process of the run holds a shared ``flock`` on ``<root>/<run>/.lock`` while it may use
+the copies; the kernel drops it when the process dies, even by SIGKILL. ``sweep`` removes
+the folders of other runs whose lock nobody holds: the files a whole job killed at once left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "MAGIC",
+    "CopyHeader",
+    "NoRoom",
+    "RankCopies",
+    "copy_root",
+    "remove_rank_copies",
+    "sweep",
+]
+
+MAGIC = b"LCMCOPY1"
+"""The first bytes of every slot file (format 1)."""
+_LENGTH = struct.Struct("<I")
+_LOCK = ".lock"
+_SLOTS = 2
+_HELD: dict[Path, int] = {}
+"""The lock this process holds on each run folder it opened: one per folder, whichever object opened it."""
+
+
+def copy_root() -> Path:
+    """Where every run's copies on this node live: ``LIFECYCLE_COPY_ROOT``, else ``/dev/shm/lifecycle-copies``."""
+    return Path(os.environ.get("LIFECYCLE_COPY_ROOT") or "/dev/shm/lifecycle-copies")
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", text) or "_"
+
+
+class NoRoom(OSError):
+    """A copy does not fit: the file system's free space, or the cap, is smaller than it needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class CopyHeader:
+    """What a slot file says about its copy; ``checksum`` is the payload's CRC-32."""
+
+    run_id: str
+    attempt: str
+    rank: int
+    world_size: int
+    step: int
+    length: int
+    checksum: int
+
+    def encode(self) -> bytes:
+        """``MAGIC``, the header's length and the header: the bytes before the payload."""
+        data = json.dumps(
+            {
+                "run_id": self.run_id,
+                "attempt": self.attempt,
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "step": self.step,
+                "length": self.length,
+                "checksum": self.checksum,
+            }
+        ).encode()
+        return MAGIC + _LENGTH.pack(len(data)) + data
+
+    @classmethod
+    def decode(cls, raw: bytes) -> tuple[CopyHeader, int] | None:
+        """The header at the start of ``raw`` and the payload's offset; None if ``raw`` does not start with one."""
+        start = len(MAGIC) + _LENGTH.size
+        if len(raw) < start or raw[: len(MAGIC)] != MAGIC:
+            return None
+        (size,) = _LENGTH.unpack_from(raw, len(MAGIC))
+        try:
+            data = json.loads(raw[start : start + size])
+            header = cls(
+                run_id=str(data["run_id"]),
+                attempt=str(data["attempt"]),
+                rank=int(data["rank"]),
+                world_size=int(data["world_size"]),
+                step=int(data["step"]),
+                length=int(data["length"]),
+                checksum=int(data["checksum"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+        return header, start + size
+
+
+def read_copy(path: Path, run_id: str, rank: int, world_size: int) -> tuple[CopyHeader, bytes] | None:
+    """The header and payload of the slot file ``path`` if it is whole and this run's, rank's and world size's."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    found = CopyHeader.decode(raw)
+    if found is None:
+        return None
+    header, offset = found
+    payload = raw[offset:]
+    if (header.run_id, header.rank, header.world_size) != (run_id, rank, world_size):
+        return None
+    if len(payload) != header.length or zlib.crc32(payload) != header.checksum:
+        return None  # torn (a writer killed mid-write) or damaged
+    return header, payload
+
+
+class RankCopies:
+    """One rank's two slots of run ``run_id`` under ``root`` (default ``copy_root()``).
+
+    ``open`` takes the run's shared lock and removes this rank's temporary files (a torn
+    write). ``write`` publishes a copy; ``newest`` lists the usable ones; ``remove`` deletes
+    this rank's files (and the run's folder once no process holds its lock).
+    """
+
+    def __init__(self, run_id: str, rank: int, world_size: int, root: Path | None = None) -> None:
+        self.run_id, self.rank, self.world_size = run_id, rank, world_size
+        self.folder = (root or copy_root()) / _safe(run_id)
+        self._latest: Path | None = None  # the slot this object last published: no file is read to find it again
+
+    def slot(self, index: int) -> Path:
+        """The path of slot ``index`` (0 or 1) of this rank."""
+        return self.folder / f"rank{self.rank}.slot{index}"
+
+    def open(self) -> None:
+        """Create the run's folder, hold its shared lock (until ``remove`` or the process ends), drop torn writes."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.folder not in _HELD:
+            fd = os.open(self.folder / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            _HELD[self.folder] = fd
+        for stale in self.folder.glob(f"rank{self.rank}.slot*.tmp-*"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+    def newest(self) -> dict[int, Path]:
+        """This rank's usable copies by step (at most two); unusable files are left alone, never read as copies."""
+        found: dict[int, Path] = {}
+        for index in range(_SLOTS):
+            copy = read_copy(self.slot(index), self.run_id, self.rank, self.world_size)
+            if copy is not None:
+                found[copy[0].step] = self.slot(index)
+        return found
+
+    def read(self, step: int) -> bytes | None:
+        """The payload of this rank's usable copy of ``step``; None if there is none (any more)."""
+        path = self.newest().get(step)
+        copy = None if path is None else read_copy(path, self.run_id, self.rank, self.world_size)
+        return None if copy is None or copy[0].step != step else copy[1]
+
+    def write(self, step: int, attempt: str, payload: Sequence[bytes | memoryview], cap: int | None) -> Path:
+        """Publish ``payload`` (its parts, in order) as this rank's copy of ``step``; the slot it is in.
+
+        Replaces the slot not holding the newest usable copy. ``NoRoom`` (nothing written)
+        when the file would not fit the file system's free space, or when two slots of it
+        would exceed ``cap`` bytes; another ``OSError`` (``ENOSPC`` included) after removing
+        what it wrote. Written with ``os.write``, never through a memory map.
+        """
+        parts = [memoryview(part).cast("B") for part in payload]
+        checksum = 0
+        for part in parts:
+            checksum = zlib.crc32(part, checksum)  # releases the GIL on large parts: the training thread runs on
+        length = sum(len(part) for part in parts)
+        header = CopyHeader(self.run_id, attempt, self.rank, self.world_size, step, length, checksum).encode()
+        size = len(header) + length
+        if cap is not None and _SLOTS * size > cap:
+            raise NoRoom(f"two copies of {size} bytes exceed the cap of {cap} bytes")
+        stats = os.statvfs(self.folder)
+        free = stats.f_bavail * stats.f_frsize
+        if size > free:
+            raise NoRoom(f"a copy of {size} bytes does not fit the {free} bytes free in {self.folder}")
+        if self._latest is None:
+            held = self.newest()
+            self._latest = held[max(held)] if held else self.slot(1)
+        target = self.slot(1) if self._latest == self.slot(0) else self.slot(0)
+        temporary = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                for part in (memoryview(header), *parts):
+                    while part:
+                        part = part[os.write(fd, part) :]
+            finally:
+                os.close(fd)
+            os.rename(temporary, target)
+            self._latest = target
+        except OSError:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise
+        return target
+
+    def remove(self) -> None:
+        """Delete this rank's slots and temporary files, release the lock; the folder too if no process holds it."""
+        for path in self.folder.glob(f"rank{self.rank}.slot*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+        held = _HELD.pop(self.folder, None)
+        if held is not None:
+            os.close(held)
+        _remove_if_free(self.folder)
+
+
+def _remove_if_free(folder: Path) -> bool:
+    """Remove ``folder`` if no process holds its lock (taken exclusively meanwhile); whether it is gone."""
+    try:
+        fd = os.open(folder / _LOCK, os.O_RDWR)
+    except FileNotFoundError:
+        shutil.rmtree(folder, ignore_errors=True)
+        return not folder.exists()
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        os.close(fd)
+    return not folder.exists()
+
+
+def sweep(run_id: str, root: Path | None = None) -> list[Path]:
+    """Remove the folders under ``root`` (default ``copy_root()``) of runs other than ``run_id`` that no live
+    process holds (their processes ended, or were killed); the folders removed. Never raises ``OSError``."""
+    removed = []
+    try:
+        folders = [p for p in (root or copy_root()).iterdir() if p.is_dir() and p.name != _safe(run_id)]
+    except OSError:
+        return []
+    for folder in folders:
+        if _remove_if_free(folder):
+            removed.append(folder)
+    return removed
+
+
+def remove_rank_copies(run_id: str, rank: int, root: Path | None = None) -> None:
+    """Delete rank ``rank``'s copies of run ``run_id`` (the job ended): its files, then the run's folder once no
+    process holds its lock. What ``decide_after`` does after a stop; never raises ``OSError``."""
+    with contextlib.suppress(OSError):
+        RankCopies(run_id, rank, 0, root).remove()

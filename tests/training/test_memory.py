@@ -1,0 +1,136 @@
+"""The slots of the copy in node memory (``lifecycle._training.memory``): format, publication, refusals. Torch-free."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lifecycle._training import memory
+from lifecycle._training.memory import MAGIC, CopyHeader, NoRoom, RankCopies, read_copy, remove_rank_copies, sweep
+
+
+def slots(tmp_path: Path, run: str = "run-1", rank: int = 0, world: int = 2) -> RankCopies:
+    """Opened slots of ``run``'s ``rank`` under ``tmp_path``."""
+    copies = RankCopies(run, rank, world, tmp_path)
+    copies.open()
+    return copies
+
+
+def test_a_header_round_trips_and_a_foreign_start_is_no_header() -> None:
+    """The header encodes after ``MAGIC`` and decodes back with the payload's offset; other bytes are not one."""
+    header = CopyHeader("run/1", "0.2", 1, 2, 17, 5, 99)
+    raw = header.encode() + b"hello"
+    assert raw.startswith(MAGIC)
+    assert CopyHeader.decode(raw) == (header, len(raw) - 5)
+    assert CopyHeader.decode(b"PK\x03\x04") is None
+    assert CopyHeader.decode(MAGIC + b"\x05\x00\x00\x00{bad}") is None
+
+
+def test_copies_alternate_between_two_slots_and_the_newest_two_are_kept(tmp_path: Path) -> None:
+    """Each copy replaces the slot not holding the newest: after steps 1, 2, 3 the slots hold 2 and 3, readable."""
+    copies = slots(tmp_path)
+    for step in (1, 2, 3):
+        copies.write(step, "0.0", [f"state {step}".encode()], cap=None)
+    assert sorted(copies.newest()) == [2, 3]
+    assert copies.read(3) == b"state 3" and copies.read(1) is None
+    assert not list(copies.folder.glob("*.tmp-*"))
+
+
+def test_a_torn_copy_is_never_read(tmp_path: Path) -> None:
+    """A slot cut short, or with a changed byte, fails its length or checksum: not a copy."""
+    copies = slots(tmp_path)
+    path = copies.write(5, "0.0", [b"x" * 1000], cap=None)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-1])
+    assert copies.newest() == {}
+    path.write_bytes(whole[:-1] + b"y")
+    assert copies.newest() == {}
+    path.write_bytes(whole)
+    assert list(copies.newest()) == [5]
+
+
+def test_a_copy_of_another_run_rank_or_world_size_is_never_read(tmp_path: Path) -> None:
+    """The header must name this run, this rank and this world size."""
+    path = slots(tmp_path, "other").write(4, "0.0", [b"payload"], cap=None)
+    for run, rank, world in (("mine", 0, 2), ("other", 1, 2), ("other", 0, 4)):
+        assert read_copy(path, run, rank, world) is None
+    assert read_copy(path, "other", 0, 2) is not None
+
+
+def test_a_copy_over_the_cap_or_the_free_space_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NoRoom`` before any byte is written: two copies over the cap, or one over the file system's free space."""
+    copies = slots(tmp_path)
+    with pytest.raises(NoRoom, match="exceed the cap"):
+        copies.write(1, "0.0", [b"x" * 100], cap=150)
+    real = os.statvfs(tmp_path)
+
+    class Full:
+        f_bavail, f_frsize, f_blocks = 0, real.f_frsize, real.f_blocks
+
+    monkeypatch.setattr(memory.os, "statvfs", lambda _path: Full)
+    with pytest.raises(NoRoom, match="does not fit"):
+        copies.write(1, "0.0", [b"x"], cap=None)
+    assert sorted(p.name for p in copies.folder.iterdir()) == [".lock"]
+
+
+def test_slots_are_written_with_write_never_through_a_memory_map() -> None:
+    """The module imports no ``mmap``: a full /dev/shm gives ``write`` ENOSPC, a mapped write SIGBUS."""
+    tree = ast.parse(Path(memory.__file__).read_text(encoding="utf-8"))
+    names = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    assert "mmap" not in names and "mmap" not in {getattr(n, "module", None) for n in ast.walk(tree)}
+
+
+def test_opening_removes_this_ranks_torn_temporary_files(tmp_path: Path) -> None:
+    """A writer killed mid-write leaves ``<slot>.tmp-<pid>``: the next open of that rank removes it, no other's."""
+    folder = tmp_path / "run-1"
+    folder.mkdir()
+    (folder / "rank0.slot1.tmp-123").write_bytes(b"torn")
+    (folder / "rank1.slot1.tmp-123").write_bytes(b"torn")
+    slots(tmp_path, rank=0)
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "rank1.slot1.tmp-123"]
+
+
+def test_sweep_removes_other_runs_no_process_holds(tmp_path: Path) -> None:
+    """Another run's folder whose lock a live process holds stays; one nobody holds (its job was killed) goes; the
+    sweeping run's own folder stays."""
+    slots(tmp_path, "held").write(1, "0.0", [b"p"], cap=None)  # this process holds its lock
+    orphan = tmp_path / "orphan"
+    orphan.mkdir()
+    (orphan / ".lock").touch()
+    (orphan / "rank0.slot0").write_bytes(b"p")
+    (tmp_path / "mine").mkdir()
+    assert sweep("mine", tmp_path) == [orphan]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held", "mine"]
+
+
+def test_a_lock_held_by_a_live_process_keeps_the_folder_until_it_ends(tmp_path: Path) -> None:
+    """A folder locked by another process is not swept while it runs; it is once the process has ended."""
+    folder = tmp_path / "other"
+    folder.mkdir()
+    code = (
+        "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_SH); "
+        "print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(folder / ".lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        assert sweep("mine", tmp_path) == []
+    finally:
+        holder.communicate(b"", timeout=10)
+    assert sweep("mine", tmp_path) == [folder]
+
+
+def test_removing_a_ranks_copies_removes_the_folder_once_no_process_holds_it(tmp_path: Path) -> None:
+    """``remove`` deletes this rank's slots, releases the lock, and the folder (all left in it) once no lock is held."""
+    copies = slots(tmp_path, rank=0)
+    copies.write(1, "0.0", [b"p"], cap=None)
+    (copies.folder / "rank1.slot0").write_bytes(b"p")
+    remove_rank_copies("run-1", 0, tmp_path)
+    assert not copies.folder.exists()
