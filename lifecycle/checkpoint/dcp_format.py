@@ -54,6 +54,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import pickle
 import threading
 import zipfile
 import zlib
@@ -460,7 +461,8 @@ def load_shard(folder: Path, record: Mapping[str, Any]) -> Any:
         for t, data, crc in _chunks(folder, record, loading=True):
             try:
                 tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-            except RuntimeError as exc:  # torch's zip reader refused it (an unpickling refusal is no RuntimeError)
+            except (RuntimeError, EOFError, pickle.UnpicklingError) as exc:  # torch's zip reader or unpickler refused
+                # it (a flipped byte can also cut the pickle short: EOFError, seen once in a full make test)
                 raise ShardCorrupt(
                     f"shard {folder / t['chunks'][0]['file']} is corrupt: torch cannot read {t['fqn']!r} ({exc})"
                 ) from exc

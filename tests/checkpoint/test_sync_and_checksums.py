@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 import zlib
 from pathlib import Path
 from typing import Any
@@ -162,7 +161,7 @@ def test_every_single_byte_flip_of_a_data_file_is_refused_or_loads_the_very_tens
         data.write_bytes(bytes(flipped))
         try:
             state = dcp_format.load_shard(folder, record)
-        except (CheckpointError, pickle.UnpicklingError):  # the safe unpickler refuses a pickle torch misread
+        except CheckpointError:  # ShardCorrupt, also where torch's safe unpickler refused or ran out of bytes
             refused += 1
             continue
         if not all(torch.equal(state[k], v) and state[k].dtype == v.dtype for k, v in written.items()):
