@@ -93,9 +93,10 @@ fuzz-all: $(STAMP)
 test-slow: $(STAMP) mermaid chromium
 	@$(call TIMED,LIFECYCLE_SLOW_SAMPLE=$(SLOW_SAMPLE) $(PYTEST) -m slow --durations=10)
 
-# Every slow test, each sampled family whole (test-slow runs a seeded share of each: tests/conftest.py). Not in CI.
+# Every slow test, each sampled family whole (test-slow runs a seeded share of each: tests/conftest.py), and 30
+# SIGKILLs mid-save instead of 12 (tests/checkpoint/test_abort_fuzz.py). Not in CI.
 test-slow-all: $(STAMP) mermaid chromium
-	@$(call TIMED,$(PYTEST) -m slow --durations=10)
+	@$(call TIMED,LIFECYCLE_CKPT_KILLS=30 $(PYTEST) -m slow --durations=10)
 
 # The pinned mermaid npm package (tools/mermaid/package-lock.json) that test-slow parses show's diagrams with.
 # Without node it installs nothing: the parse test then skips (fails under CI=true).

@@ -3,8 +3,9 @@
 Each case (``tests/workers/ckpt_abort_fuzz_worker.py``, 2 real gloo ranks, one shared
 directory) saves the next step and finalizes it while one rank aborts at a seeded
 random instant. ``make test`` runs a seeded sample of the ``CASES`` cases; ``make
-fuzz-all`` (``LIFECYCLE_CKPT_FUZZ_SAMPLE=0``) runs all of them. ``make test-slow`` adds 30
-SIGKILLs of one rank at random instants of saving (``tests/workers/ckpt_kill_worker.py``).
+fuzz-all`` (``LIFECYCLE_CKPT_FUZZ_SAMPLE=0``) runs all of them. ``make test-slow`` adds
+``KILLS`` (12) SIGKILLs of one rank at random instants of saving (``tests/workers/ckpt_kill_worker.py``;
+``make test-slow-all``: 30).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ CASES = 500
 SAMPLE = int(os.environ.get("LIFECYCLE_CKPT_FUZZ_SAMPLE", "40"))
 """How many of the ``CASES`` cases ``make test`` runs (seeded); 0: all of them."""
 SEED = 2028
+KILLS = int(os.environ.get("LIFECYCLE_CKPT_KILLS", "12"))
+"""How many SIGKILLs the slow test makes (each a fresh pair of ranks: about 3-6 s each)."""
 
 
 def _cases() -> list[int]:
@@ -96,10 +99,10 @@ def _newest_committed(directory: Path) -> int | None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_at_random_instants_never_commits_a_partial_step_and_resume_agrees(tmp_path: Path) -> None:
-    """30 SIGKILLs of one of 2 ranks mid-save: manifests stay whole, both ranks resume the newest, commits clean up."""
+    """KILLS SIGKILLs of one of 2 ranks mid-save: manifests stay whole, both ranks resume the newest, commits clean."""
     rng = random.Random(SEED)
     kills = 0
-    for round_ in range(31):  # round 30 only checks the resume after the last kill
+    for round_ in range(KILLS + 1):  # the last round only checks the resume after the last kill
         _newest_committed(tmp_path)  # every manifest on disk is complete, its files intact
         # The marker decides, as for a restarted job: rank 0 killed between a step's manifest and the
         # marker leaves that step complete but not latest (its peers were told the commit failed).
@@ -110,7 +113,7 @@ def test_sigkill_at_random_instants_never_commits_a_partial_step_and_resume_agre
             assert ranks[0].stdout is not None
             first = ranks[0].stdout.readline()  # the resume is done on rank 0
             assert first.startswith("{"), first
-            if round_ < 30:
+            if round_ < KILLS:
                 time.sleep(rng.uniform(0.0, 0.6))  # an instant of some save's write or commit
                 ranks[rng.randrange(2)].kill()
                 kills += 1
@@ -137,4 +140,4 @@ def test_sigkill_at_random_instants_never_commits_a_partial_step_and_resume_agre
             )
         left = [line["left"] for line in reports[0] if "left" in line]
         assert all(entry == [] for entry in left), (round_, left)
-    assert kills == 30
+    assert kills == KILLS

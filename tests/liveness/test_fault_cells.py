@@ -32,7 +32,7 @@ CELLS = [
     pytest.param("hang", "batch", 0, 2, id="hang-in-batch-rank0-of-2"),
     *(
         pytest.param(kind, phase, faulty, world, id=f"{kind}-{'rank0' if faulty == 0 else 'last'}-of-{world}",
-                     marks=pytest.mark.slow)
+                     marks=[pytest.mark.slow, pytest.mark.sampled("liveness_cells")])
         for world in (2, 4)
         for kind, phase in (("stop", "step"), ("spin", "step"), ("hang", "batch"), ("crash", "step"))
         for faulty in (0, world - 1)
@@ -114,6 +114,7 @@ def test_no_verdict_over_many_healthy_jittered_steps(tmp_path: Path) -> None:
         assert "lifecycle liveness" not in result.output, result.output[-3000:]
 
 
+@pytest.mark.slow  # 20 s; test_monitor_survival keeps a lost monitor's fast checks in make test
 @pytest.mark.timeout(120)
 def test_a_killed_monitor_is_said_started_again_and_the_run_finishes_with_no_verdict(tmp_path: Path) -> None:
     """Rank 1's monitor SIGKILLed at step 60 of 300: its rank says so in its log and journal, starts another once,
@@ -134,6 +135,7 @@ def test_a_killed_monitor_is_said_started_again_and_the_run_finishes_with_no_ver
     assert ends == [(0, steps, None), (1, steps, None)]
 
 
+@pytest.mark.slow  # 14 s
 @pytest.mark.timeout(120)
 def test_a_monitor_lost_twice_fails_its_rank_in_kill_mode_naming_the_loss(tmp_path: Path) -> None:
     """Rank 1's monitor SIGKILLed, then the new one too: rank 1 fails with ``MonitorLost`` (journaled: restarted,

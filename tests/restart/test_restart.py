@@ -557,6 +557,7 @@ def test_wrapped_pretrain_recovers_from_a_one_off_failure_on_one_rank(tmp_path: 
         assert len(lines) == len(aborted) and all("restart wrapper's abort" in line for line in lines), lines
 
 
+@pytest.mark.slow  # 17 s: a real Wrapper, two iterations on two ranks
 @pytest.mark.timeout(150)
 def test_wrapped_pretrain_stops_a_reproducible_failure_after_the_second_iteration(tmp_path: Path) -> None:
     """Rank 1 raises at step 2 of every iteration: both ranks end after iteration 1, RestartStopped "reproducible", 93.

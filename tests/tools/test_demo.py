@@ -54,6 +54,7 @@ def test_the_demo_trains_two_ranks_and_the_loss_falls(tmp_path: Path) -> None:
     assert (tmp_path / "attempt0.mmd").is_file()
 
 
+@pytest.mark.slow  # 20 s; test_demo_recovery and the tutorial's retry transcript run it too
 @pytest.mark.timeout(120)
 def test_a_failure_on_one_rank_does_not_hang_and_a_retry_succeeds(tmp_path: Path) -> None:
     """Rank 1 fails mid-training: both ranks fail fast, retry in the same processes, resume and close."""
