@@ -180,6 +180,36 @@ def publish(store: Any, prefix: str, facts: Evidence, note: str, pid: int) -> tu
     return seq, n, text
 
 
+def stopped_after_a_peer(monitor: Any, position: Any, age: float, deadline: float, state: str | None) -> None:
+    """Convict ``monitor``'s rank, stopped (``T``) for two intervals or more, once a peer's failure notice is out.
+
+    A stopped rank can neither fail on its own nor act on the launcher's SIGTERM: after a
+    peer failed (its collective or store wait ran into this rank, or it failed of its
+    own), waiting for the phase's deadline (``default_deadline_s`` before calibration)
+    holds every rank for the launcher's whole stop grace (torchrun: 30 s more). The
+    peer's notice is the corroboration the deadline stands for; the conviction goes
+    through ``monitor.judge`` (the re-read before any signal). Kill mode only; one store
+    request a tick, and only while the rank is stopped; a store that fails judges nothing.
+    """
+    s = monitor.s
+    if s.mode != "kill" or monitor.judged or state not in STATES[Kind.STOPPED] or age < 2 * s.interval_s:
+        return
+    try:
+        if int(monitor.store.add(f"{s.prefix}/failures/count", 0)) < 1:
+            return
+        notice = json.loads(monitor.store.get(f"{s.prefix}/failures/1") or b"{}")
+    except Exception:  # noqa: BLE001 - a store that fails or a notice not written yet: the next tick
+        return
+    peer = notice.get("rank")
+    if not isinstance(peer, int) or peer == s.rank:
+        return
+    why = (
+        f"its process is stopped (state {state}) and rank {peer} failed meanwhile "
+        f"({str(notice.get('error', ''))[:120]}): convicted before its deadline, corroborated"
+    )
+    monitor.judge(Kind.STOPPED, position, age, deadline, why, state)
+
+
 def publish_resumed(publish: Callable[[bool], bool | None], seconds: float, pause: float) -> bool | None:
     """``publish(quiet)`` tried for ``seconds`` through a store its host (the rank, just resumed) froze.
 

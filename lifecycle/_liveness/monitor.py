@@ -265,8 +265,8 @@ class Monitor:
         """
         age = now - self.changed
         deadline, _ = self.deadlines.of(position.phase)
-        if age <= deadline:
-            return
+        if age <= deadline:  # a rank stopped while a peer failed is convicted before its deadline (judgement)
+            return judgement.stopped_after_a_peer(self, position, age, deadline, process_state(self.s.pid))
         state = process_state(self.s.pid)
         if state is None:
             return  # the next tick reports the death

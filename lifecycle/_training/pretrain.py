@@ -310,8 +310,10 @@ class _Run:
         self.stops.rank = self.saves.rank = self.guard.rank = self.rank
         self.monitor = start_liveness(self.config, session, self.rank, self.world_size, self.journal)
         self.stops.monitor = self.monitor
+        session.progress(session.state.value)  # the monitor's first mark: a rank stuck here is named in dist_ready
         self.inject(Phase.DIST)
         session.init_globals()
+        session.progress(session.state.value)
         self.inject(Phase.GLOBALS)
         ctx = self.setup()
         self.inject(Phase.SETUP)

@@ -290,3 +290,34 @@ def test_show_prints_the_deadlines_in_force_under_each_ranks_start(tmp_path: Pat
     assert lines[started[0] + 1].strip().endswith(f"liveness {said}"), lines
     assert sum("liveness kill: every 1 s" in line for line in lines) == 1, lines
     assert "convicted past max(that, 10 s = patience 1 x the 30 s group timeout / 3)" in said
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_stopped_before_training_is_convicted_once_a_peer_failed_and_not_before(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """Stopped in ``dist_ready`` (a 600 s deadline): nothing while no peer failed; a peer's notice convicts, kills."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    marks, journal = Marks(), tmp_path / "rank0.jsonl"
+    try:
+        watcher = _monitor(server.port, marks, sleeper.pid, journal, world=2)
+        marks.mark("dist_ready", None)
+        position = monitor.read_marks(watcher.page)
+        watcher.observe(position, now=0.0)
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        _wait_state(sleeper.pid, "Tt")
+        watcher.classify(position, now=5.0)
+        assert not watcher.judged and watcher.suspect is None and sleeper.poll() is None
+        assert _records(journal) == []
+        server.add("p/failures/count", 1)  # rank 1's own failure: its store wait timed out on this rank
+        server.set("p/failures/1", json.dumps({"rank": 1, "error": "DistStoreError: wait timeout after 30000ms"}))
+        watcher.classify(position, now=5.5)
+        assert watcher.judged and sleeper.wait(timeout=5) == -signal.SIGKILL
+        notice = json.loads(server.get("p/failures/2"))
+        assert (notice["rank"], notice["kind"]) == (0, "stopped") and "rank 1 failed meanwhile" in notice["error"]
+        assert _records(journal) == ["verdict"]
+        watcher.page.close()
+    finally:
+        marks.close()
