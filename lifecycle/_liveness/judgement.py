@@ -205,8 +205,10 @@ def stopped_after_a_peer(monitor: Any, position: Any, age: float, deadline: floa
         return
     why = (
         f"its process is stopped (state {state}) and rank {peer} failed meanwhile "
-        f"({str(notice.get('error', ''))[:120]}): convicted before its deadline, corroborated"
+        f"({str(notice.get('error', ''))[:120]}): convicted before its deadline, corroborated, killed without "
+        "resuming it for its stacks (it would act on the launcher's pending SIGTERM first)"
     )
+    monitor.corroborated = True
     monitor.judge(Kind.STOPPED, position, age, deadline, why, state)
 
 

@@ -131,6 +131,7 @@ class Monitor:
         self.suspect: judgement.Suspect | None = None  # this rank, suspected and not (yet) convicted
         self.neighbour_suspected = False  # the neighbour's monitor is silent: suspected unresponsive
         self.pidfd = judgement.open_pidfd(settings.pid)
+        self.corroborated = False  # convicted stopped after a peer's failure (judgement.stopped_after_a_peer)
 
     def run(self) -> int:
         """The loop; returns the exit code."""
@@ -465,11 +466,11 @@ class Monitor:
                 f"rank {self.s.rank} {kind.words} at {position.where()}: no progress for {age:.1f} s "
                 f"(deadline {deadline:.1f} s); {why}"
             )
-            if self.s.mode == "kill":
+            if self.s.mode == "kill" and not self.corroborated:
                 note += f"; its Python stacks are in {self.s.stacks}"
         first = self.publish(facts, note, pid=self.s.pid)
         _log(f"lifecycle liveness: {note}")
-        stacks = self.s.stacks if self.s.mode == "kill" and kind is not Kind.DIED else ""
+        stacks = self.s.stacks if self.s.mode == "kill" and kind is not Kind.DIED and not self.corroborated else ""
         self.record(facts, note, stacks=stacks, killed=self.s.mode == "kill" and kind is not Kind.DIED)
         if kind is Kind.DIED or self.s.mode != "kill" or read_marks(self.page).done:
             return  # a rank done since (finished, or failing on its own) is signalled nothing: its handlers may be gone
@@ -542,16 +543,16 @@ class Monitor:
         return n == 1
 
     def dump(self, kind: str) -> None:
-        """Have the rank write its stacks into the side file and wait for them (``judgement.dump``)."""
-        judgement.dump(self.s.pid, self.pidfd, self.s.dump_signal, self.s.stacks, resume=kind == "stopped")
+        """Have the rank write its stacks into the side file and wait for them (``judgement.dump``); not a rank stopped
+        after a peer's failure: resumed, it would act on the launcher's pending SIGTERM before the kill."""
+        if not (kind == "stopped" and self.corroborated):
+            judgement.dump(self.s.pid, self.pidfd, self.s.dump_signal, self.s.stacks, resume=kind == "stopped")
 
 
 def _log(line: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-    except OSError:
-        pass
 
 
 def main(argv: list[str]) -> int:
