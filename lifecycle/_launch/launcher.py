@@ -204,21 +204,29 @@ def become_subreaper() -> bool:
     return bool(prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
 
-def reap_orphans() -> list[int]:
+def reap_orphans(within_s: float = 0.0) -> list[int]:
     """Collect every child of this process that has exited (``waitpid(-1, WNOHANG)``); the pids collected.
 
+    With ``within_s`` > 0, keeps collecting until this process has no child left or
+    ``within_s`` has passed: a rank re-parented here while still in its exit path (its
+    memory already released, so no longer found by its mark, but not yet a zombie) is
+    collected once it is one, not left to an init that may never collect it.
     Call it only once the children this process waits for itself (``subprocess.Popen``)
     have been waited for: it collects any child, theirs included.
     """
     reaped: list[int] = []
+    deadline = time.monotonic() + within_s
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return reaped
-        if pid == 0:
+        if pid != 0:
+            reaped.append(pid)
+        elif time.monotonic() >= deadline:
             return reaped
-        reaped.append(pid)
+        else:
+            time.sleep(_POLL_S)
 
 
 def process_state(pid: int) -> str | None:

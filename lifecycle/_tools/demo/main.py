@@ -111,7 +111,10 @@ STARTUP_S = 120.0
 """How long torchrun and its ranks may take to import torch and start, on top of the rendezvous timeout."""
 
 AGENT_CONFIRM_S = 1.0
-"""How long torchrun's agent must have been seen stopped, every rank ended, before the launcher kills it."""
+"""How long torchrun's agent must have been seen stopped with every rank ended before the launcher kills it."""
+
+REAP_S = 10.0
+"""How long the launcher waits, once torchrun is gone, for ranks re-parented to it to end and be collected."""
 
 AGENT_STALL_S = 30.0
 """How long torchrun's agent may be stopped while no rank journals anything, ranks still running, before it is killed.
@@ -438,7 +441,7 @@ def _launch(plan: _Plan) -> int:
             if process.poll() is None:
                 kill_group(process)
             kill_marked(_RUN_ID, run_id)  # the death signals' backstop
-            reap_orphans()  # what torchrun left (ranks it never collected), re-parented here
+            reap_orphans(within_s=REAP_S)  # what torchrun left (ranks it never collected), re-parented here
             console.stop()
         for note in ending.notes:
             print(f"demo: {note}", file=sys.stderr, flush=True)
@@ -526,21 +529,23 @@ class _AgentWatch:
     def __init__(self, pid: int, journal_dir: Path, run_id: str) -> None:
         self.pid, self.journal_dir, self.run_id = pid, journal_dir, run_id
         self.since: float | None = None
+        self.ended: float | None = None
         self.size = -1
         self.progressed = 0.0
 
     def check(self, now: float) -> str | None:
         """Why the agent must be killed now, or None (it is not stopped, or may still be waited for)."""
         if process_state(self.pid) not in ("T", "t"):
-            self.since = None
+            self.since = self.ended = None
             return None
         size = sum(_size(path) for path in rank_journals(self.journal_dir))
         if self.since is None or size != self.size:
             self.since = now if self.since is None else self.since
             self.size, self.progressed = size, now
         ranks = [pid for pid in marked(_RUN_ID, self.run_id) if pid != self.pid]
+        self.ended = None if ranks else (now if self.ended is None else self.ended)
         who = f"torchrun's agent (pid {self.pid}) is stopped (state T)"
-        if not ranks and now - self.since >= AGENT_CONFIRM_S:
+        if self.ended is not None and now - self.ended >= AGENT_CONFIRM_S:
             return f"{who} and every rank has ended: it would never exit; killed it and collected its ranks"
         if ranks and now - self.progressed >= AGENT_STALL_S:
             return f"{who} and no rank has journaled anything for {AGENT_STALL_S:.0f} s: killed torchrun and the ranks"
