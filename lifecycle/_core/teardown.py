@@ -150,7 +150,9 @@ class TeardownRunner:
             start = time.monotonic()
             running = job.in_step
             while not job.done.is_set():
-                grace = ABANDON_GRACE_S if running is None else STEP_GRACE_S
+                grace = STEP_GRACE_S
+                if running is None or (isinstance(running, Step) and running.kind.main_thread):
+                    grace = ABANDON_GRACE_S  # between steps, or a step posted here that the next serve() runs
                 if time.monotonic() - start >= grace:
                     self._abandon(job, running, escalation, outcome)
                 try:
@@ -179,8 +181,9 @@ class TeardownRunner:
             if not step.kind.abandonable:
                 with contextlib.suppress(Exception):
                     self._holdings.run(step, by=Releaser(outcome.value))
-        after = held.plan[held.plan.index(running) + 1 :] if running in held.plan else held.plan
-        rest = tuple(step for step in after if step.kind.abandonable and step not in done and step != running)
+        # Every abandonable step still held, wherever it stands in the plan: those before ``running`` the
+        # worker skipped once the interrupt escalated are as unreleased as those after it.
+        rest = tuple(step for step in held.plan if step.kind.abandonable and step not in done and step != running)
         left_running = (running,) if isinstance(running, Step) else ()
         self.report = TeardownReport(
             outcome, self._host.restart_mode, records, held.left, rest, escalation, left_running

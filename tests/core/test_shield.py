@@ -171,3 +171,26 @@ def test_a_deferred_sigterm_reaches_the_previous_handler_once_final() -> None:
         assert seen == [(signal.SIGTERM, State.FAILED)]
     finally:
         signal.signal(signal.SIGTERM, original)
+
+
+def test_an_abandon_while_the_worker_restores_the_handlers_reports_every_step_it_skipped() -> None:
+    """Abandoned while the worker is in its last step (the handlers), every abandonable entry still held is reported."""
+    from support.internals import teardown as runner_module
+    from support.internals import worker
+
+    previous = signal.getsignal(signal.SIGTERM)
+    session = live(Session(RecordingActions()))
+    session.install_signal_handlers((signal.SIGTERM,))
+    runner = session._teardowns  # the worker skipped every abandonable step, then posted the handlers' restore
+    planned = runner_module.teardown(session.ledger, session.restart_mode, runner_module.Outcome.FAILURE)
+    (restore,) = [step for step in planned.plan if step.kind is StepKind.RESTORE_SIGNAL_HANDLERS]
+    escalation = TeardownInterrupted(signal.SIGINT)
+    with pytest.raises(TeardownInterrupted):
+        runner._abandon(worker.Job(lambda: None), restore, escalation, runner_module.Outcome.FAILURE)
+    session.final_landings(escalation)  # what the caller's fail() does once final: the shield goes
+    report = session.report
+    assert session.state is State.FAILED and report is not None
+    accounted = {step.entry.key for step in report.abandoned + report.left_running}
+    held = {entry.key for entry in session.ledger.held()}
+    assert held and held <= accounted, (held - accounted, report)
+    assert signal.getsignal(signal.SIGTERM) is previous  # the step that must not be skipped ran here
