@@ -166,21 +166,9 @@ def sweep(scenario: Scenario) -> Sweep:
         found = problems_of(run)
         result.cases += 1
         result.regions.update(hits([run]))
-        if found and KNOWN_BUGS.get(str(run).split(" ", 1)[0]) is not None:
-            print(f"\nknown, open: {run}: {found}\n  {KNOWN_BUGS[str(run).split(' ', 1)[0]]}")
-        elif found:
+        if found:
             result.failures.append(f"{run}: {found}")
     return result
-
-
-KNOWN_BUGS = {
-    "close/double@794+43": (
-        "a second SIGINT while the worker enters TeardownRunner._perform leaves the close plan's entries neither "
-        "released nor in the report's abandoned steps; seen in every full make test in a fresh clone since "
-        "2026-12-03 (never alone, nor with the tests before it in one process): open, round 4's closing note"
-    ),
-}
-"""Cases whose problems are a known, open library bug: printed, not failed (narrow: one case id each)."""
 
 
 @pytest.mark.parametrize("scenario", list(Scenario))
