@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from support.internals import teardown as runner_module
+from support.internals import worker
 
 from lifecycle import Session, State, TeardownInterrupted
 from lifecycle.lowlevel import Handler, Resource, StepKind
@@ -175,9 +177,6 @@ def test_a_deferred_sigterm_reaches_the_previous_handler_once_final() -> None:
 
 def test_an_abandon_while_the_worker_restores_the_handlers_reports_every_step_it_skipped() -> None:
     """Abandoned while the worker is in its last step (the handlers), every abandonable entry still held is reported."""
-    from support.internals import teardown as runner_module
-    from support.internals import worker
-
     previous = signal.getsignal(signal.SIGTERM)
     session = live(Session(RecordingActions()))
     session.install_signal_handlers((signal.SIGTERM,))
