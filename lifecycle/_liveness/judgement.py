@@ -15,10 +15,12 @@ Proof needs no wait: a rank whose process is gone is convicted at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,18 +33,33 @@ else:  # loaded from the monitor's folder; the evidence module's folder is on th
 
 DUMP_WAIT_S = 0.5
 """The longest the monitor waits for a rank's stack dump."""
-STATES = {Kind.STOPPED: ("T", "t"), Kind.SPINNING: ("R",), Kind.HANG: ("S", "D", "I")}
+STATES = {
+    Kind.STOPPED: ("T", "t"),
+    Kind.SPINNING: ("R",),
+    Kind.HANG: ("S", "D", "I"),
+    Kind.STUCK_OUTSIDE: ("S", "D", "I"),
+}
 """The ``/proc`` state letters that keep each kind of suspicion standing."""
 
 
 @dataclass
 class Suspect:
-    """A rank under suspicion: ``kind``, since when (``since``, monotonic), at which ``count`` of marks, ``facts``."""
+    """A rank under suspicion: ``kind``, since when (``since``, monotonic), at which ``count`` of marks, ``facts``,
+    its ``collectives`` ((entered, left) per group) and ``why`` (the words of the evidence)."""
 
     kind: Kind
     since: float
     count: int
     facts: Evidence
+    collectives: tuple[tuple[int, int], ...] = ()
+    why: str = ""
+
+
+def log(line: str) -> None:
+    """Write ``line`` to the monitor's standard error (the rank's log); never raises."""
+    with contextlib.suppress(OSError):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def conviction_deadline(suspicion_s: float, floor_s: float) -> float:
@@ -50,13 +67,22 @@ def conviction_deadline(suspicion_s: float, floor_s: float) -> float:
     return max(suspicion_s, floor_s)
 
 
-def holds(suspect: Suspect, count: int, done: bool, state: str | None) -> bool:
-    """Whether ``suspect``'s evidence still holds on a fresh read: same count of marks, not done, a matching state.
+def holds(
+    suspect: Suspect, count: int, done: bool, state: str | None, collectives: tuple[tuple[int, int], ...] = ()
+) -> bool:
+    """Whether ``suspect``'s evidence still holds on a fresh read: same count of marks and collective positions
+    (``collectives``, as ``Suspect.collectives``), not done, a matching state.
 
     ``state``: the rank's ``/proc`` state letter now (None: its process is gone, which
     is other evidence: the ``died`` verdict, not this one).
     """
-    return not done and count == suspect.count and state is not None and state in STATES.get(suspect.kind, ())
+    return (
+        not done
+        and count == suspect.count
+        and collectives == suspect.collectives
+        and state is not None
+        and state in STATES.get(suspect.kind, ())
+    )
 
 
 def verdict_line(

@@ -28,7 +28,9 @@ Every ``interval_s`` it
   in a collective for a peer is ahead of it, or level with it, never named), no rank is
   done (a peer that failed first is no evidence), and no verdict is out yet (the ranks
   a culprit leaves waiting are its victims); one rank per count reads all positions
-  (``behind``), never all ranks;
+  (``behind``), never all ranks; level with every rank, it is *stuck outside* when it is
+  in no collective while a peer of one of its groups waits in one it has not entered
+  (the collective positions the rank writes in the page: ``collectives``, ``summary``);
 - watches the store itself: silent (every read failing or timing out) for longer than
   the phase's conviction deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
   ``kill`` mode, the rank is told (``check_store``).
@@ -55,30 +57,42 @@ import select
 import signal
 import sys
 import time
+from typing import Any
 
 if __package__:
-    from lifecycle._liveness import judgement
+    from lifecycle._liveness import judgement, neighbour
     from lifecycle._liveness.deadlines import LOOP_PHASES, Deadlines
-    from lifecycle._liveness.page import PAGE_SIZE, Position, process_state, read_marks, write_verdict
+    from lifecycle._liveness.page import (
+        PAGE_SIZE,
+        Position,
+        group_words,
+        process_state,
+        read_collectives,
+        read_marks,
+        write_verdict,
+    )
     from lifecycle._liveness.settings import Settings
-    from lifecycle._liveness.summary import Summary, summarize
+    from lifecycle._liveness.summary import Outside, Summary, beat_positions, summarize
     from lifecycle._liveness.wire import StoreClient, StoreError
     from lifecycle.journal.evidence import Evidence, Kind
 else:  # run as a script (python -S -E -s monitor.py): its folder is on the path; never import the package (torch)
     # The evidence module is standard library only, like this folder's: loaded from its file, not its package.
     sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "journal"))
     import judgement  # type: ignore[import-not-found,no-redef]
+    import neighbour  # type: ignore[import-not-found,no-redef]
     from deadlines import LOOP_PHASES, Deadlines  # type: ignore[import-not-found,no-redef]
     from evidence import Evidence, Kind  # type: ignore[import-not-found,no-redef]
     from page import (  # type: ignore[import-not-found,no-redef]
         PAGE_SIZE,
         Position,
+        group_words,
         process_state,
+        read_collectives,
         read_marks,
         write_verdict,
     )
     from settings import Settings  # type: ignore[import-not-found,no-redef]
-    from summary import Summary, summarize  # type: ignore[import-not-found,no-redef]
+    from summary import Outside, Summary, beat_positions, summarize  # type: ignore[import-not-found,no-redef]
     from wire import StoreClient, StoreError  # type: ignore[import-not-found,no-redef]
 
 JOURNAL_VERSION = 4
@@ -132,6 +146,9 @@ class Monitor:
         self.neighbour_suspected = False  # the neighbour's monitor is silent: suspected unresponsive
         self.pidfd = judgement.open_pidfd(settings.pid)
         self.corroborated = False  # convicted stopped after a peer's failure (judgement.stopped_after_a_peer)
+        self.entered_at: dict[str, tuple[int, float]] = {}  # per group: the entered number, first seen when (wall)
+        self.about: dict[str, Any] = {}  # the collective evidence of a stuck_outside suspicion (behind)
+        self.outside: Outside | None = None  # and what the summary said of it
 
     def run(self) -> int:
         """The loop; returns the exit code."""
@@ -188,7 +205,10 @@ class Monitor:
         """
         self.beats += 1
         fields: list[object] = [self.beats, position.count, position.attempt, position.step, position.phase]
-        text = json.dumps([*fields, "done"] if done else fields)
+        positions = beat_positions(read_collectives(self.page), self.entered_at)
+        if done or positions:
+            fields += ["done" if done else "", positions]
+        text = json.dumps(fields)
         try:
             self.store.set(f"{self.s.prefix}/liveness/hb/{self.s.rank}", text.encode())
         except StoreError:
@@ -281,10 +301,17 @@ class Monitor:
                 kind, why = Kind.SPINNING, "its process runs without progress"
         else:
             self.running_ticks = 0
-            suspected_hang = self.suspect is not None and self.suspect.kind is Kind.HANG
-            behind = "" if self.seen else (self.behind(position, age) if not suspected_hang else "held")
-            if behind and not self.verdict_out():
-                kind, why = Kind.HANG, f"it sleeps in {position.where()}; {behind}"
+            suspect = self.suspect
+            if suspect is not None and suspect.kind in (Kind.HANG, Kind.STUCK_OUTSIDE):
+                if suspect.collectives != self.signature():
+                    return self.withdraw(position, "it entered or left a collective")
+                kind = suspect.kind  # held: the same evidence, not gathered again
+                outside = self.outside if kind is Kind.STUCK_OUTSIDE else None
+                why = outside.why(position.where(), time.time()) if outside is not None else suspect.why
+            elif not self.seen:
+                kind, why = self.behind(position, age)
+            if kind is not None and self.verdict_out():
+                kind = None
         if self.suspect is not None and self.suspect.kind is not kind:
             if kind is None and self.suspect.kind is Kind.SPINNING and state == "R":
                 return  # one tick asleep between two spinning: still the same evidence
@@ -296,10 +323,16 @@ class Monitor:
         if age > judgement.conviction_deadline(deadline, self.s.conviction_floor_s):
             self.convict(position, age, deadline, why)
 
+    def signature(self) -> tuple[tuple[int, int], ...]:
+        """The rank's collective positions, as (entered, left) per group: a change is progress inside the step."""
+        return tuple((c.entered, c.left) for c in read_collectives(self.page))
+
     def suspicious(self, kind: Kind, position: Position, age: float, deadline: float, state: str, why: str) -> None:
         """Suspect this rank: journal the suspicion (its evidence; its stacks unless stopped) and log it."""
-        facts = Evidence(kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor")
-        self.suspect = judgement.Suspect(kind, time.monotonic(), position.count, facts)
+        facts = Evidence(
+            kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor", **self.about
+        )
+        self.suspect = judgement.Suspect(kind, time.monotonic(), position.count, facts, self.signature(), why)
         stacks = ""
         if self.s.mode == "kill" and kind is not Kind.STOPPED:  # a stopped rank cannot dump without being resumed
             self.dump(kind.value)
@@ -324,7 +357,7 @@ class Monitor:
         suspect = self.suspect
         assert suspect is not None
         fresh = read_marks(self.page)
-        if not judgement.holds(suspect, fresh.count, fresh.done, process_state(self.s.pid)):
+        if not judgement.holds(suspect, fresh.count, fresh.done, process_state(self.s.pid), self.signature()):
             self.withdraw(fresh, "it moved on the conviction's fresh read")
             return
         self.judge(suspect.kind, position, age, deadline, why, suspect.facts.process_state)
@@ -352,8 +385,10 @@ class Monitor:
         self.seen = True
         self.store.add(f"{self.s.prefix}/liveness/seen/1", 1)
 
-    def behind(self, position: Position, age: float) -> str:
-        """Why this rank is behind every other (a reason), or "" when it is not (or not known yet).
+    def behind(self, position: Position, age: float) -> tuple[Kind | None, str]:
+        """Why this rank is behind every other: ``(HANG, why)`` by its count of marks, ``(STUCK_OUTSIDE, why)`` by
+        its collective positions (``summary.stuck_outside``; ``about`` then holds the evidence's group, collective
+        and peers); ``(None, "")`` when it is not (or not known yet).
 
         All positions are read by one rank, never by all: per count of marks and round of
         ``gather_round_s`` (by the age of the position), the rank whose ``add`` on
@@ -381,11 +416,27 @@ class Monitor:
                 else:
                     summary = self.store.get(base)
             except StoreError:
-                return ""
+                return None, ""
             if summary is None:
-                return ""  # the gathering rank has not published it yet: next tick
+                return None, ""  # the gathering rank has not published it yet: next tick
             self.lowest = key, Summary.decode(summary)
-        return self.lowest[1].reason()
+        found = self.lowest[1]
+        reason = found.reason()
+        if reason:
+            return Kind.HANG, f"it sleeps in {position.where()}; {reason}"
+        outside = found.outside.get(self.s.rank)
+        if outside is None:
+            return None, ""
+        mine = {c.key: c for c in read_collectives(self.page)}.get(outside.key)
+        if mine is None or mine.entered >= outside.number or any(c.inside for c in read_collectives(self.page)):
+            return None, ""  # it entered since the beats were read: not outside any more
+        self.outside = outside
+        self.about = {
+            "group": group_words(outside.label),
+            "collective": f"{outside.op} #{outside.number}",
+            "peers": tuple(outside.peers),
+        }
+        return Kind.STUCK_OUTSIDE, outside.why(position.where(), time.time())
 
     def gather(self, position: Position) -> bytes:
         """Every rank's beat, read in one request, summed up against ``position``'s count (``summarize``)."""
@@ -393,58 +444,8 @@ class Monitor:
         return summarize(self.store.multi_get(keys), self.s.rank, position.count, position.attempt).encode()
 
     def watch(self, beat: bytes, now: float) -> None:
-        """Follow the neighbour's ``beat`` (just read): a silent one is suspected unresponsive, never a failure.
-
-        Silent past ``max(4 intervals, floor)``: a ``suspicion`` (journaled, logged),
-        withdrawn when it beats again. Only a silence that outlasts the group timeout
-        (``group_timeout_s``; never when it is 0) is published as the failure notice and
-        verdict, by one rank (the one whose ``add`` on the beat comes first), after a
-        confirming read: by then every collective waiting for it has timed out, and a
-        monitor that merely missed beats is never "failed first" for a later failure.
-        """
-        key = f"{self.s.prefix}/liveness/hb/{self.neighbour}"
-        if json.loads(beat)[5:] == ["done"]:
-            return
-        _, _, _, step, phase = json.loads(beat)[:5]
-        if beat != self.neighbour_beat:
-            self.neighbour_beat, self.neighbour_changed = beat, now
-            if self.neighbour_suspected:
-                self.neighbour_suspected = False
-                _log(f"lifecycle liveness: suspicion of rank {self.neighbour} withdrawn: its monitor beats again")
-                self.append(judgement.withdrawal_line(self.s.origin, self.neighbour, step, phase))
-            return
-        silent = now - self.neighbour_changed
-        if silent <= max(4 * self.s.interval_s, self.s.floor_s):
-            return
-        where = f"phase {phase}" if step is None else f"step {step}, phase {phase}"
-        facts = Evidence(Kind.UNRESPONSIVE.value, self.neighbour, step, phase, "", silent, None, "neighbour")
-        if not self.neighbour_suspected:
-            self.neighbour_suspected = True
-            _log(
-                f"lifecycle liveness: rank {self.neighbour} suspected unresponsive: its monitor has not beaten for "
-                f"{silent:.1f} s (last at {where}); a suspicion only, unless it outlasts the group timeout"
-            )
-            self.append(judgement.suspicion_line(self.s.origin, facts, ""))
-        if not self.s.group_timeout_s or silent <= self.s.group_timeout_s:
-            return
-        try:
-            # One confirmer per silent beat: the rank whose add on it comes first.
-            number = json.loads(beat)[0]
-            if self.store.add(f"{self.s.prefix}/liveness/confirm/{self.neighbour}/{number}", 1) != 1:
-                self.neighbour_changed = now + 3600.0  # another rank confirms; stop asking
-                return
-            if self.store.get(key) != beat:  # the confirming read: it beat meanwhile after all
-                self.neighbour_changed = now
-                return
-        except StoreError:
-            return
-        note = (
-            f"rank {self.neighbour} {Kind.UNRESPONSIVE.words}: its monitor has not beaten for {silent:.1f} s "
-            f"(last at {where}; its host or monitor is gone, no connection reset)"
-        )
-        self.publish(facts, note, pid=0)
-        self.record(facts, note)
-        self.neighbour_changed = now + 3600.0
+        """Follow the neighbour's ``beat`` (just read): ``neighbour.watch``."""
+        neighbour.watch(self, beat, now)
 
     def judge(
         self, kind: Kind, position: Position, age: float, deadline: float | None, why: str, state: str = ""
@@ -458,7 +459,10 @@ class Monitor:
         the signal the rank may still move: a window of one ``/proc`` read.
         """
         self.judged = True
-        facts = Evidence(kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor")
+        about = self.about if kind is Kind.STUCK_OUTSIDE else {}
+        facts = Evidence(
+            kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor", **about
+        )
         if kind is Kind.DIED:
             note = f"rank {self.s.rank} died at {position.where()} ({why}; it reported no failure of its own)"
         else:
@@ -476,9 +480,9 @@ class Monitor:
             return  # a rank done since (finished, or failing on its own) is signalled nothing: its handlers may be gone
         if first:
             self.wait_until_seen()
-        suspect = self.suspect or judgement.Suspect(kind, 0.0, position.count, facts)
+        suspect = self.suspect or judgement.Suspect(kind, 0.0, position.count, facts, self.signature())
         fresh = read_marks(self.page)
-        if not judgement.holds(suspect, fresh.count, fresh.done, process_state(self.s.pid)):
+        if not judgement.holds(suspect, fresh.count, fresh.done, process_state(self.s.pid), self.signature()):
             self.withdraw(fresh, "it moved, resumed or finished before any signal: not signalled")
             return
         self.dump(kind.value)
@@ -549,10 +553,7 @@ class Monitor:
             judgement.dump(self.s.pid, self.pidfd, self.s.dump_signal, self.s.stacks, resume=kind == "stopped")
 
 
-def _log(line: str) -> None:
-    with contextlib.suppress(OSError):
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+_log = judgement.log
 
 
 def main(argv: list[str]) -> int:

@@ -19,7 +19,43 @@ NO_STEP = -1
 VERDICT_AT = 128
 """Where the page holds the first verdict the monitor saw (u32 length, then its JSON), for the rank to read."""
 VERDICT_BYTES = 2048
-PAGE_SIZE = VERDICT_AT + 4 + VERDICT_BYTES
+POSITIONS_AT = 2304
+"""Where the page holds the rank's collective positions: ``SLOTS`` slots of ``SLOT_FORMAT``, one per process group."""
+SLOT_FORMAT = "<QQQQQ24s24s"
+"""version (odd while being written), entered, left, fingerprint, op code | flags << 8, group key, group label.
+
+*entered*: the group's own sequence number of the last collective this rank issued on it
+(``ProcessGroup._get_sequence_number_for_group``); *left*: that of the last one it saw
+finish (its ``wait`` returned); inside a collective while ``entered > left``. The
+fingerprint is ``numel << 8 | dtype code`` of the collective's tensor (0: none).
+"""
+SLOT_SIZE = struct.calcsize(SLOT_FORMAT)
+SLOTS = 16
+BLIND = 1
+"""Flag: the group's counter ran ahead of what the wrappers saw (a caller bypassed them): its positions cannot tell."""
+PAGE_SIZE = POSITIONS_AT + SLOTS * SLOT_SIZE
+OPS = (
+    "",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "gather",
+    "scatter",
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+)
+"""The collectives whose positions are kept, by code (their index); the names are ``torch.distributed``'s."""
 
 
 def write_verdict(page: mmap.mmap, verdict: bytes) -> None:
@@ -80,3 +116,70 @@ def process_state(pid: int) -> str | None:
         return None
     state = text.rsplit(b")", 1)[1].split()[0].decode()
     return None if state in ("Z", "X") else state
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """Where a rank stands in one process group: ``key`` (the group's name), ``label`` (in words), ``entered``,
+    ``left`` (sequence numbers), the last collective's ``op`` and ``fingerprint``, and whether it is ``blind``."""
+
+    key: str
+    label: str
+    entered: int
+    left: int
+    op: str
+    fingerprint: int
+    blind: bool
+
+    @property
+    def inside(self) -> bool:
+        """Whether the rank is inside a collective of this group (entered one it has not seen finish)."""
+        return self.entered > self.left
+
+
+def group_words(label: str) -> str:
+    """A group's label in words: ``the data-parallel group``; a label that names its group (``group 3 (ranks 0,
+    1)``) as it is."""
+    return label if label.startswith("group ") else f"the {label} group"
+
+
+def position_fields(position: Collective) -> list[object]:
+    """``position`` as a beat carries it (``summary.Seen`` without its ``since``)."""
+    return [
+        position.key,
+        position.label,
+        position.entered,
+        position.left,
+        position.op,
+        position.fingerprint,
+        position.blind,
+    ]
+
+
+def read_collectives(page: mmap.mmap) -> list[Collective]:
+    """The collective positions in ``page``, one per group registered in it (each slot read consistently)."""
+    found = []
+    for slot in range(SLOTS):
+        at = POSITIONS_AT + slot * SLOT_SIZE
+        while True:
+            first = struct.unpack_from("<Q", page, at)[0]
+            if first % 2 == 0:
+                _, entered, left, fingerprint, code, key, label = struct.unpack_from(SLOT_FORMAT, page, at)
+                if struct.unpack_from("<Q", page, at)[0] == first:
+                    break
+            time.sleep(0)
+        if not key.rstrip(b"\0"):
+            break  # slots are taken in order: the first empty one ends them
+        op = OPS[code & 0xFF] if code & 0xFF < len(OPS) else "?"
+        found.append(
+            Collective(
+                key.rstrip(b"\0").decode("utf-8", "replace"),
+                label.rstrip(b"\0").decode("utf-8", "replace"),
+                entered,
+                left,
+                op,
+                fingerprint,
+                bool((code >> 8) & BLIND),
+            )
+        )
+    return found

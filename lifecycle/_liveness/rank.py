@@ -47,6 +47,8 @@ STOP_WAIT_S = 1.0
 """How long a stopped monitor has to exit, at interpreter exit, before it is killed (``reap``)."""
 
 _PHASE_BYTES = 48
+_SLOT_HEAD = "<QQQQQ"
+"""The part of ``page.SLOT_FORMAT`` a collective rewrites: version, entered, left, fingerprint, code."""
 
 logger = logging.getLogger("lifecycle.liveness")
 
@@ -78,16 +80,59 @@ class Marks:
         self.path = f"/proc/{os.getpid()}/fd/{fd}"
         self._count = 0
         self._lock = threading.Lock()
+        self._slots: list[list[int]] = []  # per collective slot: version, entered, left, fingerprint, code
         self.attempt = 0
+        self.on_mark: Callable[[], object] | None = None
+        """Run after each ``mark`` (the collective positions' cross-check); must never raise."""
         self._write(0, _page.NO_STEP, b"")
 
     def mark(self, phase: str, step: int | None) -> None:
-        """Record that the rank is at ``step`` (None: none yet) in ``phase``."""
+        """Record that the rank is at ``step`` (None: none yet) in ``phase``; then run ``on_mark`` if set."""
         try:
             encoded = phase.encode()[:_PHASE_BYTES]
             with self._lock:
                 self._write(0, _page.NO_STEP if step is None else step, encoded)
         except (ValueError, struct.error):  # a closed page, a step out of range: never raise into training
+            pass
+        if self.on_mark is not None:
+            self.on_mark()
+
+    def slot(self, key: str, label: str, entered: int) -> int:
+        """Take the next free collective slot for the group ``key`` (``label``: in words), at sequence number
+        ``entered`` (nothing inside); its index, or -1 when every slot is taken or the page is closed."""
+        with self._lock:
+            index = len(self._slots)
+            if index >= _page.SLOTS:
+                return -1
+            self._slots.append([0, entered, entered, 0, 0])
+            try:
+                at = _page.POSITIONS_AT + index * _page.SLOT_SIZE
+                struct.pack_into("<Q", self._page, at, 1)
+                struct.pack_into(
+                    _page.SLOT_FORMAT, self._page, at, 1, entered, entered, 0, 0, key.encode()[:24], label.encode()[:24]
+                )
+                struct.pack_into("<Q", self._page, at, 2)
+                self._slots[index][0] = 2
+            except ValueError:
+                return -1
+            return index
+
+    def collective(self, slot: int, entered: int, left: int, fingerprint: int, code: int) -> None:
+        """Write the collective position of ``slot`` (``Marks.slot``): sequence numbers ``entered`` and ``left``,
+        the last collective's ``fingerprint`` and ``code`` (with flags); never raises.
+
+        One write with the version odd, one that makes it even: a reader that sees the
+        version change meanwhile reads again.
+        """
+        try:
+            with self._lock:
+                fields = self._slots[slot]
+                version = fields[0]
+                fields[:] = version + 2, entered, left, fingerprint, code
+                at = _page.POSITIONS_AT + slot * _page.SLOT_SIZE
+                struct.pack_into(_SLOT_HEAD, self._page, at, version + 1, entered, left, fingerprint, code)
+                struct.pack_into("<Q", self._page, at, version + 2)
+        except (ValueError, IndexError, struct.error):
             pass
 
     def done(self) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 import torch.distributed as dist
+from megatron.core import parallel_state
 from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from lifecycle import journal as _journal
@@ -19,6 +20,7 @@ from lifecycle._core.plans import RestartMode
 from lifecycle._core.session import Session
 from lifecycle._core.signals import Handler, Link
 from lifecycle._core.states import State
+from lifecycle._liveness.collectives import Positions
 from lifecycle._liveness.rank import RankMonitor, settle, start_monitor
 from lifecycle._liveness.settings import LOST_SIGNAL, Settings
 from lifecycle._training.config import LivenessMode, PretrainConfig
@@ -91,13 +93,49 @@ def start_liveness(
         if lost is not None:
             lost.link.uninstall()
         raise
+    positions = Positions(monitor.marks, group_label)
+    positions.install()
+    monitor.on_stop.append(positions.uninstall)
     _mark_progress(session, monitor)
-    session.add_observer(lambda event: monitor.marks.done() if isinstance(event, FailureEvent) else None)
+
+    def failing(event: object) -> None:
+        if isinstance(event, FailureEvent):
+            monitor.marks.done()
+            positions.uninstall()
+
+    session.add_observer(failing)
     if lost is not None:
         lost.monitor = monitor
         monitor.on_lost = lost.fail
         monitor.on_stop.append(lost.link.uninstall)
     return monitor
+
+
+_GROUPS: tuple[tuple[str, str, dict[str, bool]], ...] = (
+    ("tensor-parallel", "get_tensor_model_parallel_group", {}),
+    ("pipeline-parallel", "get_pipeline_model_parallel_group", {}),
+    ("context-parallel", "get_context_parallel_group", {}),
+    ("expert-parallel", "get_expert_model_parallel_group", {}),
+    ("data-parallel", "get_data_parallel_group", {}),
+    ("data-parallel (gloo)", "get_data_parallel_group_gloo", {}),
+    ("data+context-parallel", "get_data_parallel_group", {"with_context_parallel": True}),
+    ("model-parallel", "get_model_parallel_group", {}),
+)
+"""Megatron-core's groups, by the getter that returns each, and its name in words."""
+
+
+def group_label(pg: dist.ProcessGroup) -> str:
+    """``pg``'s label (``page.group_words`` says it): ``default`` for the default group, Megatron-core's name for one
+    of its groups (``data-parallel``), else ``group <name> (ranks ...)``; at most 24 bytes."""
+    if pg is dist.group.WORLD:
+        return "default"
+    for label, getter, kwargs in _GROUPS:
+        try:
+            if getattr(parallel_state, getter)(**kwargs) is pg:
+                return label
+        except (AssertionError, AttributeError, RuntimeError, TypeError):  # not initialized, or not in this version
+            continue
+    return f"group {pg.group_name} (ranks {', '.join(map(str, dist.get_process_group_ranks(pg)))})"[:24]
 
 
 def _mark_progress(session: Session, monitor: RankMonitor) -> None:

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lifecycle.journal.evidence import OMIT_EMPTY
+
 Read = Callable[[Any, str], Any]
 """``read(value, path)``: ``value`` converted to the field's type, or ``ValueError`` naming ``path``."""
 
@@ -100,9 +102,14 @@ class Fields:
 
 
 def to_json(value: Any) -> Any:
-    """``value`` with every dataclass in it turned into a dict of its fields (``json.dumps`` writes the rest)."""
+    """``value`` with every dataclass in it turned into a dict of its fields (``json.dumps`` writes the rest); a
+    field whose metadata sets ``OMIT_EMPTY`` is left out while empty."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: to_json(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if getattr(value, f.name) or not f.metadata.get(OMIT_EMPTY)
+        }
     if isinstance(value, list | tuple):
         return [to_json(v) for v in value]
     if isinstance(value, dict):

@@ -31,7 +31,7 @@ that is no ``failure`` record (``FailedSave``, ``StepSkipped``).
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -58,6 +58,8 @@ class Kind(Enum):
     """The rank ran without progress, holding the GIL (``R`` in ``/proc``)."""
     HANG = "hang"
     """The rank slept without progress, behind every peer (``S``/``D`` in ``/proc``)."""
+    STUCK_OUTSIDE = "stuck_outside"
+    """The rank slept without progress before a collective its peers in a group entered and waited in."""
     UNRESPONSIVE = "unresponsive"
     """The rank's monitor stopped beating: its host or monitor is gone."""
     STORE_HOST_LOST = "store_host_lost"
@@ -86,11 +88,13 @@ class Kind(Enum):
         """How every view says this kind after a rank: ``rank 1 {words} at step 40``."""
         return WORDS[self]
 
-    def detail(self, *, state: str, silent: str, judged: str) -> str:
+    def detail(self, *, state: str, silent: str, judged: str, collective: str = "") -> str:
         """What showed a liveness monitor this kind, in words (``DETAILS``): its ``/proc`` ``state``, ``silent``
-        (seconds without progress, as text), ``judged`` (``killed by its liveness monitor``...); "" for a kind no
-        monitor names."""
-        return DETAILS.get(self, "").format(state=state or "T", silent=silent, judged=judged)
+        (seconds without progress, as text), ``judged`` (``killed by its liveness monitor``...), ``collective``
+        (``all_reduce #412 of the data-parallel group``; "": not known); "" for a kind no monitor names."""
+        return DETAILS.get(self, "").format(
+            state=state or "T", silent=silent, judged=judged, collective=collective or "a collective"
+        )
 
     @property
     def consequence(self) -> bool:
@@ -107,6 +111,7 @@ WORDS: dict[Kind, str] = {
     Kind.STOPPED: "stopped",
     Kind.SPINNING: "was spinning",
     Kind.HANG: "hung",
+    Kind.STUCK_OUTSIDE: "was stuck before a collective its peers entered",
     Kind.UNRESPONSIVE: "went unresponsive",
     Kind.STORE_HOST_LOST: "lost the store's host",
     Kind.COLLECTIVE_TIMEOUT: "timed out waiting for a peer",
@@ -122,6 +127,9 @@ DETAILS: dict[Kind, str] = {
     Kind.STOPPED: "its process stopped in state {state}, no progress for {silent} s; {judged}",
     Kind.SPINNING: "running, no progress for {silent} s; {judged}",
     Kind.HANG: "alive, no progress for {silent} s while its peers went on; {judged}",
+    Kind.STUCK_OUTSIDE: (
+        "alive, no progress for {silent} s, outside {collective}, which its peers entered and waited in; {judged}"
+    ),
     Kind.UNRESPONSIVE: "its monitor stopped beating for {silent} s: its host or monitor is gone",
 }
 """The evidence a liveness verdict of each kind rests on, in words (``Kind.detail`` fills them in)."""
@@ -129,7 +137,7 @@ DETAILS: dict[Kind, str] = {
 CONSEQUENCES = frozenset({Kind.STOPPED_BY_LAUNCHER, Kind.COLLECTIVE_TIMEOUT, Kind.CONNECTION_LOST})
 """The kinds that follow another rank's failure: never the cause."""
 
-LIVENESS_KINDS = frozenset({Kind.DIED, Kind.STOPPED, Kind.SPINNING, Kind.HANG, Kind.UNRESPONSIVE})
+LIVENESS_KINDS = frozenset({Kind.DIED, Kind.STOPPED, Kind.SPINNING, Kind.HANG, Kind.STUCK_OUTSIDE, Kind.UNRESPONSIVE})
 """The kinds a liveness monitor's verdict names."""
 
 RAISED_KINDS = frozenset({Kind.RAISED, Kind.INTERRUPTED, Kind.NONFINITE_LOSS, Kind.SAVE_FAILED})
@@ -190,6 +198,11 @@ def consequence(error: str, kind: str = "") -> bool:
     return found is not None and found.consequence
 
 
+OMIT_EMPTY = "omit_empty"
+"""A dataclass field's metadata key: the field is left out of the JSON while empty (its default); the journal's
+schema (``lifecycle.journal._schema.to_json``) honours it for every record."""
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """The typed facts of a failure: what it is, whose, where, and what showed it.
@@ -201,6 +214,10 @@ class Evidence:
     without progress (None: not measured); ``deadline_s``: the deadline it passed (None:
     none); ``decided_by``: who decided (``rank``: the rank itself, ``monitor``: its
     liveness monitor, ``neighbour``: a peer's monitor, ``store``: a store's error).
+    For a verdict inside the step (``STUCK_OUTSIDE``): ``group``, the process group in
+    words; ``collective``, the one the rank did not enter (``all_reduce #412``);
+    ``peers``, the ranks of the group waiting in it. Empty when not about a collective
+    (and then left out of the JSON).
     """
 
     kind: str
@@ -211,6 +228,9 @@ class Evidence:
     silent_s: float | None = None
     deadline_s: float | None = None
     decided_by: str = "rank"
+    group: str = field(default="", metadata={OMIT_EMPTY: True})
+    collective: str = field(default="", metadata={OMIT_EMPTY: True})
+    peers: tuple[int, ...] = field(default=(), metadata={OMIT_EMPTY: True})
 
     @property
     def what(self) -> Kind:
@@ -218,13 +238,22 @@ class Evidence:
         return Kind(self.kind)
 
     def to_json(self) -> dict[str, Any]:
-        """The evidence as a JSON object (every field)."""
-        return asdict(self)
+        """The evidence as a JSON object: every field, but the collective ones only when set."""
+        data = asdict(self)
+        for name, value in list(data.items()):
+            if not value and Evidence.__dataclass_fields__[name].metadata.get(OMIT_EMPTY):
+                del data[name]
+        if "peers" in data:
+            data["peers"] = list(data["peers"])
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Evidence:
         """The evidence ``to_json`` wrote (fields it does not know are ignored; missing ones take defaults)."""
-        return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
+        fields = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        if "peers" in fields:
+            fields["peers"] = tuple(fields["peers"] or ())
+        return cls(**fields)
 
     def words(self) -> str:
         """``rank 1 hung at step 40, phase batch``: the kind's words and where."""

@@ -79,13 +79,14 @@ def test_one_rank_per_count_reads_every_position_when_all_are_stale(world: int) 
         requests, reasons = [], []
         for one, position in zip(monitors, positions, strict=True):
             before = one.store.calls
-            reasons.append(one.behind(position, age=3.0))
+            reasons.append(one.behind(position, age=3.0)[1])
             requests.append(one.store.calls - before)
         # The first rank at count 40 (rank 0) and rank 5 (count 38) each gather: add, multi_get, set.
         assert sorted(requests) == [2] * (world - 2) + [3, 3], requests
         assert [r for r, reason in enumerate(reasons) if reason] == [behind_rank]
         ahead = ", ".join(str(r) for r in [0, 1, 2, 3, 4, 6, 7, 8])
-        assert reasons[behind_rank] == f"{world - 1} ranks went on past it ({ahead}, …)"
+        went_on = f"{world - 1} ranks went on past it ({ahead}, …)"
+        assert reasons[behind_rank] == f"it sleeps in step 12, phase step; {went_on}"
         for one, position in zip(monitors, positions, strict=True):  # the same round: answered from memory
             before = one.store.calls
             one.behind(position, age=3.5)

@@ -1,33 +1,98 @@
-"""The demo's hang inside the training step, end to end (issue 37): no view names the victim the cause.
+"""The demo's hang inside the training step, end to end (issues 37 and 40).
 
-``--fault hang --fail-at step``: the hung rank sleeps inside its step, level with its
-peer, so no liveness monitor can name it; the peer's receive times out at the group
-timeout (10 s here) and the launcher stops the hung rank. Before issue 37 the demo's last
-line, ``show`` and the page named the peer, the victim, "the cause, first in the store's
-order of failure notices".
+``--fault hang --fail-at step``: the hung rank sleeps inside its step (after its backward,
+before the data-parallel all_reduce of its gradients), level with its peers in marks. Its
+peers enter the all_reduce and wait. With liveness on, the collective positions name it
+(issue 40): stuck before all_reduce #k of the data-parallel group, which its peers entered,
+convicted at the conviction deadline, never a victim. With liveness off, nothing can name
+it: the peer's receive times out, and no view may call the victim the cause (issue 37).
 """
 
 from __future__ import annotations
 
 import html
+import re
 from pathlib import Path
 
 import pytest
 from support.launch import run_demo
 
-from lifecycle.journal import Failure, read
+from lifecycle.journal import Failure, Record, RunEnd, Verdict, read
+
+INTERVAL_S = 1.0
+FLOOR_S = 10.0
+"""The demo's defaults: a 1 s interval, a 30 s group timeout, so a 10 s conviction floor."""
+
+
+def _when(record: Record) -> float:
+    """When ``record`` was written (its end, time or start, whichever it has)."""
+    for name in ("end", "time", "start"):
+        value = getattr(record, name, None)
+        if isinstance(value, float):
+            return value
+    return 0.0
+
+
+def _hung_in_the_step(tmp_path: Path, nproc: int, hung: int) -> None:
+    """Run the demo at its defaults with rank ``hung`` of ``nproc`` hung in its step; check the verdict and the
+    bound: every rank ended within the conviction deadline + 2 intervals + 2 s of the hung rank's last record."""
+    args = [
+        *("--nproc", str(nproc), "--steps", "200", "--fail-at", "step", "--fault", "hang"),
+        *("--fail-rank", str(hung), "--eval-interval", "0", "--journal-dir", str(tmp_path)),
+    ]
+    done = run_demo(*args, timeout=280, cwd=tmp_path)
+    out = done.stdout[-4000:]
+    assert done.returncode != 0, out
+    records = read([tmp_path])
+    verdicts = [r for r in records if isinstance(r, Verdict)]
+    assert verdicts and {v.culprit for v in verdicts} == {hung}, (verdicts, out)
+    facts = verdicts[0].evidence
+    assert facts.kind == "stuck_outside" and facts.group == "the data-parallel group", (facts, out)
+    assert re.fullmatch(r"all_reduce #\d+", facts.collective) and hung not in facts.peers, (facts, out)
+    assert set(facts.peers) == set(range(nproc)) - {hung} or len(facts.peers) == 8, (facts, out)
+    fault_at = max(_when(r) for r in records if r.origin.rank == hung and not isinstance(r, Verdict))
+    ends = {r.origin.rank: r.end for r in records if isinstance(r, RunEnd) and r.end is not None}
+    for v in verdicts:
+        ends.setdefault(v.culprit, v.time)
+    assert sorted(ends) == list(range(nproc)), (ends, out)
+    conviction = max(facts.deadline_s or 0.0, FLOOR_S)
+    assert max(ends.values()) - fault_at <= conviction + 2 * INTERVAL_S + 2.0, (ends, fault_at, conviction, out)
+    last = done.stdout.strip().splitlines()[-1]
+    assert f"rank {hung} was stuck before a collective its peers entered" in last and "the cause," in last, last
+    notes = [r.note for r in records if isinstance(r, Failure)]
+    assert not any(f"rank {peer} failed first" in note for note in notes for peer in facts.peers), notes
+
+
+@pytest.mark.slow  # two ranks' start-up and the 10 s conviction floor: about 30 s a run
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hung", [1, 0], ids=["fail-rank-1", "fail-rank-0"])
+def test_a_rank_hung_in_the_step_is_named_stuck_before_the_all_reduce_its_peer_waits_in(
+    tmp_path: Path, hung: int
+) -> None:
+    """Two ranks, the last or rank 0 hung in its step: named ``stuck_outside`` with all_reduce #k of the
+    data-parallel group and its peer, every rank failed within the conviction deadline + 2 intervals + 2 s."""
+    _hung_in_the_step(tmp_path, 2, hung)
+
+
+@pytest.mark.slow  # four ranks' start-up on two cores: about 60 s a run
+@pytest.mark.sampled("hang_cause_4")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hung", [3, 0], ids=["fail-rank-3", "fail-rank-0"])
+def test_four_ranks_name_the_one_hung_in_the_step_with_the_three_waiting(tmp_path: Path, hung: int) -> None:
+    """Four ranks (data-parallel 4), the last or rank 0 hung in its step: named with the three waiting, within the
+    same bound."""
+    _hung_in_the_step(tmp_path, 4, hung)
 
 
 @pytest.mark.slow  # the group timeout (10 s) and two ranks' start-up: about 40 s here
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("hung", [1, 0], ids=["fail-rank-1", "fail-rank-0"])
-def test_the_demos_hang_in_the_step_names_no_victim_the_cause(tmp_path: Path, hung: int) -> None:
-    """The demo's last line, ``show``'s page and every exception note say the cause is unknown and name the victim's
-    timed-out receive as what was seen; nothing calls the victim the cause or "failed first"."""
-    victim = 1 - hung
+def test_without_liveness_the_hang_in_the_step_names_no_victim_the_cause(tmp_path: Path) -> None:
+    """Liveness off: the demo's last line, ``show``'s page and every exception note say the cause is unknown and
+    name the victim's timed-out receive as what was seen; nothing calls the victim the cause or "failed first"."""
+    hung, victim = 1, 0
     args = [
         *("--steps", "200", "--fail-at", "step", "--fault", "hang", "--fail-rank", str(hung), "--timeout", "10"),
-        *("--eval-interval", "0", "--journal-dir", str(tmp_path), "--keep"),
+        *("--liveness", "off", "--eval-interval", "0", "--journal-dir", str(tmp_path), "--keep"),
     ]
     done = run_demo(*args, timeout=220, cwd=tmp_path)
     last = done.stdout.strip().splitlines()[-1]

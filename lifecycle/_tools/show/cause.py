@@ -120,11 +120,12 @@ class Cause:
         return f"{self.words()} — the cause, {self.decided.value}"
 
 
-def liveness_detail(kind: Kind, *, state: str, silent: str, killed: bool) -> str:
+def liveness_detail(kind: Kind, *, state: str, silent: str, killed: bool, collective: str = "") -> str:
     """A liveness verdict's evidence in words (``Kind.detail``: ``kind``; its ``/proc`` ``state``; ``silent``:
-    seconds without progress, as text; ``killed``: its monitor killed it), as every version's reading says it."""
+    seconds without progress, as text; ``killed``: its monitor killed it; ``collective``: the one it did not enter,
+    with its group), as every version's reading says it."""
     judged = "killed by its liveness monitor" if killed else "named by its liveness monitor"
-    return kind.detail(state=state, silent=silent, judged=judged) or judged
+    return kind.detail(state=state, silent=silent, judged=judged, collective=collective) or judged
 
 
 def from_evidence(facts: Evidence, last_step: int | None, decided: Decided, *, killed: bool, error: str = "") -> Cause:
@@ -138,7 +139,11 @@ def from_evidence(facts: Evidence, last_step: int | None, decided: Decided, *, k
     if kind is None or kind not in LIVENESS_KINDS:
         detail = error or (kind.words if kind is not None else facts.kind)
     else:
-        detail = liveness_detail(kind, state=facts.process_state, silent=silent, killed=killed)
+        collective = ""
+        if facts.collective:
+            waiting = f" (rank(s) {', '.join(map(str, facts.peers))} waiting)" if facts.peers else ""
+            collective = f"{facts.collective} of {facts.group}{waiting}"
+        detail = liveness_detail(kind, state=facts.process_state, silent=silent, killed=killed, collective=collective)
     return Cause(facts.rank, facts.kind, facts.phase, facts.step, last_step, detail, decided)
 
 

@@ -1,0 +1,259 @@
+"""Collective positions: which collective of each process group this rank entered and left, for its monitor.
+
+``Positions.install`` wraps ``torch.distributed``'s collectives (the names in
+``page.OPS``, in ``torch.distributed`` and ``torch.distributed.distributed_c10d``, and
+the aliases Megatron-core binds at import time) and ``Work.wait``. Around the outermost
+collective call of a thread (``all_gather_object`` calls ``all_gather``: one position) a
+wrapper writes the group's slot in the marks page (``Marks.collective``):
+
+- *entered*: the group's own sequence number (``_get_sequence_number_for_group``, the
+  count of operations the group issued, whatever path issued them) after the call
+  issued its work; before the call, the number the work will take;
+- *left*: the sequence number once the call returned (synchronous) or its ``Work.wait``
+  returned (``async_op=True``);
+- the op and a fingerprint of its tensor (``numel << 8 | dtype code``).
+
+No store call, no extra collective, no thread: a few struct writes into the page.
+
+*Cross-check*: where the group's counter is found ahead of what the wrappers saw (at the
+next wrapped call or at the next progress mark), something issued work on it without
+them (C++ callers, Megatron's ``_coalescing_manager``, a user's ``pg.allreduce``): the
+group is marked *blind* for the rest of the attempt, and the monitor never convicts a
+rank on a blind group's positions (``summary``). What it cannot see is in
+docs/collectives.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lifecycle._liveness import page as _page
+from lifecycle._liveness.rank import Marks
+
+_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
+_ALIASES = {
+    "megatron.core.distributed.param_and_grad_buffer": ("dist_all_gather_func", "dist_reduce_scatter_func"),
+    "megatron.core.transformer.multi_token_prediction": ("dist_all_gather_func",),
+}
+"""Megatron-core modules that bind a collective to a name of their own at import: patched there too."""
+_PENDING_LIMIT = 1024
+"""The most asynchronous works kept waiting for their ``wait`` (the oldest are forgotten)."""
+_DTYPES = {
+    dtype: code
+    for code, dtype in enumerate(
+        (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8), start=1
+    )
+}
+_CODES = {name: code for code, name in enumerate(_page.OPS) if name}
+
+
+class _Group:
+    """What the wrappers know of one process group: its slot, its counter's last value seen, whether blind."""
+
+    __slots__ = ("code", "entered", "fingerprint", "left", "ref", "slot")
+
+    def __init__(self, pg: Any, slot: int, entered: int) -> None:
+        self.ref = weakref.ref(pg)  # never keeps the group alive: gloo closes its sockets when it is freed
+        self.slot, self.entered, self.left, self.fingerprint, self.code = slot, entered, entered, 0, 0
+
+    def number(self) -> int | None:
+        """The group's sequence number now; None once the group is gone or destroyed."""
+        pg = self.ref()
+        try:
+            return None if pg is None else int(pg._get_sequence_number_for_group())
+        except RuntimeError:
+            return None
+
+
+class Positions:
+    """This rank's collective positions, written into ``marks``; ``install`` starts them, ``uninstall`` ends them."""
+
+    def __init__(self, marks: Marks, label: Callable[[Any], str] | None = None) -> None:
+        """Write into ``marks``; ``label(pg)`` names a group in words (default: ``group <name>``)."""
+        self.marks = marks
+        self.label = label or (lambda pg: f"group {pg.group_name}")
+        self.groups: weakref.WeakKeyDictionary[Any, _Group | None] = weakref.WeakKeyDictionary()
+        self._local = threading.local()
+        self._pending: dict[int, tuple[Any, _Group, int]] = {}
+        self._patched: list[tuple[Any, str, Any]] = []
+        self._default: Any = None  # the default group, while installed
+
+    # -- installing ---------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Wrap the collectives and ``Work.wait``; register the default group. Idempotent while installed.
+
+        Wrapped where they are looked up: ``torch.distributed``, its ``distributed_c10d``
+        and the Megatron-core modules already imported that bound one at import (``_ALIASES``).
+        """
+        if self._patched:
+            return
+        self._default = dist.group.WORLD
+        if self._default is not None:
+            self.group(self._default)
+        wrapped: dict[Any, Any] = {}
+        for module_name in _MODULES:
+            for name in _page.OPS[1:]:
+                original = getattr(sys.modules[module_name], name, None)
+                if original is None:
+                    continue
+                if original not in wrapped:
+                    wrapped[original] = self._wrap(name, original)
+                self._patch(sys.modules[module_name], name, wrapped[original])
+        for module_name, names in _ALIASES.items():
+            alias = sys.modules.get(module_name)
+            for name in names if alias is not None else ():
+                original = getattr(alias, name, None)
+                if original in wrapped:
+                    self._patch(alias, name, wrapped[original])
+        work = dist.distributed_c10d.Work
+        self._patch(work, "wait", self._wrap_wait(work.wait))
+        self.marks.on_mark = self.check
+
+    def uninstall(self) -> None:
+        """Put every wrapped name back and let go of the groups and the works not waited for (idempotent).
+
+        ``pretrain`` calls it on the failure edge and when the monitor stops: an unwaited
+        work it still held would keep its group, and the group's sockets, alive.
+        """
+        while self._patched:
+            owner, name, original = self._patched.pop()
+            setattr(owner, name, original)
+        if self.marks.on_mark == self.check:
+            self.marks.on_mark = None
+        self.groups.clear()
+        self._pending.clear()
+        self._default = None
+
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
+        self._patched.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, replacement)
+
+    # -- the positions ------------------------------------------------------------------
+
+    def group(self, pg: Any) -> _Group | None:
+        """The wrappers' record of ``pg``, registered in the page on first sight; None for a group of one rank
+        (no peer to compare with), one this rank is not in, or once every slot is taken."""
+        found = self.groups.get(pg)
+        if found is not None or pg in self.groups:
+            return found
+        record: _Group | None = None
+        try:
+            if pg.size() > 1:
+                entered = pg._get_sequence_number_for_group()
+                slot = self.marks.slot(str(pg.group_name), self.label(pg), entered)
+                record = _Group(pg, slot, entered) if slot >= 0 else None
+        except (RuntimeError, AttributeError):
+            record = None
+        self.groups[pg] = record
+        return record
+
+    def check(self) -> None:
+        """The cross-check at a progress mark: a group whose counter ran ahead of the wrappers is marked blind."""
+        for known in list(self.groups.values()):
+            if known is not None and not known.code >> 8 & _page.BLIND:
+                now = known.number()
+                if now is not None and now > known.entered:
+                    self._blind(known)
+
+    def _blind(self, record: _Group) -> None:
+        record.code |= _page.BLIND << 8
+        self._write(record)
+
+    def _write(self, record: _Group) -> None:
+        self.marks.collective(record.slot, record.entered, record.left, record.fingerprint, record.code)
+
+    def _enter(self, code: int, pg: Any, tensor: Any) -> _Group | None:
+        record = self.group(pg if pg is not None else self._default)
+        if record is None:
+            return None
+        before = record.number()
+        if before is None:
+            return None
+        if before > record.entered and not record.code >> 8 & _page.BLIND:
+            record.code |= _page.BLIND << 8
+        record.entered = before + 1
+        record.code = code | (record.code & ~0xFF)
+        record.fingerprint = _fingerprint(tensor)
+        self._write(record)
+        return record
+
+    def _issued(self, record: _Group) -> int:
+        """The group's counter once the call issued its work (an object collective issues several)."""
+        now = record.number()
+        if now is not None and now > record.entered:
+            record.entered = now
+            self._write(record)
+        return record.entered
+
+    def _left(self, record: _Group, number: int) -> None:
+        if number > record.left:
+            record.left = number
+            self._write(record)
+
+    def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        code = _CODES[name]
+        parameters = list(inspect.signature(original).parameters)
+        group_at = parameters.index("group") if "group" in parameters else -1
+        async_at = parameters.index("async_op") if "async_op" in parameters else -1
+        local = self._local
+        coalescing = dist.distributed_c10d._world.pg_coalesce_state
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if getattr(local, "depth", 0):
+                return original(*args, **kwargs)
+            pg = kwargs.get("group", args[group_at] if 0 <= group_at < len(args) else None)
+            if (pg if pg is not None else self._default) in coalescing:
+                return original(*args, **kwargs)  # queued, issued by the manager: the cross-check sees it
+            record = self._enter(code, pg, args[0] if args else None)
+            if record is None:
+                return original(*args, **kwargs)
+            local.depth = 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                local.depth = 0
+            number = self._issued(record)
+            asynchronous = kwargs.get("async_op", args[async_at] if 0 <= async_at < len(args) else False)
+            if asynchronous and result is not None:
+                pending = self._pending
+                if len(pending) >= _PENDING_LIMIT:
+                    pending.pop(next(iter(pending)))
+                pending[id(result)] = (result, record, number)
+            else:
+                self._left(record, number)
+            return result
+
+        return collective
+
+    def _wrap_wait(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        pending = self._pending
+
+        @functools.wraps(original)
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(work, *args, **kwargs)
+            found = pending.pop(id(work), None)
+            if found is not None and found[0] is work:
+                self._left(found[1], found[2])
+            return result
+
+        return wait
+
+
+def _fingerprint(tensor: Any) -> int:
+    """``numel << 8 | dtype code`` of ``tensor`` (the first of a list); 0 for anything else."""
+    if isinstance(tensor, (list, tuple)) and tensor:
+        tensor = tensor[0]
+    if not isinstance(tensor, torch.Tensor):
+        return 0
+    return tensor.numel() << 8 | _DTYPES.get(tensor.dtype, 0xFF)

@@ -1,0 +1,79 @@
+"""A monitor's watch on its neighbour's monitor (rank + 1): a silent one is suspected, and only confirmed
+unresponsive past the group timeout.
+
+Standard library only (the monitor runs as a script and imports it from its own folder).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+if __package__:
+    from lifecycle._liveness import judgement
+    from lifecycle._liveness.summary import done
+    from lifecycle._liveness.wire import StoreError
+    from lifecycle.journal.evidence import Evidence, Kind
+else:  # loaded from the monitor's folder; the evidence module's folder is on the path (see monitor.py)
+    import judgement  # type: ignore[import-not-found,no-redef]
+    from evidence import Evidence, Kind  # type: ignore[import-not-found,no-redef]
+    from summary import done  # type: ignore[import-not-found,no-redef]
+    from wire import StoreError  # type: ignore[import-not-found,no-redef]
+
+
+def watch(monitor: Any, beat: bytes, now: float) -> None:
+    """Have ``monitor`` follow its neighbour's ``beat`` (just read): a silent one is suspected unresponsive, never
+    a failure.
+
+    Silent past ``max(4 intervals, floor)``: a ``suspicion`` (journaled, logged),
+    withdrawn when it beats again. Only a silence that outlasts the group timeout
+    (``group_timeout_s``; never when it is 0) is published as the failure notice and
+    verdict, by one rank (the one whose ``add`` on the beat comes first), after a
+    confirming read: by then every collective waiting for it has timed out, and a
+    monitor that merely missed beats is never "failed first" for a later failure.
+    """
+    key = f"{monitor.s.prefix}/liveness/hb/{monitor.neighbour}"
+    if done(json.loads(beat)):
+        return
+    _, _, _, step, phase = json.loads(beat)[:5]
+    if beat != monitor.neighbour_beat:
+        monitor.neighbour_beat, monitor.neighbour_changed = beat, now
+        if monitor.neighbour_suspected:
+            monitor.neighbour_suspected = False
+            judgement.log(
+                f"lifecycle liveness: suspicion of rank {monitor.neighbour} withdrawn: its monitor beats again"
+            )
+            monitor.append(judgement.withdrawal_line(monitor.s.origin, monitor.neighbour, step, phase))
+        return
+    silent = now - monitor.neighbour_changed
+    if silent <= max(4 * monitor.s.interval_s, monitor.s.floor_s):
+        return
+    where = f"phase {phase}" if step is None else f"step {step}, phase {phase}"
+    facts = Evidence(Kind.UNRESPONSIVE.value, monitor.neighbour, step, phase, "", silent, None, "neighbour")
+    if not monitor.neighbour_suspected:
+        monitor.neighbour_suspected = True
+        judgement.log(
+            f"lifecycle liveness: rank {monitor.neighbour} suspected unresponsive: its monitor has not beaten for "
+            f"{silent:.1f} s (last at {where}); a suspicion only, unless it outlasts the group timeout"
+        )
+        monitor.append(judgement.suspicion_line(monitor.s.origin, facts, ""))
+    if not monitor.s.group_timeout_s or silent <= monitor.s.group_timeout_s:
+        return
+    try:
+        # One confirmer per silent beat: the rank whose add on it comes first.
+        number = json.loads(beat)[0]
+        if monitor.store.add(f"{monitor.s.prefix}/liveness/confirm/{monitor.neighbour}/{number}", 1) != 1:
+            monitor.neighbour_changed = now + 3600.0  # another rank confirms; stop asking
+            return
+        if monitor.store.get(key) != beat:  # the confirming read: it beat meanwhile after all
+            monitor.neighbour_changed = now
+            return
+    except StoreError:
+        return
+    note = (
+        f"rank {monitor.neighbour} {Kind.UNRESPONSIVE.words}: its monitor has not beaten for {silent:.1f} s "
+        f"(last at {where}; its host or monitor is gone, no connection reset)"
+    )
+    monitor.publish(facts, note, pid=0)
+    monitor.record(facts, note)
+    monitor.neighbour_changed = now + 3600.0

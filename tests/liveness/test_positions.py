@@ -1,0 +1,170 @@
+"""Collective positions (issue 40): what the rank writes, what the summary concludes, what the monitor convicts.
+
+The summary's rule is pure (beats in, ranks stuck outside out); the wrappers run on a real
+two-rank gloo group; the monitor convicts a real sleeping process from the page and the store.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lifecycle._liveness import monitor, summary
+from lifecycle._liveness.page import read_collectives
+from lifecycle._liveness.rank import Marks
+from lifecycle._liveness.settings import Settings
+
+
+def _beat(count: int, *groups: tuple[str, str, int, int], done: bool = False) -> bytes:
+    """A beat at ``count`` of attempt 0 with ``groups``: (key, label, entered, left) each, entered 100.0 (wall)."""
+    positions = [[key, label, entered, left, "all_reduce", 256, False, 100.0] for key, label, entered, left in groups]
+    return json.dumps([1, count, 0, 30, "step", "done" if done else "", positions]).encode()
+
+
+DP, TP = ("1", "data-parallel"), ("2", "tensor-parallel")
+
+
+def test_a_rank_in_no_collective_while_its_peer_waits_in_one_it_has_not_entered_is_stuck_outside() -> None:
+    """Rank 1 left all_reduce #40 and entered nothing; rank 0 waits in #41: rank 1 is named, never rank 0."""
+    beats = [_beat(12, (*DP, 41, 40)), _beat(12, (*DP, 40, 40))]
+    found = summary.stuck_outside(beats, 12, 0)
+    assert list(found) == [1]
+    assert found[1] == summary.Outside("1", "data-parallel", "all_reduce", 41, [0], 100.0)
+    assert "before all_reduce #41 of the data-parallel group, which rank(s) 0 entered 5.0 s ago" in found[1].why(
+        "step 30, phase step", 105.0
+    )
+
+
+@pytest.mark.parametrize(
+    "beats",
+    [
+        [_beat(12, (*DP, 41, 40)), _beat(12, (*DP, 41, 40))],  # both inside #41: level, waiting on each other
+        [_beat(12, (*DP, 41, 41)), _beat(12, (*DP, 40, 40))],  # the peer is past #41, not waiting in it
+        [_beat(12, (*DP, 41, 40)), _beat(12, (*DP, 40, 40), done=True)],  # a rank is done: a failure is out
+        [_beat(12, (*DP, 41, 40)), _beat(11, (*DP, 40, 40))],  # below in marks: the count of marks decides
+        [_beat(12, (*DP, 41, 40)), _beat(12, (*DP, 40, 40), ("9", "default", 7, 6))],  # inside another group
+        [_beat(12, (*DP, 41, 40)), None],  # a rank never beat
+    ],
+    ids=["both-inside", "peer-not-waiting", "a-rank-done", "below-in-marks", "inside-elsewhere", "missing-beat"],
+)
+def test_no_rank_is_stuck_outside_without_a_waiting_peer_ahead_of_it_and_everyone_level(
+    beats: list[bytes | None],
+) -> None:
+    """Ranks waiting on each other, a peer not waiting, a rank done, below or missing, a rank inside another
+    group's collective: nobody is stuck outside."""
+    assert summary.stuck_outside(beats, 12, 0) == {}
+
+
+def test_a_blind_group_never_convicts() -> None:
+    """A group whose counter ran ahead of the wrappers (blind) on either side names nobody."""
+    blind = json.loads(_beat(12, (*DP, 40, 40)))
+    blind[6][0][6] = True
+    assert summary.stuck_outside([_beat(12, (*DP, 41, 40)), json.dumps(blind).encode()], 12, 0) == {}
+    waiting = json.loads(_beat(12, (*DP, 41, 40)))
+    waiting[6][0][6] = True
+    assert summary.stuck_outside([json.dumps(waiting).encode(), _beat(12, (*DP, 40, 40))], 12, 0) == {}
+
+
+def test_the_innermost_group_is_named_tensor_parallel_before_data_parallel() -> None:
+    """TP2 x DP2 (tensor-parallel pairs 0-1 and 2-3): rank 3 stuck in its forward before the tensor-parallel
+    all_reduce rank 2 waits in, while rank 1 waits in the data-parallel one rank 3 never reached: rank 3 is named
+    with the tensor-parallel group and rank 2 (not the data-parallel group, of the same size); nobody else is."""
+    dp_a, dp_b, tp_a, tp_b = ("1", "data-parallel"), ("3", "data-parallel"), ("4", "tensor-parallel"), TP
+    beats = [
+        _beat(12, (*dp_a, 9, 8), (*tp_a, 20, 20)),
+        _beat(12, (*dp_b, 9, 8), (*tp_a, 20, 20)),
+        _beat(12, (*dp_a, 8, 8), (*tp_b, 21, 20)),
+        _beat(12, (*dp_b, 8, 8), (*tp_b, 20, 20)),
+    ]
+    found = summary.stuck_outside(beats, 12, 0)
+    assert list(found) == [3] and found[3].label == "tensor-parallel" and found[3].peers == [2]
+
+
+def test_the_summary_carries_who_is_outside_through_the_store() -> None:
+    """``Summary.encode``/``decode`` keep the ranks stuck outside (the other ranks at the count read them)."""
+    found = summary.summarize([_beat(12, (*DP, 41, 40)), _beat(12, (*DP, 40, 40))], 0, 12, 0)
+    assert summary.Summary.decode(found.encode()) == found and 1 in found.outside
+
+
+def test_the_page_carries_each_groups_position_to_the_monitor() -> None:
+    """``Marks.slot``/``collective`` write what ``read_collectives`` reads back, slot by slot."""
+    marks = Marks()
+    try:
+        with open(marks.path, "r+b") as file:
+            page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
+        first, second = marks.slot("0", "default", 3), marks.slot("1", "data-parallel", 0)
+        marks.collective(second, 5, 4, 1000 << 8 | 1, 1 | 1 << 8)
+        found = read_collectives(page)
+        assert [(c.key, c.label, c.entered, c.left, c.inside, c.blind) for c in found] == [
+            ("0", "default", 3, 3, False, False),
+            ("1", "data-parallel", 5, 4, True, True),
+        ]
+        assert (first, found[1].op, found[1].fingerprint) == (0, "all_reduce", 1000 << 8 | 1)
+        page.close()
+    finally:
+        marks.close()
+
+
+def _watcher(port: int, marks: Marks, pid: int) -> monitor.Monitor:
+    """Rank 1's monitor of a 2-rank world on the store at ``port``, watching ``pid``, a 1 s deadline on ``step``."""
+    with open(marks.path, "r+b") as file:
+        page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
+    settings = Settings(
+        rank=1, world_size=2, pid=pid, host="127.0.0.1", port=port, prefix="p",
+        interval_s=0.25, floor_s=1.0, default_deadline_s=600.0, deadlines=(("step", 1.0),), mode="report",
+        stacks="/dev/null", store_timeout_s=0.5, conviction_floor_s=2.0,
+    )  # fmt: skip
+    return monitor.Monitor(settings, page, wake=-1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("enters", [False, True], ids=["stays-outside", "enters-before-conviction"])
+def test_a_sleeping_rank_outside_the_collective_its_peer_waits_in_is_convicted_unless_it_enters(enters: bool) -> None:
+    """Suspected past its deadline, convicted at the conviction deadline with the group, collective and peer as
+    typed evidence; a rank that enters the collective meanwhile is withdrawn, never convicted."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    marks = Marks()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        marks.mark("step", 30)
+        slot = marks.slot("1", "data-parallel", 40)
+        watcher = _watcher(server.port, marks, sleeper.pid)
+        position = monitor.read_marks(watcher.page)
+        watcher.observe(position, now=0.0)
+        assert watcher.beat(position)
+        peer = [5, position.count, position.attempt, 30, "step", "", [["1", "data-parallel", 41, 40, "all_reduce", 0,
+                                                                        False, time.time() - 3.0]]]  # fmt: skip
+        server.set("p/liveness/hb/0", json.dumps(peer))
+        deadline = time.monotonic() + 5.0
+        while monitor.process_state(sleeper.pid) != "S" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        watcher.classify(position, now=1.5)  # past the 1 s deadline: suspected
+        assert watcher.suspect is not None and watcher.suspect.kind is monitor.Kind.STUCK_OUTSIDE
+        assert not watcher.judged
+        if enters:
+            marks.collective(slot, 41, 40, 0, 1)
+        watcher.classify(position, now=2.5)  # past the 2 s conviction floor
+        assert watcher.judged is not enters
+        if enters:
+            assert watcher.suspect is None and server.add("p/failures/count", 0) == 0
+        else:
+            notice = json.loads(server.get("p/failures/1"))
+            assert notice["kind"] == "stuck_outside", notice
+            assert (notice["evidence"]["group"], notice["evidence"]["collective"], notice["evidence"]["peers"]) == (
+                "the data-parallel group",
+                "all_reduce #41",
+                [0],
+            )
+            assert "before all_reduce #41 of the data-parallel group, which rank(s) 0 entered" in notice["error"]
+        watcher.page.close()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        marks.close()

@@ -1,0 +1,70 @@
+"""One rank of ``tests/distributed/test_positions_gloo.py``: the collective wrappers on a real two-rank gloo group.
+
+Prints one JSON line: what the page said after each kind of call, whether the wrappers
+were put back, and whether a group the wrappers saw was freed once destroyed.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import weakref
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from lifecycle._liveness import page
+from lifecycle._liveness.collectives import Positions
+from lifecycle._liveness.rank import Marks
+
+
+def seen(marks: Marks) -> list[list[object]]:
+    """The page's positions: [key, entered, left, op, blind] per group."""
+    return [[c.key, c.entered, c.left, c.op, c.blind] for c in page.read_collectives(marks._page)]
+
+
+def main() -> None:
+    """Run the calls in order on both ranks; print what the page said after each."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=20))
+    originals = (dist.all_reduce, dist.distributed_c10d.all_gather, dist.distributed_c10d.Work.wait)
+    marks = Marks()
+    positions = Positions(marks)
+    positions.install()
+    report: dict[str, object] = {"rank": rank}
+    tensor = torch.ones(4)
+    dist.all_reduce(tensor)
+    report["sync"] = seen(marks)
+    work = dist.all_reduce(tensor, async_op=True)
+    report["issued"] = seen(marks)
+    assert work is not None
+    work.wait()
+    report["waited"] = seen(marks)
+    dist.all_gather_object([None, None], rank)
+    report["object"] = seen(marks)
+    group = dist.new_group([0, 1])
+    dist.barrier(group=group)
+    report["second_group"] = seen(marks)
+    dist.distributed_c10d._get_default_group().allreduce([tensor]).wait()  # past the wrappers
+    marks.mark("step", 1)  # the cross-check at a mark
+    report["bypassed"] = seen(marks)
+    ref = weakref.ref(group)
+    dist.destroy_process_group(group)
+    del group
+    gc.collect()
+    report["group_freed"] = ref() is None
+    positions.uninstall()
+    report["restored"] = originals == (
+        dist.all_reduce,
+        dist.distributed_c10d.all_gather,
+        dist.distributed_c10d.Work.wait,
+    )
+    marks.close()
+    dist.destroy_process_group()
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
