@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
 
+from lifecycle._core.bounds import Bounds
 from lifecycle._core.errors import ConfigError, check_number
 from lifecycle._torch.config import DistributedConfig, ParallelConfig
 from lifecycle.journal.evidence import Kind
@@ -380,8 +381,11 @@ class LivenessConfig:
     patience: float = 1.0
 
     def conviction_floor_s(self, group_timeout_s: float) -> float:
-        """The least a rank must stand still, evidence holding, before it is convicted: patience × timeout / 3."""
-        return self.patience * group_timeout_s / 3
+        """The least a rank must stand still, evidence holding, before it is convicted: patience × timeout / 3.
+
+        ``Bounds.conviction_floor_s``, where the other bounds that follow from the group timeout are derived.
+        """
+        return Bounds(group_timeout_s, self.patience).conviction_floor_s
 
     def __post_init__(self) -> None:
         """Accept the mode as a string; reject an unknown one and non-positive durations."""
