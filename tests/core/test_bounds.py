@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 
+from lifecycle import DistributedConfig, LivenessConfig, PretrainConfig
 from lifecycle._core.bounds import SHUTDOWN_VARIABLE, Bounds
 
 
@@ -32,6 +33,26 @@ def test_the_bounds_keep_their_order_at_every_timeout_and_allowed_patience(timeo
     assert b.conviction_floor_s < b.group_timeout_s < b.finalize_s < b.release_timeout_s < b.stop_grace_s
     assert b.stop_grace_s < b.launcher_grace_s
     assert b.stop_grace_s > b.group_timeout_s + b.conviction_floor_s
+
+
+def test_an_explicit_deadline_of_a_step_phase_at_the_group_timeout_is_warned_on_naming_both() -> None:
+    """``deadlines`` (("step", 30),) at a 30 s timeout warns naming the field, the value and the timeout; no refusal."""
+    with pytest.warns(RuntimeWarning, match=r"liveness\.deadlines\.step 30 is not below the group timeout \(30 s\)"):
+        PretrainConfig(
+            distributed=DistributedConfig(timeout_s=30.0),
+            liveness=LivenessConfig(mode="kill", deadlines=(("step", 30.0),)),  # type: ignore[arg-type]
+        )
+
+
+def test_an_explicit_deadline_below_the_timeout_or_of_a_phase_no_peer_waits_in_is_not_warned_on() -> None:
+    """A checkpoint deadline above the timeout, a step deadline below it pass silently; liveness off checks nothing."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PretrainConfig(
+            distributed=DistributedConfig(timeout_s=30.0),
+            liveness=LivenessConfig(mode="kill", deadlines=(("checkpoint", 900.0), ("step", 29.0))),  # type: ignore[arg-type]
+        )
+        PretrainConfig(liveness=LivenessConfig(mode="off", deadlines=(("step", 900.0),)))  # type: ignore[arg-type]
 
 
 def test_torchrun_gets_the_stop_grace_as_its_shutdown_timeout_unless_the_caller_set_one() -> None:
