@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from support.internals import child_env
 
 from lifecycle import DistributedConfig, LivenessConfig, PretrainConfig
 from lifecycle._core.bounds import SHUTDOWN_VARIABLE, Bounds
@@ -70,3 +71,12 @@ def test_a_shutdown_timeout_below_the_stop_grace_is_warned_on_naming_both_and_ke
     """The caller's 30 s (or an unreadable value) at a 60 s timeout: warned, naming it and the 150 s grace; kept."""
     with pytest.warns(RuntimeWarning, match=rf"{SHUTDOWN_VARIABLE}='{given}' .* below .*\(150 s = 2 x the 60 s"):
         assert Bounds(60.0).shutdown_timeout({SHUTDOWN_VARIABLE: given}) == given
+
+
+def test_the_launchers_environment_carries_the_stop_grace_for_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``child_env(addr, group_timeout_s=30)`` sets torchrun's shutdown timeout to 90; without a timeout, nothing."""
+    monkeypatch.delenv(SHUTDOWN_VARIABLE, raising=False)
+    assert child_env("127.0.0.1", group_timeout_s=30.0)[SHUTDOWN_VARIABLE] == "90"
+    assert SHUTDOWN_VARIABLE not in child_env("127.0.0.1")
+    monkeypatch.setenv(SHUTDOWN_VARIABLE, "400")
+    assert child_env("127.0.0.1", group_timeout_s=30.0)[SHUTDOWN_VARIABLE] == "400"
