@@ -7,13 +7,17 @@ them from ``Bounds``, and the table in docs/liveness.md is read back here.
 
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 from support.internals import child_env
 
 from lifecycle import DistributedConfig, LivenessConfig, PretrainConfig
 from lifecycle._core.bounds import SHUTDOWN_VARIABLE, Bounds
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "liveness.md"
 
 
 def test_each_bound_at_the_demos_and_pretrains_group_timeout() -> None:
@@ -80,3 +84,23 @@ def test_the_launchers_environment_carries_the_stop_grace_for_torchrun(monkeypat
     assert SHUTDOWN_VARIABLE not in child_env("127.0.0.1")
     monkeypatch.setenv(SHUTDOWN_VARIABLE, "400")
     assert child_env("127.0.0.1", group_timeout_s=30.0)[SHUTDOWN_VARIABLE] == "400"
+
+
+def documented_rows() -> dict[str, tuple[float, float]]:
+    """The table of docs/liveness.md's "Bounds from the group timeout": bound → (its value at 30 s, at 60 s)."""
+    section = DOC.read_text(encoding="utf-8").split("### Bounds from the group timeout", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, tuple[float, float]] = {}
+    for line in section.splitlines():
+        found = re.match(r"\| `(\w+)` \|[^|]*\| ([\d.]+) s \| ([\d.]+) s \|", line)
+        if found:
+            rows[found[1]] = (float(found[2]), float(found[3]))
+    return rows
+
+
+def test_the_documented_table_says_what_the_code_derives() -> None:
+    """Each row of docs/liveness.md's bounds table holds ``Bounds``' value at 30 s and 60 s; every bound has a row."""
+    rows = documented_rows()
+    named = {name for name in dir(Bounds) if name.endswith("_s") and not name.startswith("_")}
+    assert set(rows) == named
+    for name, (at_30, at_60) in rows.items():
+        assert (getattr(Bounds(30.0), name), getattr(Bounds(60.0), name)) == (at_30, at_60), name
