@@ -26,6 +26,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "training/test_saves.py": frozenset({"lifecycle._training.saves"}),
     "training/test_memory.py": frozenset({"lifecycle._training.memory"}),
     "training/test_memory_copy.py": frozenset({"lifecycle._training.copies", "lifecycle._training.memory"}),
+    "core/test_bounds.py": frozenset({"lifecycle._core.bounds"}),
     "core/test_config_checks.py": frozenset({"lifecycle._core.errors"}),
     "core/test_frames.py": frozenset({"lifecycle._core.frames"}),
     "core/test_machine.py": frozenset({"lifecycle._core.machine", "lifecycle._core.table"}),

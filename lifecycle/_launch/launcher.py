@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from lifecycle._core.bounds import SHUTDOWN_VARIABLE, Bounds
 from lifecycle._core.processes import is_running, process_environments
 
 __all__ = [
@@ -84,9 +85,17 @@ def torchrun_command(
     ]
 
 
-def child_env(master_addr: str) -> dict[str, str]:
-    """This process's environment, plus quiet, loopback-friendly defaults for torchrun and its ranks."""
+def child_env(master_addr: str, group_timeout_s: float | None = None) -> dict[str, str]:
+    """This process's environment, plus quiet, loopback-friendly defaults for torchrun and its ranks.
+
+    ``group_timeout_s`` (the ranks' ``DistributedConfig.timeout_s``): torchrun's grace
+    between the SIGTERM it forwards and its SIGKILL becomes ``Bounds.stop_grace_s``
+    (``SHUTDOWN_VARIABLE``), unless this environment sets it already (``Bounds.shutdown_timeout``
+    warns when that is shorter). None: torchrun's own (30 s).
+    """
     env = dict(os.environ)
+    if group_timeout_s is not None:
+        env[SHUTDOWN_VARIABLE] = Bounds(group_timeout_s).shutdown_timeout(env)
     # One thread a rank (torchrun would set it and warn); quiet c10d's C++ logging.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_CPP_LOG_LEVEL", "error")

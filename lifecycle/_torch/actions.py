@@ -22,6 +22,7 @@ from torch.distributed import (  # type: ignore[attr-defined]  # re-exported at 
     Store,
 )
 
+from lifecycle._core.bounds import Bounds
 from lifecycle._core.errors import ConfigError, LifecycleError, ResourceMismatch
 from lifecycle._core.frames import clear_frames_of
 from lifecycle._core.ownership import Owner, Resource
@@ -134,12 +135,10 @@ class TorchActions(MegatronActions):
     def release_timeout_s(self) -> float:
         """The longest one teardown step may run before it is left running: twice the group timeout.
 
-        A safety net (``BoundsReleases``; ``Session(release_timeout_s=...)`` overrides it): what
-        torch and a checkpoint finalize wait for is bounded by the group timeout already,
-        so this catches only what has no bound of its own (a user release on a hung mount,
-        a C++ call that never returns).
+        A safety net (``BoundsReleases``; ``Session(release_timeout_s=...)`` overrides it),
+        above a healthy checkpoint finalize (``Bounds.release_timeout_s`` says why).
         """
-        return 2.0 * self.distributed.timeout_s
+        return Bounds(self.distributed.timeout_s).release_timeout_s
 
     @property
     def attempt(self) -> int | None:
@@ -220,7 +219,7 @@ class TorchActions(MegatronActions):
             self._store = self._kept_store
             return Owner.CALLER
         rendezvous = validate(self.distributed, self.parallel)
-        self._store = open_store(rendezvous, timedelta(seconds=self.distributed.timeout_s))
+        self._store = open_store(rendezvous, timedelta(seconds=Bounds(self.distributed.timeout_s).store_timeout_s))
         self._opened_store = True
         self._hosts_store = rendezvous.rank == 0 and not rendezvous.use_agent_store
         return Owner.SESSION

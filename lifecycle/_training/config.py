@@ -13,7 +13,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
 
+from lifecycle._core.bounds import Bounds
 from lifecycle._core.errors import ConfigError, check_number
+from lifecycle._liveness.deadlines import LOOP_PHASES
 from lifecycle._torch.config import DistributedConfig, ParallelConfig
 from lifecycle.journal.evidence import Kind
 
@@ -380,8 +382,11 @@ class LivenessConfig:
     patience: float = 1.0
 
     def conviction_floor_s(self, group_timeout_s: float) -> float:
-        """The least a rank must stand still, evidence holding, before it is convicted: patience × timeout / 3."""
-        return self.patience * group_timeout_s / 3
+        """The least a rank must stand still, evidence holding, before it is convicted: patience × timeout / 3.
+
+        ``Bounds.conviction_floor_s``, where the other bounds that follow from the group timeout are derived.
+        """
+        return Bounds(group_timeout_s, self.patience).conviction_floor_s
 
     def __post_init__(self) -> None:
         """Accept the mode as a string; reject an unknown one and non-positive durations."""
@@ -409,7 +414,7 @@ class LivenessConfig:
         )
 
     def check_against(self, group_timeout_s: float) -> None:
-        """Refuse settings that provably let a victim's timeout come first; warn on an interval with no look between.
+        """Refuse settings that provably let a victim's timeout come first; warn on those that only may.
 
         The conviction floor and ``floor_s`` (no deadline is shorter) must stay below the
         group timeout (a rank stuck before a collective is convicted before its peers'
@@ -420,6 +425,10 @@ class LivenessConfig:
         judgement, but no healthy rank is killed that the group timeout would have spared
         (the floor is a third of it: a short group timeout, not the interval, bounds the
         healthy pauses such a run survives).
+        So is an explicit ``deadlines`` entry for a phase of the training step (``batch``,
+        ``step``, ``callback``) at or above the group timeout: a rank wedged there is
+        convicted only after its peers' collectives timed out, but an explicit deadline
+        is the caller's choice (the group timeout then decides), and it kills no one.
         """
         if self.mode is LivenessMode.OFF:
             return
@@ -446,6 +455,16 @@ class LivenessConfig:
                 RuntimeWarning,
                 stacklevel=4,  # check_against, __post_init__, the dataclass __init__: the caller's line
             )
+        for phase, seconds in self.deadlines:
+            if phase in LOOP_PHASES and seconds >= group_timeout_s:
+                warnings.warn(
+                    f"liveness.deadlines.{phase} {seconds:g} is not below the group timeout ({group_timeout_s:g} s): a "
+                    f"rank wedged in phase {phase} is convicted only after its peers' collectives timed out, so a "
+                    "victim's timeout is the first failure and the culprit is not named; use a deadline below the "
+                    "group timeout, or leave the phase to the calibrated deadline",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from megatron.core import parallel_state
 from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # re-exported at runtime
 
 from lifecycle import journal as _journal
+from lifecycle._core.bounds import Bounds
 from lifecycle._core.errors import MonitorLost, StoreHostLost
 from lifecycle._core.events import FailureEvent
 from lifecycle._core.plans import RestartMode
@@ -67,6 +68,7 @@ def start_liveness(
     lost = _store_loss_link(session, rank)  # before the monitor starts: it is told whether the rank has a handler
     folder = Path(config.journal_dir) if config.journal_dir is not None else Path(tempfile.gettempdir())
     journal_file = "" if config.journal_dir is None else str(_journal.journal_path(folder, journal.origin.rank))
+    bounds = Bounds(config.distributed.timeout_s, live.patience)
     settings = Settings(
         rank=rank,
         world_size=world_size,
@@ -84,8 +86,8 @@ def start_liveness(
         origin=dataclasses.asdict(journal.origin),
         store_host="torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "",
         lost_signal=int(LOST_SIGNAL) if lost is not None else 0,
-        conviction_floor_s=live.conviction_floor_s(config.distributed.timeout_s),
-        group_timeout_s=config.distributed.timeout_s,
+        conviction_floor_s=bounds.conviction_floor_s,
+        group_timeout_s=bounds.unresponsive_s,
     )
     try:
         monitor = start_monitor(settings)

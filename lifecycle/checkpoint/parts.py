@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lifecycle._core.bounds import Bounds
+
 TEXT_WORDS = 64
 """int64 words of error text each rank carries in the commit's collectives (512 bytes)."""
 ROW = 8 + TEXT_WORDS
@@ -80,9 +82,9 @@ def group_timeout_s(group: dist.ProcessGroup | None, device: torch.device) -> fl
 
 
 def write_bound(requested: float | None, group_timeout: float) -> float:
-    """``write_timeout_s`` as given (validated: above 0, below the group timeout), or half the group timeout."""
+    """``write_timeout_s`` as given (validated: above 0, below the group timeout), or ``Bounds.write_timeout_s``."""
     if requested is None:
-        return group_timeout / 2
+        return Bounds(group_timeout).write_timeout_s
     if isinstance(requested, bool) or not isinstance(requested, (int, float)) or not 0 < requested < group_timeout:
         raise ValueError(
             f"write_timeout_s must be a number above 0 and below the group timeout ({group_timeout:g} s), "

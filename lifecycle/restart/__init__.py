@@ -36,6 +36,7 @@ from nvidia_resiliency_ext.inprocess.health_check import HealthCheck
 from nvidia_resiliency_ext.inprocess.initialize import RetryController
 from torch.distributed import Store  # type: ignore[attr-defined]  # re-exported at runtime
 
+from lifecycle._core.bounds import Bounds
 from lifecycle._core.errors import ConfigError, ForeignResource, check_number
 from lifecycle._core.executor import raise_failures
 from lifecycle._core.exports import publish
@@ -532,7 +533,7 @@ def wrapped_pretrain(
         # One store for every iteration (as Megatron-Bridge keeps one): a failed
         # iteration's teardown never takes the peers' rendezvous server with it.
         rendezvous = validate(per_iteration.distributed, per_iteration.parallel)
-        kept = open_store(rendezvous, datetime.timedelta(seconds=distributed.timeout_s))
+        kept = open_store(rendezvous, datetime.timedelta(seconds=Bounds(distributed.timeout_s).store_timeout_s))
         try:
             with _restored_env(("LIFECYCLE_RUN_ID",)):
                 if config.journal_dir is not None:

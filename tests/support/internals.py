@@ -51,6 +51,7 @@ __all__ = [
     "RunJournal",
     "Shield",
     "acquiring",
+    "child_env",
     "describe",
     "diagrams",
     "executor",
@@ -98,6 +99,8 @@ RunJournal = journaling.RunJournal
 final_states = show.final_states
 show_main = show.show_main
 render_timeline = show.render_timeline
+child_env = launcher.child_env
+"""The environment a launcher gives torchrun and its ranks (``lifecycle._launch.launcher``)."""
 kill_group = launcher.kill_group
 kill_marked = launcher.kill_marked
 marked = launcher.marked

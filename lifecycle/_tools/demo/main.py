@@ -23,8 +23,9 @@ The launcher owns what it starts. torchrun runs in its own session (a terminal's
 Ctrl-C reaches the launcher alone) and gets SIGTERM if the launcher dies; every rank
 gets SIGKILL if torchrun dies (Linux: a parent-death signal). The first SIGINT,
 SIGTERM or SIGHUP becomes a SIGTERM for torchrun, which forwards it to the ranks:
-each takes the requested exit (stops after the same step, saves, closes). The
-launcher waits for that at most ``stop_grace_s``, then kills. A second signal kills
+each takes the requested exit (stops after the same step, saves, closes). torchrun
+gives them ``stop_grace_s`` for that, then kills them (its shutdown timeout, set from
+``--timeout``); the launcher kills torchrun if it is still there 10 s later. A second signal kills
 torchrun and the ranks at once; signals within ``SAME_REQUEST_S`` of the first are
 that first request (``timeout`` and ``srun`` forward a copy of the terminal's Ctrl-C).
 Either way, and on every other way out, the timeline of what the journals hold is
@@ -69,6 +70,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
+from lifecycle._core.bounds import Bounds
 from lifecycle._launch.launcher import (
     become_subreaper,
     child_env,
@@ -349,8 +351,11 @@ def _check_folder(flag: str, folder: Path) -> None:
 
 
 def stop_grace_s(timeout_s: float) -> float:
-    """How long the launcher waits for a requested stop: every rank's step, save and teardown, each within a timeout."""
-    return 2 * timeout_s + 30.0
+    """How long the ranks get for a requested stop before torchrun's SIGKILL (``Bounds.stop_grace_s``, said why).
+
+    The launcher itself kills torchrun only ``LAUNCHER_MARGIN_S`` later (``Bounds.launcher_grace_s``).
+    """
+    return Bounds(timeout_s).stop_grace_s
 
 
 class _Signals:
@@ -407,7 +412,7 @@ def _launch(plan: _Plan) -> int:
         max_restarts=max_restarts(args),
         rank_logs=rank_logs,
     )
-    env = child_env(args.master_addr)
+    env = child_env(args.master_addr, group_timeout_s=args.timeout)  # torchrun's own stop grace: the derived one
     env.setdefault("PYTHONUNBUFFERED", "1")  # the ranks' lines reach their files, and the terminal, as printed
     # Every rank labels its journal with this run id (see ``lifecycle.journal.run_id``);
     # it also marks every process the demo starts, so that none is left behind.
@@ -479,18 +484,18 @@ def _supervise(
                     flush=True,
                 )
                 process.send_signal(signal.SIGTERM)
-                stop_deadline = now + grace
+                stop_deadline = now + Bounds(timeout).launcher_grace_s
             else:
                 ending.killed = f"{name} again: killed torchrun and the ranks"
                 break
         elif now > stop_deadline:
-            ending.killed = f"still running {stop_grace_s(timeout):.0f} s after {ending.stop_signal}: killed"
+            ending.killed = f"still running {Bounds(timeout).launcher_grace_s:.0f} s after {ending.stop_signal}: killed"
             break
         elif now > wall_deadline and ending.stop_signal is None:
             ending.notes.append(f"still running after {WALL_LIMIT_S:.0f} s; stopping it")
             ending.stop_signal = "the wall-clock limit"
             process.send_signal(signal.SIGTERM)
-            stop_deadline = now + stop_grace_s(timeout)
+            stop_deadline = now + Bounds(timeout).launcher_grace_s
         elif (stuck := agent.check(now)) is not None:
             ending.killed = stuck
             break
