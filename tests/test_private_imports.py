@@ -46,6 +46,18 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
             "lifecycle._liveness.settings",
         }
     ),
+    "liveness/test_positions.py": frozenset(
+        {
+            "lifecycle._liveness.monitor",
+            "lifecycle._liveness.page",
+            "lifecycle._liveness.rank",
+            "lifecycle._liveness.settings",
+            "lifecycle._liveness.summary",
+        }
+    ),
+    "workers/positions_worker.py": frozenset(
+        {"lifecycle._liveness.collectives", "lifecycle._liveness.page", "lifecycle._liveness.rank"}
+    ),
     "liveness/test_monitor_load.py": frozenset(
         {"lifecycle._liveness.monitor", "lifecycle._liveness.rank", "lifecycle._liveness.settings"}
     ),

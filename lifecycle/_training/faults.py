@@ -9,6 +9,7 @@ import re
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 from lifecycle._training.config import FaultKind, InjectedFault, Phase
 
@@ -39,6 +40,21 @@ def fire(kind: FaultKind, phase: Phase, rank: int, step: int | None) -> None:
     elif kind is FaultKind.SPIN:
         _SPIN_PATTERN.match("a" * 60 + "b")
     raise InjectedFault(phase, rank, step)
+
+
+def in_forward(model: Any, fire_now: Callable[[], None]) -> Any:
+    """Have ``fire_now`` run inside ``model``'s next forward; the hook's handle (``remove()`` it after the forward).
+
+    Before the last tensor-parallel row layer (megatron-core's ``RowParallelLinear``, whose
+    forward all-reduces over the tensor-parallel group: its peers wait in that collective),
+    else at the start of the model's forward. A hang placed so is inside a layer's forward,
+    where no progress mark can show it.
+    """
+    target = model
+    for module in model.modules():
+        if type(module).__name__ == "RowParallelLinear":
+            target = module
+    return target.register_forward_pre_hook(lambda module, args: fire_now())
 
 
 def enospc_once(rank: int, step: int) -> Callable[[], None]:

@@ -38,7 +38,7 @@ from lifecycle._training.config import (
 )
 from lifecycle._training.copies import NodeCopies
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER
-from lifecycle._training.faults import enospc_once, fire
+from lifecycle._training.faults import enospc_once, fire, in_forward
 from lifecycle._training.journaling import RunJournal
 from lifecycle._training.liveness import in_force, start_liveness
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
@@ -527,9 +527,14 @@ class _Run:
                 self.session.progress(Phase.BATCH, step)
                 self.inject(Phase.BATCH, step)
             batch = to_device(self.batch_provider("train", index), self.device)
+            hook = None
             if micro == 0:
                 self.session.progress(Phase.STEP, step)
+                if self.due(Phase.STEP, step) is FaultKind.HANG:  # inside the forward, not between collectives
+                    hook = in_forward(self.model, lambda: fire(FaultKind.HANG, Phase.STEP, self.rank, step))
             loss = self.forward(batch, self.model)
+            if hook is not None:
+                hook.remove()
             if micro == 0 and self.due(Phase.STEP, step) is FaultKind.NAN:
                 logger.warning("rank %d: injecting a nan fault at step %d", self.rank, step)
                 loss = loss * float("nan")

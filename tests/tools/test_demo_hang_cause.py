@@ -33,11 +33,14 @@ def _when(record: Record) -> float:
     return 0.0
 
 
-def _hung_in_the_step(tmp_path: Path, nproc: int, hung: int) -> None:
-    """Run the demo at its defaults with rank ``hung`` of ``nproc`` hung in its step; check the verdict and the
-    bound: every rank ended within the conviction deadline + 2 intervals + 2 s of the hung rank's last record."""
+def _hung_in_the_step(
+    tmp_path: Path, nproc: int, hung: int, tp: int = 1, group: str = "data-parallel", peers: set[int] | None = None
+) -> None:
+    """Run the demo at its defaults with rank ``hung`` of ``nproc`` (tensor-parallel ``tp``) hung in its forward;
+    check the verdict (``group`` named, with ``peers``: by default every other rank) and the bound: every rank
+    ended within the conviction deadline + 2 intervals + 2 s of the hung rank's last record."""
     args = [
-        *("--nproc", str(nproc), "--steps", "200", "--fail-at", "step", "--fault", "hang"),
+        *("--nproc", str(nproc), "--tp", str(tp), "--steps", "200", "--fail-at", "step", "--fault", "hang"),
         *("--fail-rank", str(hung), "--eval-interval", "0", "--journal-dir", str(tmp_path)),
     ]
     done = run_demo(*args, timeout=280, cwd=tmp_path)
@@ -47,9 +50,9 @@ def _hung_in_the_step(tmp_path: Path, nproc: int, hung: int) -> None:
     verdicts = [r for r in records if isinstance(r, Verdict)]
     assert verdicts and {v.culprit for v in verdicts} == {hung}, (verdicts, out)
     facts = verdicts[0].evidence
-    assert facts.kind == "stuck_outside" and facts.group == "the data-parallel group", (facts, out)
-    assert re.fullmatch(r"all_reduce #\d+", facts.collective) and hung not in facts.peers, (facts, out)
-    assert set(facts.peers) == set(range(nproc)) - {hung} or len(facts.peers) == 8, (facts, out)
+    assert facts.kind == "stuck_outside" and facts.group == f"the {group} group", (facts, out)
+    assert re.fullmatch(r"all_reduce #\d+", facts.collective), (facts, out)
+    assert set(facts.peers) == (peers if peers is not None else set(range(nproc)) - {hung}), (facts, out)
     fault_at = max(_when(r) for r in records if r.origin.rank == hung and not isinstance(r, Verdict))
     ends = {r.origin.rank: r.end for r in records if isinstance(r, RunEnd) and r.end is not None}
     for v in verdicts:
@@ -64,6 +67,7 @@ def _hung_in_the_step(tmp_path: Path, nproc: int, hung: int) -> None:
 
 
 @pytest.mark.slow  # two ranks' start-up and the 10 s conviction floor: about 30 s a run
+@pytest.mark.sampled("hang_cause_2")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("hung", [1, 0], ids=["fail-rank-1", "fail-rank-0"])
 def test_a_rank_hung_in_the_step_is_named_stuck_before_the_all_reduce_its_peer_waits_in(
@@ -104,3 +108,11 @@ def test_without_liveness_the_hang_in_the_step_names_no_victim_the_cause(tmp_pat
     assert "the cause is unknown" in page and "the cause," not in page and "(the cause)" not in page
     notes = [r.note for r in read([tmp_path]) if isinstance(r, Failure)]
     assert not any(f"rank {victim} failed first" in note for note in notes), notes
+
+
+@pytest.mark.slow  # four ranks' start-up on two cores: about 60 s
+@pytest.mark.timeout(300)
+def test_a_hang_inside_a_tensor_parallel_layer_names_the_tensor_parallel_pair(tmp_path: Path) -> None:
+    """TP2 x DP2, rank 3 hung before its last row-parallel layer's all_reduce: named with the tensor-parallel group
+    and rank 2, its pair waiting there; not with the data-parallel group, whose peer waits too."""
+    _hung_in_the_step(tmp_path, 4, 3, tp=2, group="tensor-parallel", peers={2})

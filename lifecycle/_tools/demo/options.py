@@ -191,7 +191,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--fault",
         "what the injected failure does: raise an exception (default), crash (SIGKILL itself), "
-        "stop (SIGSTOP itself), hang (sleep in the phase), spin (C code holding the GIL); "
+        "stop (SIGSTOP itself), hang (sleep in the phase; at step, inside the model's forward), "
+        "spin (C code holding the GIL); "
         "save-error (the rank's write of one save fails with ENOSPC), nan (the rank's loss of one step is NaN)",
         "fault.kind",
         type=str,
