@@ -8,8 +8,9 @@ Two ranks, gloo, one torch thread. Rank 0 measures, rank 1 answers the collectiv
    counter and the page writes), in alternating blocks: the difference per call is the
    wrappers' own cost.
 2. **A real all_reduce.** ``dist.all_reduce`` of a one-element tensor with the wrappers
-   installed and uninstalled, in alternating blocks (``BLOCKS`` of ``CALLS`` each): the
-   ratio, against the noise floor (two unwrapped blocks against each other).
+   installed and uninstalled, in alternating blocks (``BLOCKS`` of ``CALLS`` each, the
+   order turning each round): the ratio, against the noise floor (two unwrapped blocks
+   against each other).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import median, paired_ratio, spawn, table  # noqa: E402
 
 CALLS = 500
-BLOCKS = 12
+BLOCKS = 20
 
 
 def _rank(rank: int, world: int, port: int, queue: Any) -> None:
@@ -63,9 +64,12 @@ def _rank(rank: int, world: int, port: int, queue: Any) -> None:
         result["alone"] = alone
     dist.barrier()
     tensor = torch.ones(1)
-    on, off, off2 = [], [], []
-    for _ in range(BLOCKS):
-        for side in (off, on, off2):
+    on: list[float] = []
+    off: list[float] = []
+    off2: list[float] = []
+    for block in range(BLOCKS):
+        order = (off, on, off2) if block % 2 == 0 else (off2, on, off)  # on is never always first or last
+        for side in order:
             if side is on:
                 positions.install()
             dist.barrier()

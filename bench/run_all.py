@@ -23,6 +23,7 @@ import bench_liveness  # noqa: E402
 import bench_memory_copy  # noqa: E402
 import bench_overhead  # noqa: E402
 import bench_plugin  # noqa: E402
+import bench_positions  # noqa: E402
 import bench_recovery  # noqa: E402
 import bench_release  # noqa: E402
 import bench_retry  # noqa: E402
@@ -56,6 +57,7 @@ def main() -> None:
         bench_checkpoint,
         bench_saves,
         bench_memory_copy,
+        bench_positions,
     )
     for bench in (*benches, bench_liveness, bench_recovery):
         print(f"running {bench.__name__} ...", flush=True)

@@ -81,11 +81,12 @@ class Positions:
         """Write into ``marks``; ``label(pg)`` names a group in words (default: ``group <name>``)."""
         self.marks = marks
         self.label = label or (lambda pg: f"group {pg.group_name}")
-        self.groups: weakref.WeakKeyDictionary[Any, _Group | None] = weakref.WeakKeyDictionary()
+        self.groups: dict[int, tuple[weakref.ref[Any], _Group | None]] = {}
+        """Per group seen (by ``id``): a weak reference to it (``id`` may be reused once it is gone), its record."""
         self._local = threading.local()
         self._pending: dict[int, tuple[Any, _Group, int]] = {}
         self._patched: list[tuple[Any, str, Any]] = []
-        self._default: Any = None  # the default group, while installed
+        self._default: Callable[[], Any] = lambda: None  # the default group while installed (a weak reference)
 
     # -- installing ---------------------------------------------------------------------
 
@@ -97,9 +98,10 @@ class Positions:
         """
         if self._patched:
             return
-        self._default = dist.group.WORLD
-        if self._default is not None:
-            self.group(self._default)
+        world = dist.group.WORLD
+        if world is not None:
+            self._default = weakref.ref(world)
+            self.group(world)
         wrapped: dict[Any, Any] = {}
         for module_name in _MODULES:
             for name in _page.OPS[1:]:
@@ -132,7 +134,7 @@ class Positions:
             self.marks.on_mark = None
         self.groups.clear()
         self._pending.clear()
-        self._default = None
+        self._default = lambda: None
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
         self._patched.append((owner, name, getattr(owner, name)))
@@ -143,9 +145,9 @@ class Positions:
     def group(self, pg: Any) -> _Group | None:
         """The wrappers' record of ``pg``, registered in the page on first sight; None for a group of one rank
         (no peer to compare with), one this rank is not in, or once every slot is taken."""
-        found = self.groups.get(pg)
-        if found is not None or pg in self.groups:
-            return found
+        found = self.groups.get(id(pg))
+        if found is not None and found[0]() is pg:
+            return found[1]
         record: _Group | None = None
         try:
             if pg.size() > 1:
@@ -154,12 +156,12 @@ class Positions:
                 record = _Group(pg, slot, entered) if slot >= 0 else None
         except (RuntimeError, AttributeError):
             record = None
-        self.groups[pg] = record
+        self.groups[id(pg)] = (weakref.ref(pg), record)
         return record
 
     def check(self) -> None:
         """The cross-check at a progress mark: a group whose counter ran ahead of the wrappers is marked blind."""
-        for known in list(self.groups.values()):
+        for _, known in list(self.groups.values()):
             if known is not None and not known.code >> 8 & _page.BLIND:
                 now = known.number()
                 if now is not None and now > known.entered:
@@ -172,23 +174,9 @@ class Positions:
     def _write(self, record: _Group) -> None:
         self.marks.collective(record.slot, record.entered, record.left, record.fingerprint, record.code)
 
-    def _enter(self, code: int, pg: Any, tensor: Any) -> _Group | None:
-        record = self.group(pg if pg is not None else self._default)
-        if record is None:
-            return None
-        before = record.number()
-        if before is None:
-            return None
-        if before > record.entered and not record.code >> 8 & _page.BLIND:
-            record.code |= _page.BLIND << 8
-        record.entered = before + 1
-        record.code = code | (record.code & ~0xFF)
-        record.fingerprint = _fingerprint(tensor)
-        self._write(record)
-        return record
-
     def _issued(self, record: _Group) -> int:
-        """The group's counter once the call issued its work (an object collective issues several)."""
+        """The group's counter once an object collective issued its work (several operations); any other call issues
+        one, numbered as entered (a call that issued more is caught by the cross-check: blind)."""
         now = record.number()
         if now is not None and now > record.entered:
             record.entered = now
@@ -202,36 +190,51 @@ class Positions:
 
     def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         code = _CODES[name]
+        several = name.endswith(("_object", "_object_list"))  # issue more than one operation on the group
         parameters = list(inspect.signature(original).parameters)
         group_at = parameters.index("group") if "group" in parameters else -1
         async_at = parameters.index("async_op") if "async_op" in parameters else -1
         local = self._local
         coalescing = dist.distributed_c10d._world.pg_coalesce_state
+        groups, write, pending = self.groups, self.marks.collective, self._pending
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
+            # Inlined (no helper calls on the way in or out): it runs on every collective (bench_positions).
             if getattr(local, "depth", 0):
                 return original(*args, **kwargs)
             pg = kwargs.get("group", args[group_at] if 0 <= group_at < len(args) else None)
-            if (pg if pg is not None else self._default) in coalescing:
+            if pg is None:
+                pg = self._default()
+            if pg in coalescing:
                 return original(*args, **kwargs)  # queued, issued by the manager: the cross-check sees it
-            record = self._enter(code, pg, args[0] if args else None)
+            found = groups.get(id(pg))
+            record = found[1] if found is not None and found[0]() is pg else self.group(pg)
             if record is None:
                 return original(*args, **kwargs)
+            try:
+                before = pg._get_sequence_number_for_group()
+            except RuntimeError:  # a group torch no longer knows: no position
+                return original(*args, **kwargs)
+            if before > record.entered:  # work was issued past the wrappers: blind
+                record.code |= _page.BLIND << 8
+            record.entered = before + 1
+            record.code = code | (record.code & ~0xFF)
+            record.fingerprint = _fingerprint(args[0] if args else None)
+            write(record.slot, record.entered, record.left, record.fingerprint, record.code)
             local.depth = 1
             try:
                 result = original(*args, **kwargs)
             finally:
                 local.depth = 0
-            number = self._issued(record)
-            asynchronous = kwargs.get("async_op", args[async_at] if 0 <= async_at < len(args) else False)
-            if asynchronous and result is not None:
-                pending = self._pending
+            number = self._issued(record) if several else record.entered
+            if result is not None and kwargs.get("async_op", args[async_at] if 0 <= async_at < len(args) else False):
                 if len(pending) >= _PENDING_LIMIT:
                     pending.pop(next(iter(pending)))
                 pending[id(result)] = (result, record, number)
-            else:
-                self._left(record, number)
+            elif number > record.left:
+                record.left = number
+                write(record.slot, number, number, record.fingerprint, record.code)
             return result
 
         return collective
@@ -252,6 +255,10 @@ class Positions:
 
 def _fingerprint(tensor: Any) -> int:
     """``numel << 8 | dtype code`` of ``tensor`` (the first of a list); 0 for anything else."""
+    try:
+        return int(tensor.numel()) << 8 | _DTYPES.get(tensor.dtype, 0xFF)
+    except AttributeError:
+        pass
     if isinstance(tensor, (list, tuple)) and tensor:
         tensor = tensor[0]
     if not isinstance(tensor, torch.Tensor):

@@ -47,8 +47,9 @@ STOP_WAIT_S = 1.0
 """How long a stopped monitor has to exit, at interpreter exit, before it is killed (``reap``)."""
 
 _PHASE_BYTES = 48
-_SLOT_HEAD = "<QQQQQ"
+_SLOT_HEAD = struct.Struct("<QQQQQ")
 """The part of ``page.SLOT_FORMAT`` a collective rewrites: version, entered, left, fingerprint, code."""
+_VERSION = struct.Struct("<Q")
 
 logger = logging.getLogger("lifecycle.liveness")
 
@@ -80,7 +81,7 @@ class Marks:
         self.path = f"/proc/{os.getpid()}/fd/{fd}"
         self._count = 0
         self._lock = threading.Lock()
-        self._slots: list[list[int]] = []  # per collective slot: version, entered, left, fingerprint, code
+        self._versions: list[int] = []  # per collective slot, its version (even: written)
         self.attempt = 0
         self.on_mark: Callable[[], object] | None = None
         """Run after each ``mark`` (the collective positions' cross-check); must never raise."""
@@ -101,10 +102,10 @@ class Marks:
         """Take the next free collective slot for the group ``key`` (``label``: in words), at sequence number
         ``entered`` (nothing inside); its index, or -1 when every slot is taken or the page is closed."""
         with self._lock:
-            index = len(self._slots)
+            index = len(self._versions)
             if index >= _page.SLOTS:
                 return -1
-            self._slots.append([0, entered, entered, 0, 0])
+            self._versions.append(0)
             try:
                 at = _page.POSITIONS_AT + index * _page.SLOT_SIZE
                 struct.pack_into("<Q", self._page, at, 1)
@@ -112,7 +113,7 @@ class Marks:
                     _page.SLOT_FORMAT, self._page, at, 1, entered, entered, 0, 0, key.encode()[:24], label.encode()[:24]
                 )
                 struct.pack_into("<Q", self._page, at, 2)
-                self._slots[index][0] = 2
+                self._versions[index] = 2
             except ValueError:
                 return -1
             return index
@@ -122,16 +123,19 @@ class Marks:
         the last collective's ``fingerprint`` and ``code`` (with flags); never raises.
 
         One write with the version odd, one that makes it even: a reader that sees the
-        version change meanwhile reads again.
+        version change meanwhile reads again. No lock (a collective pays for every
+        nanosecond): each write is one C call under the GIL, and the last write of any
+        writer leaves the version even, so the page never stays odd; two threads writing
+        one group's slot at once (never seen: a group's collectives come from one thread)
+        could leave the reader a mix of their two positions.
         """
+        versions = self._versions
         try:
-            with self._lock:
-                fields = self._slots[slot]
-                version = fields[0]
-                fields[:] = version + 2, entered, left, fingerprint, code
-                at = _page.POSITIONS_AT + slot * _page.SLOT_SIZE
-                struct.pack_into(_SLOT_HEAD, self._page, at, version + 1, entered, left, fingerprint, code)
-                struct.pack_into("<Q", self._page, at, version + 2)
+            version = versions[slot]
+            versions[slot] = version + 2
+            at = _page.POSITIONS_AT + slot * _page.SLOT_SIZE
+            _SLOT_HEAD.pack_into(self._page, at, version + 1, entered, left, fingerprint, code)
+            _VERSION.pack_into(self._page, at, version + 2)
         except (ValueError, IndexError, struct.error):
             pass
 
