@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import median, paired_ratio, spawn, table  # noqa: E402
+from _harness import median, paired_ratio, spawn, table
 
 CALLS = 500
 BLOCKS = 20
