@@ -38,6 +38,7 @@ STATES = {
     Kind.SPINNING: ("R",),
     Kind.HANG: ("S", "D", "I"),
     Kind.STUCK_OUTSIDE: ("S", "D", "I"),
+    Kind.DESYNC: ("S", "D", "I"),
 }
 """The ``/proc`` state letters that keep each kind of suspicion standing."""
 

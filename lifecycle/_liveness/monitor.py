@@ -302,11 +302,11 @@ class Monitor:
         else:
             self.running_ticks = 0
             suspect = self.suspect
-            if suspect is not None and suspect.kind in (Kind.HANG, Kind.STUCK_OUTSIDE):
+            if suspect is not None and suspect.kind in (Kind.HANG, Kind.STUCK_OUTSIDE, Kind.DESYNC):
                 if suspect.collectives != self.signature():
                     return self.withdraw(position, "it entered or left a collective")
                 kind = suspect.kind  # held: the same evidence, not gathered again
-                outside = self.outside if kind is Kind.STUCK_OUTSIDE else None
+                outside = self.outside if kind is not Kind.HANG else None
                 why = outside.why(position.where(), time.time()) if outside is not None else suspect.why
             elif not self.seen:
                 kind, why = self.behind(position, age)
@@ -386,9 +386,9 @@ class Monitor:
         self.store.add(f"{self.s.prefix}/liveness/seen/1", 1)
 
     def behind(self, position: Position, age: float) -> tuple[Kind | None, str]:
-        """Why this rank is behind every other: ``(HANG, why)`` by its count of marks, ``(STUCK_OUTSIDE, why)`` by
-        its collective positions (``summary.stuck_outside``; ``about`` then holds the evidence's group, collective
-        and peers); ``(None, "")`` when it is not (or not known yet).
+        """Why this rank is behind every other: ``(HANG, why)`` by its count of marks, ``(STUCK_OUTSIDE or DESYNC,
+        why)`` by its collective positions (``summary.in_the_step``; ``about`` then holds the evidence's group,
+        collective and peers); ``(None, "")`` when it is not (or not known yet).
 
         All positions are read by one rank, never by all: per count of marks and round of
         ``gather_round_s`` (by the age of the position), the rank whose ``add`` on
@@ -427,16 +427,15 @@ class Monitor:
         outside = found.outside.get(self.s.rank)
         if outside is None:
             return None, ""
-        mine = {c.key: c for c in read_collectives(self.page)}.get(outside.key)
-        if mine is None or mine.entered >= outside.number or any(c.inside for c in read_collectives(self.page)):
-            return None, ""  # it entered since the beats were read: not outside any more
+        if not outside.stands(read_collectives(self.page)):
+            return None, ""  # it entered or left a collective since the beats were read
         self.outside = outside
         self.about = {
             "group": group_words(outside.label),
             "collective": f"{outside.op} #{outside.number}",
             "peers": tuple(outside.peers),
         }
-        return Kind.STUCK_OUTSIDE, outside.why(position.where(), time.time())
+        return Kind(outside.kind), outside.why(position.where(), time.time())
 
     def gather(self, position: Position) -> bytes:
         """Every rank's beat, read in one request, summed up against ``position``'s count (``summarize``)."""
@@ -459,7 +458,7 @@ class Monitor:
         the signal the rank may still move: a window of one ``/proc`` read.
         """
         self.judged = True
-        about = self.about if kind is Kind.STUCK_OUTSIDE else {}
+        about = self.about if kind in (Kind.STUCK_OUTSIDE, Kind.DESYNC) else {}
         facts = Evidence(
             kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor", **about
         )

@@ -72,8 +72,10 @@ def collectives(fields: Sequence[object]) -> list[Seen]:
 
 
 class Outside(NamedTuple):
-    """Why a rank is stuck outside a collective: the group (``key``, ``label`` in words), the collective it did not
-    enter (``op`` #``number``), the ranks waiting in it (``peers``, the first ``PEERS_NAMED``), since when (wall)."""
+    """Why a rank is named inside the step: stuck outside a collective (``kind`` ``stuck_outside``) or in one its
+    peers never entered (``desync``). The group (``key``, ``label`` in words), the collective (``op`` #``number``:
+    the one it did not enter, or the one it waits in), the ranks on the other side (``peers``, the first
+    ``PEERS_NAMED``), since when (wall), and for a desync what they wait in (``theirs``)."""
 
     key: str
     label: str
@@ -81,13 +83,48 @@ class Outside(NamedTuple):
     number: int
     peers: list[int]
     since: float
+    kind: str = "stuck_outside"
+    theirs: str = ""
+
+    def stands(self, now: Sequence[Collective]) -> bool:
+        """Whether the rank's collective positions ``now`` (fresh from its page) still show this: stuck outside, in
+        no collective, #``number`` not entered; in a desync, still inside #``number``."""
+        mine = next((c for c in now if c.key == self.key), None)
+        if mine is None:
+            return False
+        if self.kind == "desync":
+            return mine.inside and mine.entered == self.number
+        return mine.entered < self.number and not any(c.inside for c in now)
 
     def why(self, where: str, now: float) -> str:
         """The words of the evidence, for a rank at ``where`` (``Position.where``), at ``now`` (wall clock)."""
+        peers, waited = ", ".join(map(str, self.peers)), max(0.0, now - self.since)
+        if self.kind == "desync":
+            return (
+                f"it waits in {where} in {self.op} #{self.number} of {group_words(self.label)} (for {waited:.1f} s), "
+                f"which rank(s) {peers} never entered: they wait in {self.theirs}"
+            )
         return (
             f"it is stuck in {where} before {self.op} #{self.number} of {group_words(self.label)}, which rank(s) "
-            f"{', '.join(map(str, self.peers))} entered {max(0.0, now - self.since):.1f} s ago and wait in"
+            f"{peers} entered {waited:.1f} s ago and wait in"
         )
+
+
+SIZED = frozenset(
+    {
+        "all_reduce",
+        "reduce",
+        "broadcast",
+        "all_gather",
+        "all_gather_into_tensor",
+        "_all_gather_base",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "_reduce_scatter_base",
+    }
+)
+"""The collectives whose tensor must have the same size and dtype on every rank (the fingerprint is compared);
+an uneven all_to_all, a gather's or scatter's root and the object collectives legitimately differ."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,19 +195,16 @@ def summarize(beats: Sequence[bytes | None], me: int, count: int, attempt: int) 
             above += 1
             if len(ahead) < AHEAD_NAMED:
                 ahead.append(rank)
-    return Summary(below, missing, above, ahead, stuck_outside(beats, count, attempt))
+    return Summary(below, missing, above, ahead, in_the_step(beats, count, attempt))
 
 
-def stuck_outside(beats: Sequence[bytes | None], count: int, attempt: int) -> dict[int, Outside]:
-    """The ranks at ``count`` (of ``attempt``) stuck outside a collective their peers in a group wait in.
+def in_the_step(beats: Sequence[bytes | None], count: int, attempt: int) -> dict[int, Outside]:
+    """The ranks at ``count`` (of ``attempt``) named inside the step, by their collective positions.
 
     Only when every rank beat in ``attempt``, none is done and none is below ``count``
-    (else the count of marks names who is behind, or a failure is out: no evidence).
-    A rank is stuck outside group G's collective #k when it is inside no collective of
-    any group, none of its groups is blind (a caller bypassed the wrappers: it might be
-    waiting where they cannot see), and a peer of G is inside #k, which it has not entered.
-    The innermost such group is named: Megatron-core's by ``NESTING`` (tensor-parallel
-    before data-parallel, whatever their sizes), then the one with the fewest members.
+    (else the count of marks names who is behind, or a failure is out: no evidence), and
+    never a rank with a blind group (a caller bypassed the wrappers: it might be waiting
+    where they cannot see). ``desynced`` first, then ``outside``.
     """
     fields = [json.loads(beat) if beat is not None else None for beat in beats]
     if any(f is None or f[2] != attempt or done(f) or f[1] < count for f in fields):
@@ -183,20 +217,95 @@ def stuck_outside(beats: Sequence[bytes | None], count: int, attempt: int) -> di
     found: dict[int, Outside] = {}
     for rank, f in enumerate(fields):
         mine = seen[rank]
-        if f is None or f[1] != count or not mine or any(p.inside or p.blind for p in mine):
+        if f is None or f[1] != count or not mine or any(p.blind for p in mine):
             continue
-        for position in sorted(mine, key=lambda p: (_nesting(p.label), len(members[p.key]))):
-            waiting = [
-                (peer, p)
-                for peer, p in members[position.key]
-                if peer != rank and p.inside and not p.blind and p.entered > position.entered
-            ]
-            if waiting:
-                first = min((p for _, p in waiting), key=lambda p: p.entered)
-                since = min(p.since for _, p in waiting)
-                peers = sorted(peer for peer, _ in waiting)[:PEERS_NAMED]
-                found[rank] = Outside(position.key, position.label, first.op, first.entered, peers, since)
-                break
+        named = desynced(rank, mine, members) if any(p.inside for p in mine) else outside(rank, mine, members)
+        if named is not None:
+            found[rank] = named
         if len(found) >= OUTSIDE_NAMED:
             break
     return found
+
+
+def outside(rank: int, mine: list[Seen], members: dict[str, list[tuple[int, Seen]]]) -> Outside | None:
+    """``rank``, inside no collective, is stuck outside group G's collective #k when a peer of G is inside #k, which
+    it has not entered. The innermost such group is named: Megatron-core's by ``NESTING`` (tensor-parallel before
+    data-parallel, whatever their sizes), then the one with the fewest members."""
+    for position in sorted(mine, key=lambda p: _outer(p, members)):
+        waiting = [
+            (peer, p)
+            for peer, p in members[position.key]
+            if peer != rank and p.inside and not p.blind and p.entered > position.entered
+        ]
+        if waiting:
+            first = min((p for _, p in waiting), key=lambda p: p.entered)
+            since = min(p.since for _, p in waiting)
+            peers = sorted(peer for peer, _ in waiting)[:PEERS_NAMED]
+            return Outside(position.key, position.label, first.op, first.entered, peers, since)
+    return None
+
+
+def desynced(rank: int, mine: list[Seen], members: dict[str, list[tuple[int, Seen]]]) -> Outside | None:
+    """``rank``, inside collective #k of group G, is named for a desync when
+
+    - a peer inside #k of G called another op (neither an object collective), or one in
+      ``SIZED`` on a tensor of another size or dtype: the minority is named (on a tie, the
+      side without the lowest rank);
+    - or a peer of G that never entered #k waits inside collective #m of another group H,
+      which this rank never entered: each waits for the other. The one waiting in the
+      outer group went past the inner one's collective and is named (``NESTING``, then
+      the bigger group; on a tie the higher rank).
+    """
+    for position in (p for p in mine if p.inside):
+        level = [(peer, p) for peer, p in members[position.key] if p.inside and p.entered == position.entered]
+        classes: dict[tuple[str, int], list[int]] = {}
+        for peer, p in level:
+            if "_object" in p.op:
+                classes = {}
+                break
+            classes.setdefault((p.op, p.fingerprint if p.op in SIZED else 0), []).append(peer)
+        if len(classes) > 1:
+            own = next(ranks for ranks in classes.values() if rank in ranks)
+            largest = max(len(ranks) for ranks in classes.values())
+            if len(own) < largest or (len(own) == largest and min(peer for peer, _ in level) not in own):
+                others = sorted(peer for peer, _ in level if peer not in own)[:PEERS_NAMED]
+                theirs = ", ".join(sorted({p.op for peer, p in level if peer not in own}))
+                number = f"{theirs} #{position.entered} of {group_words(position.label)}, with another op or size"
+                return Outside(
+                    position.key,
+                    position.label,
+                    position.op,
+                    position.entered,
+                    others,
+                    position.since,
+                    "desync",
+                    number,
+                )
+        cycle: list[tuple[int, Seen]] = []
+        for peer, p in members[position.key]:
+            if peer == rank or p.entered >= position.entered:
+                continue
+            for other in (q for q in _positions(members, peer) if q.inside and q.key != position.key):
+                me_there = next((q for r, q in members[other.key] if r == rank), None)
+                if me_there is None or me_there.entered >= other.entered:
+                    continue
+                if (_outer(position, members), rank) > (_outer(other, members), peer):
+                    cycle.append((peer, other))
+                    break
+        if cycle:
+            other = cycle[0][1]
+            where = f"{other.op} #{other.entered} of {group_words(other.label)}, which it never entered"
+            peers = sorted(peer for peer, _ in cycle)[:PEERS_NAMED]
+            return Outside(
+                position.key, position.label, position.op, position.entered, peers, position.since, "desync", where
+            )
+    return None
+
+
+def _positions(members: dict[str, list[tuple[int, Seen]]], rank: int) -> list[Seen]:
+    return [p for group in members.values() for r, p in group if r == rank]
+
+
+def _outer(position: Seen, members: dict[str, list[tuple[int, Seen]]]) -> tuple[int, int]:
+    """How far out ``position``'s group is: its ``NESTING`` place, then its number of members."""
+    return _nesting(position.label), len(members[position.key])

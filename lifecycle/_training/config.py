@@ -267,6 +267,9 @@ class FaultKind(StrEnum):
     """At phase ``checkpoint``: the rank's write of that one save fails with ``ENOSPC`` (training goes on)."""
     NAN = "nan"
     """At phase ``step``: the rank's loss of that one step becomes NaN (its gradients with it)."""
+    DESYNC = "desync"
+    """At phase ``step``: the rank skips that one step's gradient all_reduce (without data parallelism, the loop's
+    loss all_reduce) and goes on to its next collective, which its peers never pair with it: a desync."""
 
     @property
     def failure(self) -> Kind:
@@ -275,7 +278,11 @@ class FaultKind(StrEnum):
         return _FAILURES[self]
 
 
-DATA_FAULTS: dict[FaultKind, Phase] = {FaultKind.SAVE_ERROR: Phase.CHECKPOINT, FaultKind.NAN: Phase.STEP}
+DATA_FAULTS: dict[FaultKind, Phase] = {
+    FaultKind.SAVE_ERROR: Phase.CHECKPOINT,
+    FaultKind.NAN: Phase.STEP,
+    FaultKind.DESYNC: Phase.STEP,
+}
 """Faults that change what the rank computes or writes, once, instead of stopping it; each at its one phase."""
 
 
@@ -288,6 +295,7 @@ _FAILURES = {
     # When they fail the attempt (on_save_error="fail"; a NaN loss by default) they raise on every rank.
     FaultKind.SAVE_ERROR: Kind.SAVE_FAILED,
     FaultKind.NAN: Kind.NONFINITE_LOSS,
+    FaultKind.DESYNC: Kind.DESYNC,
 }
 
 
@@ -299,7 +307,7 @@ class FaultInjection:
     step >= ``step``; the other phases run once per ``pretrain`` call. ``kind``
     (``FaultKind``, default ``raise``) says what it does: raise ``InjectedFault``, or,
     silently, kill, stop, hang or spin the rank's process; the data faults
-    (``DATA_FAULTS``: a save's write failing with ``ENOSPC``, a NaN loss) fire once, at
+    (``DATA_FAULTS``: a save's write failing with ``ENOSPC``, a NaN loss, a skipped all_reduce) fire once, at
     their own phase only, and leave the rank running.
     """
 

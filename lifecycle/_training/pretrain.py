@@ -267,6 +267,7 @@ class _Run:
         self.copies = NodeCopies(c.memory_copy, c.memory_interval, c.memory_budget, c.memory_cap_mb, label)
         self.guard = NonfiniteGuard(config.training, self.journal)
         self.fault_fired = False  # a data fault (DATA_FAULTS) fires once per call
+        self.desynced = False  # a desync fault fired in this step: it skips one all_reduce
         self.model: torch.nn.Module | None = None
         self.device = torch.device("cpu")
         self.consumed = 0  # train micro-batches all data-parallel ranks consumed before the current step
@@ -469,7 +470,9 @@ class _Run:
                 dtype=torch.float64,
                 device=self.device,
             )
-            dist.all_reduce(flags)
+            if not (self.desynced and self.dp_size == 1):  # without data parallelism a desync skips this one
+                dist.all_reduce(flags)
+            self.desynced = False
             flags = flags.cpu()
             try:
                 bad = int(flags[3].item())
@@ -530,18 +533,23 @@ class _Run:
             hook = None
             if micro == 0:
                 self.session.progress(Phase.STEP, step)
-                if self.due(Phase.STEP, step) is FaultKind.HANG:  # inside the forward, not between collectives
+                fault = self.config.fault  # a hang goes inside the forward (due() would consume a data fault)
+                if fault is not None and fault.kind is FaultKind.HANG and self.due(Phase.STEP, step) is not None:
                     hook = in_forward(self.model, lambda: fire(FaultKind.HANG, Phase.STEP, self.rank, step))
             loss = self.forward(batch, self.model)
             if hook is not None:
                 hook.remove()
-            if micro == 0 and self.due(Phase.STEP, step) is FaultKind.NAN:
+            data_fault = self.due(Phase.STEP, step) if micro == 0 else None  # fires once: asked once
+            if data_fault is FaultKind.NAN:
                 logger.warning("rank %d: injecting a nan fault at step %d", self.rank, step)
                 loss = loss * float("nan")
+            elif data_fault is FaultKind.DESYNC:
+                logger.warning("rank %d: injecting a desync fault at step %d: it skips an all_reduce", self.rank, step)
+                self.desynced = True
             (loss / self.num_microbatches).backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             total += loss.item()
         self.inject(Phase.STEP, step)
-        if self.dp_size > 1:
+        if self.dp_size > 1 and not self.desynced:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
             flat_apply(grads, lambda f: dist.all_reduce(f, group=dp_group()))
             for p, grad in zip(self.params, grads, strict=True):

@@ -58,6 +58,8 @@ class Kind(Enum):
     """The rank ran without progress, holding the GIL (``R`` in ``/proc``)."""
     HANG = "hang"
     """The rank slept without progress, behind every peer (``S``/``D`` in ``/proc``)."""
+    DESYNC = "desync"
+    """The rank waited in a collective its peers never entered, while they waited in one it never entered."""
     STUCK_OUTSIDE = "stuck_outside"
     """The rank slept without progress before a collective its peers in a group entered and waited in."""
     UNRESPONSIVE = "unresponsive"
@@ -112,6 +114,7 @@ WORDS: dict[Kind, str] = {
     Kind.SPINNING: "was spinning",
     Kind.HANG: "hung",
     Kind.STUCK_OUTSIDE: "was stuck before a collective its peers entered",
+    Kind.DESYNC: "went past a collective its peers waited in (a desync)",
     Kind.UNRESPONSIVE: "went unresponsive",
     Kind.STORE_HOST_LOST: "lost the store's host",
     Kind.COLLECTIVE_TIMEOUT: "timed out waiting for a peer",
@@ -127,6 +130,7 @@ DETAILS: dict[Kind, str] = {
     Kind.STOPPED: "its process stopped in state {state}, no progress for {silent} s; {judged}",
     Kind.SPINNING: "running, no progress for {silent} s; {judged}",
     Kind.HANG: "alive, no progress for {silent} s while its peers went on; {judged}",
+    Kind.DESYNC: "alive, in {collective}, which its peers never entered, for {silent} s (a desync); {judged}",
     Kind.STUCK_OUTSIDE: (
         "alive, no progress for {silent} s, outside {collective}, which its peers entered and waited in; {judged}"
     ),
@@ -137,7 +141,9 @@ DETAILS: dict[Kind, str] = {
 CONSEQUENCES = frozenset({Kind.STOPPED_BY_LAUNCHER, Kind.COLLECTIVE_TIMEOUT, Kind.CONNECTION_LOST})
 """The kinds that follow another rank's failure: never the cause."""
 
-LIVENESS_KINDS = frozenset({Kind.DIED, Kind.STOPPED, Kind.SPINNING, Kind.HANG, Kind.STUCK_OUTSIDE, Kind.UNRESPONSIVE})
+LIVENESS_KINDS = frozenset(
+    {Kind.DIED, Kind.STOPPED, Kind.SPINNING, Kind.HANG, Kind.STUCK_OUTSIDE, Kind.DESYNC, Kind.UNRESPONSIVE}
+)
 """The kinds a liveness monitor's verdict names."""
 
 RAISED_KINDS = frozenset({Kind.RAISED, Kind.INTERRUPTED, Kind.NONFINITE_LOSS, Kind.SAVE_FAILED})

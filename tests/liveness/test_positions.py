@@ -32,7 +32,7 @@ DP, TP = ("1", "data-parallel"), ("2", "tensor-parallel")
 def test_a_rank_in_no_collective_while_its_peer_waits_in_one_it_has_not_entered_is_stuck_outside() -> None:
     """Rank 1 left all_reduce #40 and entered nothing; rank 0 waits in #41: rank 1 is named, never rank 0."""
     beats = [_beat(12, (*DP, 41, 40)), _beat(12, (*DP, 40, 40))]
-    found = summary.stuck_outside(beats, 12, 0)
+    found = summary.in_the_step(beats, 12, 0)
     assert list(found) == [1]
     assert found[1] == summary.Outside("1", "data-parallel", "all_reduce", 41, [0], 100.0)
     assert "before all_reduce #41 of the data-parallel group, which rank(s) 0 entered 5.0 s ago" in found[1].why(
@@ -57,17 +57,17 @@ def test_no_rank_is_stuck_outside_without_a_waiting_peer_ahead_of_it_and_everyon
 ) -> None:
     """Ranks waiting on each other, a peer not waiting, a rank done, below or missing, a rank inside another
     group's collective: nobody is stuck outside."""
-    assert summary.stuck_outside(beats, 12, 0) == {}
+    assert summary.in_the_step(beats, 12, 0) == {}
 
 
 def test_a_blind_group_never_convicts() -> None:
     """A group whose counter ran ahead of the wrappers (blind) on either side names nobody."""
     blind = json.loads(_beat(12, (*DP, 40, 40)))
     blind[6][0][6] = True
-    assert summary.stuck_outside([_beat(12, (*DP, 41, 40)), json.dumps(blind).encode()], 12, 0) == {}
+    assert summary.in_the_step([_beat(12, (*DP, 41, 40)), json.dumps(blind).encode()], 12, 0) == {}
     waiting = json.loads(_beat(12, (*DP, 41, 40)))
     waiting[6][0][6] = True
-    assert summary.stuck_outside([json.dumps(waiting).encode(), _beat(12, (*DP, 40, 40))], 12, 0) == {}
+    assert summary.in_the_step([json.dumps(waiting).encode(), _beat(12, (*DP, 40, 40))], 12, 0) == {}
 
 
 def test_the_innermost_group_is_named_tensor_parallel_before_data_parallel() -> None:
@@ -81,8 +81,64 @@ def test_the_innermost_group_is_named_tensor_parallel_before_data_parallel() -> 
         _beat(12, (*dp_a, 8, 8), (*tp_b, 21, 20)),
         _beat(12, (*dp_b, 8, 8), (*tp_b, 20, 20)),
     ]
-    found = summary.stuck_outside(beats, 12, 0)
+    found = summary.in_the_step(beats, 12, 0)
     assert list(found) == [3] and found[3].label == "tensor-parallel" and found[3].peers == [2]
+
+
+def _op(beat: bytes, group: int, op: str, fingerprint: int) -> bytes:
+    """``beat`` with its ``group``-th position's op and fingerprint replaced."""
+    fields = json.loads(beat)
+    fields[6][group][4:6] = [op, fingerprint]
+    return json.dumps(fields).encode()
+
+
+def test_a_rank_waiting_where_its_peer_never_entered_while_the_peer_waits_where_it_never_entered_is_a_desync() -> None:
+    """Rank 1 skipped all_reduce #41 of the data-parallel group and waits in #8 of the default group; rank 0 waits
+    in the data-parallel #41: each waits for the other. The one in the outer group (the default) is named."""
+    default = ("9", "default")
+    beats = [_beat(12, (*DP, 41, 40), (*default, 7, 7)), _beat(12, (*DP, 40, 40), (*default, 8, 7))]
+    found = summary.in_the_step(beats, 12, 0)
+    assert list(found) == [1] and found[1].kind == "desync" and found[1].label == "default", found
+    assert found[1].peers == [0] and "all_reduce #41 of the data-parallel group" in found[1].theirs
+    assert "which rank(s) 0 never entered" in found[1].why("step 30, phase step", 105.0)
+
+
+def test_a_desync_names_every_peer_on_the_other_side() -> None:
+    """Four ranks: rank 3 waits in the default group's #8, ranks 0-2 in the data-parallel #41 it skipped: rank 3 is
+    named with all three, none of them is named."""
+    default = ("9", "default")
+    waiting = _beat(12, (*DP, 41, 40), (*default, 7, 7))
+    found = summary.in_the_step([waiting] * 3 + [_beat(12, (*DP, 40, 40), (*default, 8, 7))], 12, 0)
+    assert list(found) == [3] and found[3].peers == [0, 1, 2], found
+
+
+@pytest.mark.parametrize(
+    ("op", "fingerprint", "desync"),
+    [
+        ("broadcast", 256, True),  # another op at the same sequence number
+        ("all_reduce", 512, True),  # the same op on a tensor of another size: sizes must match
+        ("all_reduce", 256, False),  # the same op and size: level, waiting on each other
+        ("all_gather_object", 0, False),  # object collectives issue several ops: never compared
+    ],
+    ids=["other-op", "other-size", "same", "object"],
+)
+def test_ranks_inside_the_same_collective_number_with_another_op_or_size_are_a_desync(
+    op: str, fingerprint: int, desync: bool
+) -> None:
+    """Three ranks inside all_reduce #41 of one group, the last with ``op``/``fingerprint``: the odd one is named
+    when its op or size differs (never for an object collective), nobody when they agree."""
+    beats = [_beat(12, (*DP, 41, 40)), _beat(12, (*DP, 41, 40)), _op(_beat(12, (*DP, 41, 40)), 0, op, fingerprint)]
+    found = summary.in_the_step(beats, 12, 0)
+    assert list(found) == ([2] if desync else []), found
+    if desync:
+        assert found[2].kind == "desync" and found[2].peers == [0, 1], found
+
+
+def test_an_uneven_all_to_all_is_no_desync() -> None:
+    """all_to_all_single with different sizes on two ranks (uneven splits are legitimate): nobody is named."""
+    beats = [_op(_beat(12, (*DP, 41, 40)), 0, "all_to_all_single", 256), _op(_beat(12, (*DP, 41, 40)), 0,
+             "all_to_all_single", 999)]  # fmt: skip
+    assert summary.in_the_step(beats, 12, 0) == {}
 
 
 def test_the_summary_carries_who_is_outside_through_the_store() -> None:

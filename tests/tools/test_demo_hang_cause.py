@@ -34,13 +34,20 @@ def _when(record: Record) -> float:
 
 
 def _hung_in_the_step(
-    tmp_path: Path, nproc: int, hung: int, tp: int = 1, group: str = "data-parallel", peers: set[int] | None = None
+    tmp_path: Path,
+    nproc: int,
+    hung: int,
+    tp: int = 1,
+    group: str = "data-parallel",
+    peers: set[int] | None = None,
+    fault: str = "hang",
 ) -> None:
-    """Run the demo at its defaults with rank ``hung`` of ``nproc`` (tensor-parallel ``tp``) hung in its forward;
-    check the verdict (``group`` named, with ``peers``: by default every other rank) and the bound: every rank
-    ended within the conviction deadline + 2 intervals + 2 s of the hung rank's last record."""
+    """Run the demo at its defaults with rank ``hung`` of ``nproc`` (tensor-parallel ``tp``) hung in its forward
+    (or, ``fault`` ``desync``, skipping its gradient all_reduce); check the verdict (``group`` named, with
+    ``peers``: by default every other rank) and the bound: every rank ended within the conviction deadline + 2
+    intervals + 2 s of the faulty rank's last record."""
     args = [
-        *("--nproc", str(nproc), "--tp", str(tp), "--steps", "200", "--fail-at", "step", "--fault", "hang"),
+        *("--nproc", str(nproc), "--tp", str(tp), "--steps", "200", "--fail-at", "step", "--fault", fault),
         *("--fail-rank", str(hung), "--eval-interval", "0", "--journal-dir", str(tmp_path)),
     ]
     done = run_demo(*args, timeout=280, cwd=tmp_path)
@@ -50,7 +57,8 @@ def _hung_in_the_step(
     verdicts = [r for r in records if isinstance(r, Verdict)]
     assert verdicts and {v.culprit for v in verdicts} == {hung}, (verdicts, out)
     facts = verdicts[0].evidence
-    assert facts.kind == "stuck_outside" and facts.group == f"the {group} group", (facts, out)
+    kind = "desync" if fault == "desync" else "stuck_outside"
+    assert facts.kind == kind and facts.group == f"the {group} group", (facts, out)
     assert re.fullmatch(r"all_reduce #\d+", facts.collective), (facts, out)
     assert set(facts.peers) == (peers if peers is not None else set(range(nproc)) - {hung}), (facts, out)
     fault_at = max(_when(r) for r in records if r.origin.rank == hung and not isinstance(r, Verdict))
@@ -61,7 +69,8 @@ def _hung_in_the_step(
     conviction = max(facts.deadline_s or 0.0, FLOOR_S)
     assert max(ends.values()) - fault_at <= conviction + 2 * INTERVAL_S + 2.0, (ends, fault_at, conviction, out)
     last = done.stdout.strip().splitlines()[-1]
-    assert f"rank {hung} was stuck before a collective its peers entered" in last and "the cause," in last, last
+    words = "went past a collective its peers waited in" if fault == "desync" else "was stuck before a collective"
+    assert f"rank {hung} {words}" in last and "the cause," in last, last
     notes = [r.note for r in records if isinstance(r, Failure)]
     assert not any(f"rank {peer} failed first" in note for note in notes for peer in facts.peers), notes
 
@@ -86,6 +95,16 @@ def test_four_ranks_name_the_one_hung_in_the_step_with_the_three_waiting(tmp_pat
     """Four ranks (data-parallel 4), the last or rank 0 hung in its step: named with the three waiting, within the
     same bound."""
     _hung_in_the_step(tmp_path, 4, hung)
+
+
+@pytest.mark.slow  # two or four ranks' start-up and the 10 s conviction floor: 30-60 s a run
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_rank_that_skips_its_gradient_all_reduce_is_named_for_a_desync(tmp_path: Path, nproc: int) -> None:
+    """The last rank skips one step's gradient all_reduce and waits in the loop's all_reduce of the default group,
+    which its peers never enter (they wait in the data-parallel one): named ``desync`` with the default group and
+    every peer, every rank failed within the conviction deadline + 2 intervals + 2 s."""
+    _hung_in_the_step(tmp_path, nproc, nproc - 1, group="default", fault="desync")
 
 
 @pytest.mark.slow  # the group timeout (10 s) and two ranks' start-up: about 40 s here

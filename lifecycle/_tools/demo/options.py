@@ -193,7 +193,8 @@ OPTIONS: tuple[Option, ...] = (
         "what the injected failure does: raise an exception (default), crash (SIGKILL itself), "
         "stop (SIGSTOP itself), hang (sleep in the phase; at step, inside the model's forward), "
         "spin (C code holding the GIL); "
-        "save-error (the rank's write of one save fails with ENOSPC), nan (the rank's loss of one step is NaN)",
+        "save-error (the rank's write of one save fails with ENOSPC), nan (the rank's loss of one step is NaN), "
+        "desync (the rank skips one step's gradient all_reduce: its peers wait in one it never enters)",
         "fault.kind",
         type=str,
         metavar="KIND",

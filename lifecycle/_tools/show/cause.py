@@ -141,7 +141,9 @@ def from_evidence(facts: Evidence, last_step: int | None, decided: Decided, *, k
     else:
         collective = ""
         if facts.collective:
-            waiting = f" (rank(s) {', '.join(map(str, facts.peers))} waiting)" if facts.peers else ""
+            waiting = ""
+            if facts.peers and kind is Kind.STUCK_OUTSIDE:
+                waiting = f" (rank(s) {', '.join(map(str, facts.peers))} waiting)"
             collective = f"{facts.collective} of {facts.group}{waiting}"
         detail = liveness_detail(kind, state=facts.process_state, silent=silent, killed=killed, collective=collective)
     return Cause(facts.rank, facts.kind, facts.phase, facts.step, last_step, detail, decided)
