@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from lifecycle._training.config import FaultKind, InjectedFault, Phase
@@ -42,19 +43,27 @@ def fire(kind: FaultKind, phase: Phase, rank: int, step: int | None) -> None:
     raise InjectedFault(phase, rank, step)
 
 
-def in_forward(model: Any, fire_now: Callable[[], None]) -> Any:
-    """Have ``fire_now`` run inside ``model``'s next forward; the hook's handle (``remove()`` it after the forward).
+@contextlib.contextmanager
+def hang_in_forward(model: Any, rank: int, step: int, due: bool) -> Iterator[None]:
+    """While open, a ``hang`` fault (``fire``) waits inside ``model``'s forward, if ``due`` (else nothing happens).
 
-    Before the last tensor-parallel row layer (megatron-core's ``RowParallelLinear``, whose
-    forward all-reduces over the tensor-parallel group: its peers wait in that collective),
-    else at the start of the model's forward. A hang placed so is inside a layer's forward,
-    where no progress mark can show it.
+    Before its last tensor-parallel row layer (megatron-core's ``RowParallelLinear``,
+    whose forward all-reduces over the tensor-parallel group: its peers wait in that
+    collective), else at the start of the model's forward. A hang placed so is inside a
+    layer's forward, where no progress mark can show it.
     """
+    if not due:
+        yield
+        return
     target = model
     for module in model.modules():
         if type(module).__name__ == "RowParallelLinear":
             target = module
-    return target.register_forward_pre_hook(lambda module, args: fire_now())
+    handle = target.register_forward_pre_hook(lambda module, args: fire(FaultKind.HANG, Phase.STEP, rank, step))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def enospc_once(rank: int, step: int) -> Callable[[], None]:

@@ -38,7 +38,7 @@ from lifecycle._training.config import (
 )
 from lifecycle._training.copies import NodeCopies
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER
-from lifecycle._training.faults import enospc_once, fire, in_forward
+from lifecycle._training.faults import enospc_once, fire, hang_in_forward
 from lifecycle._training.journaling import RunJournal
 from lifecycle._training.liveness import in_force, start_liveness
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
@@ -281,10 +281,11 @@ class _Run:
                         setattr(module, name, None)
         self.model = None
 
-    def due(self, phase: Phase, step: int | None = None) -> FaultKind | None:
-        """The configured fault's kind if it is due here, on this rank; a few attribute reads otherwise."""
+    def due(self, phase: Phase, step: int | None = None, kind: FaultKind | None = None) -> FaultKind | None:
+        """The configured fault's kind if it is due here, on this rank (and of ``kind``, if given: another kind is
+        not due, and a data fault of another kind is not used up); a few attribute reads otherwise."""
         fault = self.config.fault
-        if fault is None or fault.phase is not phase or fault.rank != self.rank:
+        if fault is None or fault.phase is not phase or fault.rank != self.rank or kind not in (None, fault.kind):
             return None
         if phase in STEPPED_PHASES and (step is None or step < fault.step):
             return None
@@ -530,20 +531,15 @@ class _Run:
                 self.session.progress(Phase.BATCH, step)
                 self.inject(Phase.BATCH, step)
             batch = to_device(self.batch_provider("train", index), self.device)
-            hook = None
             if micro == 0:
                 self.session.progress(Phase.STEP, step)
-                fault = self.config.fault  # a hang goes inside the forward (due() would consume a data fault)
-                if fault is not None and fault.kind is FaultKind.HANG and self.due(Phase.STEP, step) is not None:
-                    hook = in_forward(self.model, lambda: fire(FaultKind.HANG, Phase.STEP, self.rank, step))
-            loss = self.forward(batch, self.model)
-            if hook is not None:
-                hook.remove()
-            data_fault = self.due(Phase.STEP, step) if micro == 0 else None  # fires once: asked once
-            if data_fault is FaultKind.NAN:
+            hang = micro == 0 and self.due(Phase.STEP, step, FaultKind.HANG) is not None
+            with hang_in_forward(self.model, self.rank, step, hang):
+                loss = self.forward(batch, self.model)
+            if micro == 0 and self.due(Phase.STEP, step, FaultKind.NAN):
                 logger.warning("rank %d: injecting a nan fault at step %d", self.rank, step)
                 loss = loss * float("nan")
-            elif data_fault is FaultKind.DESYNC:
+            if micro == 0 and self.due(Phase.STEP, step, FaultKind.DESYNC):
                 logger.warning("rank %d: injecting a desync fault at step %d: it skips an all_reduce", self.rank, step)
                 self.desynced = True
             (loss / self.num_microbatches).backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
