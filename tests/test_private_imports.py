@@ -46,6 +46,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
             "lifecycle._liveness.settings",
         }
     ),
+    "tools/test_show_collectives.py": frozenset({"lifecycle._tools.show.collectives"}),
     "liveness/test_positions.py": frozenset(
         {
             "lifecycle._liveness.monitor",

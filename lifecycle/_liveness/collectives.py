@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from lifecycle._liveness import page as _page
 from lifecycle._liveness.rank import Marks
+from lifecycle.journal import GroupPosition
 
 _MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
 _ALIASES = {
@@ -59,11 +60,12 @@ _CODES = {name: code for code, name in enumerate(_page.OPS) if name}
 class _Group:
     """What the wrappers know of one process group: its slot, its counter's last value seen, whether blind."""
 
-    __slots__ = ("code", "entered", "fingerprint", "left", "ref", "slot")
+    __slots__ = ("code", "entered", "fingerprint", "label", "left", "ref", "slot")
 
-    def __init__(self, pg: Any, slot: int, entered: int) -> None:
+    def __init__(self, pg: Any, slot: int, entered: int, label: str) -> None:
         self.ref = weakref.ref(pg)  # never keeps the group alive: gloo closes its sockets when it is freed
         self.slot, self.entered, self.left, self.fingerprint, self.code = slot, entered, entered, 0, 0
+        self.label = label
 
     def number(self) -> int | None:
         """The group's sequence number now; None once the group is gone or destroyed."""
@@ -152,12 +154,21 @@ class Positions:
         try:
             if pg.size() > 1:
                 entered = pg._get_sequence_number_for_group()
-                slot = self.marks.slot(str(pg.group_name), self.label(pg), entered)
-                record = _Group(pg, slot, entered) if slot >= 0 else None
+                label = self.label(pg)
+                slot = self.marks.slot(str(pg.group_name), label, entered)
+                record = _Group(pg, slot, entered, label) if slot >= 0 else None
         except (RuntimeError, AttributeError):
             record = None
         self.groups[id(pg)] = (weakref.ref(pg), record)
         return record
+
+    def snapshot(self) -> tuple[GroupPosition, ...]:
+        """Each group's position now: what the rank's ``collectives`` record keeps."""
+        return tuple(
+            GroupPosition(label=known.label, entered=known.entered, left=known.left, op=_page.OPS[known.code & 0xFF])
+            for _, known in self.groups.values()
+            if known is not None
+        )
 
     def check(self) -> None:
         """The cross-check at a progress mark: a group whose counter ran ahead of the wrappers is marked blind."""

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -103,7 +104,18 @@ def start_liveness(
     def failing(event: object) -> None:
         if isinstance(event, FailureEvent):
             monitor.marks.done()
+            groups, at = positions.snapshot(), monitor.marks.position()
             positions.uninstall()
+            if groups and journal.enabled:  # where it stood in each group's collectives, for show
+                journal.write(
+                    _journal.Collectives(
+                        origin=journal.origin,
+                        time=time.time(),
+                        groups=groups,
+                        step=at.step if at is not None else None,
+                        phase=at.phase if at is not None else "",
+                    )
+                )
 
     session.add_observer(failing)
     if lost is not None:

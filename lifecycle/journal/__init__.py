@@ -23,6 +23,8 @@ with ``strict=False`` skips damaged lines and files, saying what it skipped
 - ``Resumed`` (``resume``): where the call resumed training from (the copy in node memory, or a checkpoint).
 - ``Suspicion`` (``suspicion``) and ``Withdrawal`` (``withdrawal``): a monitor's suspicion of a rank, and its
   withdrawal when the rank made progress again: never a failure.
+- ``Collectives`` (``collectives``): where a failing rank stood in each process group's collectives
+  (``GroupPosition``: entered, left, the op), written on its failure edge.
 
 A failure's facts are typed once, in ``lifecycle.journal.evidence`` (its ``Kind``, their
 words, ``Evidence``, the rule that tells a consequence): the ``evidence`` and ``first``
@@ -53,9 +55,11 @@ from lifecycle.journal._older import V1_RUN_ID
 from lifecycle.journal._records import (
     KINDS,
     VERSION,
+    Collectives,
     Eval,
     FailedSave,
     Failure,
+    GroupPosition,
     JobDecision,
     Left,
     MonitorLost,
@@ -77,9 +81,11 @@ __all__ = [
     "KINDS",
     "V1_RUN_ID",
     "VERSION",
+    "Collectives",
     "Eval",
     "FailedSave",
     "Failure",
+    "GroupPosition",
     "JobDecision",
     "JournalWriter",
     "Left",

@@ -396,6 +396,32 @@ class Withdrawal(_Record):
     phase: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupPosition:
+    """Where a rank stood in one process group's collectives: its ``label`` (``data-parallel``, ``default``,
+    ``group 3 (ranks 0, 1)``), the sequence numbers of the last collective it ``entered`` and of the last it saw
+    finish (``left``: inside one while ``entered > left``), and that collective's ``op`` (docs/collectives.md)."""
+
+    label: str
+    entered: int
+    left: int
+    op: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collectives(_Record):
+    """Where this rank stood in each process group's collectives (``groups``) when it failed, at ``time``, at
+    ``step``/``phase``: written by the rank on its failure edge (with liveness on). ``show`` lists them per attempt
+    and group. Version 4."""
+
+    kind: ClassVar[str] = "collectives"
+    origin: Origin
+    time: float
+    groups: tuple[GroupPosition, ...]
+    step: int | None = None
+    phase: str = ""
+
+
 Record: TypeAlias = (
     RunStart
     | Transition
@@ -413,11 +439,12 @@ Record: TypeAlias = (
     | Resumed
     | Suspicion
     | Withdrawal
+    | Collectives
 )
 """Any journal record."""
 
 _CLASSES = (RunStart, Transition, TeardownStep, Left, TrainStep, Eval, RunEnd, Failure, Verdict, MonitorLost)
-_V4 = (Suspicion, Withdrawal, FailedSave, StepSkipped, JobDecision, Resumed)
+_V4 = (Suspicion, Withdrawal, FailedSave, StepSkipped, JobDecision, Resumed, Collectives)
 KINDS: dict[str, type[Record]] = {c.kind: c for c in (*_CLASSES, *_V4)}
 """Each record class by its JSON ``kind``."""
 

@@ -20,8 +20,10 @@ from support.journals import v1_failed_call
 from lifecycle.journal import (
     KINDS,
     VERSION,
+    Collectives,
     FailedSave,
     Failure,
+    GroupPosition,
     JobDecision,
     Left,
     MonitorLost,
@@ -179,6 +181,7 @@ def test_every_record_kind_is_compiled_and_its_fields_have_json_types() -> None:
         "step_skipped",
         "decision",
         "resume",
+        "collectives",
     }
     for cls in KINDS.values():
         names = [f.name for f in compile_fields(cls, skip=frozenset({"origin"})).fields]
@@ -253,14 +256,19 @@ def test_the_fast_reading_of_a_usual_line_gives_what_the_checked_reading_gives()
     suspicion = Suspicion(origin=ORIGIN, culprit=1, evidence=Evidence("hang", 1, 3, "batch", "S", 4.0, 2.0), time=4.0)
     withdrawal = Withdrawal(origin=ORIGIN, culprit=1, time=4.5, step=4, phase="batch")
     resumed = Resumed(origin=ORIGIN, step=4, source="memory", checkpoint_step=None, time=4.2)
-    records = [*synthetic_run, left, verdict, lost, suspicion, withdrawal, failed_save, skipped, decided, resumed]
+    stood = Collectives(
+        origin=ORIGIN, time=4.3, groups=(GroupPosition(label="default", entered=3, left=2, op="barrier"),)
+    )
+    records = [
+        *synthetic_run, left, verdict, lost, suspicion, withdrawal, failed_save, skipped, decided, resumed, stood
+    ]  # fmt: skip
     assert {r.kind for r in records} == set(KINDS) - {"eval"}
     shared: dict[object, object] = {}
     fast = []
     for record in records:
         data = record.to_json()
         fast.append(usual(data, shared))
-        if isinstance(record, Suspicion | JobDecision):  # a nested field, a JSON object: read the checked way
+        if isinstance(record, Suspicion | JobDecision | Collectives):  # nested fields: read the checked way
             assert fast.pop() is None and build(data) == record
             continue
         assert fast[-1] == build(data) == record and type(fast[-1]) is type(record)

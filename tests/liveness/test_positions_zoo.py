@@ -13,7 +13,8 @@ from support.launch import run_workers
 @pytest.mark.slow  # four ranks on two cores, 1,000 steps: about 2 minutes
 @pytest.mark.timeout(600)
 def test_a_thousand_healthy_steps_with_slow_ranks_inside_the_step_have_no_verdict_and_no_kill(tmp_path: Path) -> None:
-    """Every rank finishes its 1,000 steps; no journal holds a verdict (suspicions may come and be withdrawn)."""
+    """Every rank finishes its 1,000 steps; no journal holds a verdict; the slow rank inside the step was suspected
+    stuck outside a collective (the positions were on) and every suspicion was withdrawn."""
     results = run_workers("positions_zoo_worker", str(tmp_path), world_size=4, timeout_s=560)
     assert not any(result.timed_out for result in results), [str(r) for r in results]
     for result in results:
@@ -21,10 +22,14 @@ def test_a_thousand_healthy_steps_with_slow_ranks_inside_the_step_have_no_verdic
         report = json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1])
         assert report["error"] is None and report["final_step"] == 1000, report
     kinds: dict[str, int] = {}
+    suspected: set[str] = set()
     for path in tmp_path.glob("rank*.jsonl"):
         for line in path.read_text().splitlines():
-            kind = json.loads(line)["kind"]
-            kinds[kind] = kinds.get(kind, 0) + 1
+            record = json.loads(line)
+            kinds[record["kind"]] = kinds.get(record["kind"], 0) + 1
+            if record["kind"] == "suspicion":
+                suspected.add(record["evidence"]["kind"])
     assert "verdict" not in kinds, kinds
+    assert "stuck_outside" in suspected, (suspected, kinds)
     assert kinds.get("suspicion", 0) == kinds.get("withdrawal", 0), kinds
     print(f"positions zoo: {kinds.get('suspicion', 0)} suspicion(s), all withdrawn")

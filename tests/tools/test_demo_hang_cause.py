@@ -73,6 +73,10 @@ def _hung_in_the_step(
     assert f"rank {hung} {words}" in last and "the cause," in last, last
     notes = [r.note for r in records if isinstance(r, Failure)]
     assert not any(f"rank {peer} failed first" in note for note in notes for peer in facts.peers), notes
+    said = "in" if fault == "desync" else "before"
+    stood = f"rank {hung}: {said} {facts.collective} ({kind}: its verdict)"
+    lines = done.stdout.splitlines()
+    assert any(line.startswith(f"  collectives in the {group} group: ") and stood in line for line in lines), out
 
 
 @pytest.mark.slow  # two ranks' start-up and the 10 s conviction floor: about 30 s a run

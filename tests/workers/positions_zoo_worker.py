@@ -5,8 +5,9 @@ and ``MASTER_PORT`` set. ``pretrain`` at the demo's liveness defaults (kill mode
 interval, a 30 s group timeout: a 10 s conviction floor), tensor-parallel 2, data-parallel
 2. Each forward first sleeps a seeded jitter (0-20 ms), then runs an uneven
 ``all_to_all_single`` over the data-parallel group (split sizes differ by rank and step:
-legitimate, never a desync); every 50th forward one seeded rank sleeps 1-4 s there, outside
-the collectives its peers wait in (slow, not stuck). Prints one JSON line: this rank, its
+legitimate, never a desync); every 100th forward one seeded rank sleeps 2.5-6 s there (the
+100th: 6 s), outside the collectives its peers wait in: slow, not stuck (past the 2 s suspicion
+deadline, short of the 10 s conviction floor). Prints one JSON line: this rank, its
 error, how it ended.
 """
 
@@ -41,7 +42,7 @@ from lifecycle import (  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 STEPS = 1000
-SLOW_EVERY = 50
+SLOW_EVERY = 100
 JITTER = random.Random(1000 + RANK)
 SLOW = random.Random(40)  # the same on every rank: which rank is slow, and for how long
 CALLS = [0]
@@ -50,7 +51,7 @@ CALLS = [0]
 def forward_step(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> torch.Tensor:
     """Jitter, an uneven all_to_all over the data-parallel group, now and then a slow rank; then the default loss."""
     call = CALLS[0] = CALLS[0] + 1
-    slow_rank, slow_s = SLOW.randrange(4), SLOW.uniform(1.0, 4.0)
+    slow_rank, slow_s = SLOW.randrange(4), 6.0 if call == 100 else SLOW.uniform(2.5, 6.0)
     if call % SLOW_EVERY == 0 and slow_rank == RANK:
         time.sleep(slow_s)
     time.sleep(JITTER.uniform(0.0, 0.02))

@@ -58,6 +58,7 @@ from lifecycle._tools.show.calls import events as _events
 from lifecycle._tools.show.calls import named as _named
 from lifecycle._tools.show.calls import summary as _summary
 from lifecycle._tools.show.cause import ranks_text
+from lifecycle._tools.show.collectives import collective_lines
 from lifecycle._training.decide import Decision
 from lifecycle._training.retry import decision_key, recorded_decisions
 from lifecycle.journal import (
@@ -111,7 +112,8 @@ def render_timeline(
     then the ``ranks`` asked for (whose records the model holds: every rank's from
     ``build``, those asked of ``scan``). A failed attempt's decision, its ``decision`` record (or, for a journal
     without one, ``decisions``: ``retry.recorded_decisions``), is one line after its verdict
-    (``  decision after attempt 1: stop (reproducible): ...``).
+    (``  decision after attempt 1: stop (reproducible): ...``); then, where ranks recorded them, one line per process
+    group: where each rank stood in its collectives (``collectives.collective_lines``).
     """
     lines: list[str] = []
     asked = sorted(set(ranks))
@@ -127,6 +129,7 @@ def render_timeline(
             if not said and decisions and key in decisions and attempt.key.iteration == 0:
                 said = [decisions[key].line()]  # a journal written before its decision record: the folder's
             lines += [f"  decision after attempt {attempt.number}: {line}" for line in said]
+            lines += collective_lines(attempt.ranks)
             if len(attempt.overview.journaled) <= _model.TIMELINE_RANKS:
                 lines += _rank_lines(attempt.ranks, run.t0)
             else:
@@ -244,14 +247,15 @@ def _page_timeline(drawn: _model.Drawn) -> list[str]:
     ranks the chart draws (the cause's, one of each group), and where to read every rank's."""
     journaled = drawn.overview.journaled
     rows, _ = _model.chart_rows(journaled, drawn.verdict)
+    stood = collective_lines(drawn.ranks)
     if len(journaled) <= _gantt.MAX_ROWS:
-        return _rank_lines(drawn.ranks, drawn.t0)
+        return [*stood, *_rank_lines(drawn.ranks, drawn.t0)]
     kept = {row.rank: drawn.ranks[row.rank] for row in rows}
     where = "every rank's: python -m lifecycle show"
     if len(journaled) > _model.TIMELINE_RANKS:  # show groups them too
         where = "any rank's: python -m lifecycle show --ranks R"
     head = f"({len(journaled)} ranks: the {len(kept)} the chart draws; {where})"
-    return [head, *_rank_lines(kept, drawn.t0)]
+    return [head, *stood, *_rank_lines(kept, drawn.t0)]
 
 
 def write_page(model: _model.Model, path: Path) -> Path:
