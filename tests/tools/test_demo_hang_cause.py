@@ -102,6 +102,7 @@ def test_four_ranks_name_the_one_hung_in_the_step_with_the_three_waiting(tmp_pat
 
 
 @pytest.mark.slow  # two or four ranks' start-up and the 10 s conviction floor: 30-60 s a run
+@pytest.mark.sampled("desync")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_a_rank_that_skips_its_gradient_all_reduce_is_named_for_a_desync(tmp_path: Path, nproc: int) -> None:
