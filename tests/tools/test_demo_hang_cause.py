@@ -44,7 +44,7 @@ def _hung_in_the_step(
 ) -> None:
     """Run the demo at its defaults with rank ``hung`` of ``nproc`` (tensor-parallel ``tp``) hung in its forward
     (or, ``fault`` ``desync``, skipping its gradient all_reduce); check the verdict (``group`` named, with
-    ``peers``: by default every other rank) and the bound: every rank ended within the conviction deadline + 2
+    ``peers``: by default every other rank) and the bound: every rank failed within the conviction deadline + 2
     intervals + 2 s of the faulty rank's last record."""
     args = [
         *("--nproc", str(nproc), "--tp", str(tp), "--steps", "200", "--fail-at", "step", "--fault", fault),
@@ -62,7 +62,12 @@ def _hung_in_the_step(
     assert re.fullmatch(r"all_reduce #\d+", facts.collective), (facts, out)
     assert set(facts.peers) == (peers if peers is not None else set(range(nproc)) - {hung}), (facts, out)
     fault_at = max(_when(r) for r in records if r.origin.rank == hung and not isinstance(r, Verdict))
-    ends = {r.origin.rank: r.end for r in records if isinstance(r, RunEnd) and r.end is not None}
+    # When each rank failed: its failure record (written before its teardown), else its end, else (killed by its
+    # monitor) the verdict on it.
+    ends = {r.origin.rank: r.time for r in records if isinstance(r, Failure)}
+    for r in records:
+        if isinstance(r, RunEnd) and r.end is not None:
+            ends.setdefault(r.origin.rank, r.end)
     for v in verdicts:
         ends.setdefault(v.culprit, v.time)
     assert sorted(ends) == list(range(nproc)), (ends, out)
