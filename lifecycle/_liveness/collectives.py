@@ -25,6 +25,7 @@ docs/collectives.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -159,7 +160,8 @@ class Positions:
                 record = _Group(pg, slot, entered, label) if slot >= 0 else None
         except (RuntimeError, AttributeError):
             record = None
-        self.groups[id(pg)] = (weakref.ref(pg), record)
+        with contextlib.suppress(TypeError):  # no weak reference to it: not kept (looked up again next time)
+            self.groups[id(pg)] = (weakref.ref(pg), record)
         return record
 
     def snapshot(self) -> tuple[GroupPosition, ...]:
@@ -207,17 +209,18 @@ class Positions:
         async_at = parameters.index("async_op") if "async_op" in parameters else -1
         local = self._local
         coalescing = dist.distributed_c10d._world.pg_coalesce_state
-        groups, write, pending = self.groups, self.marks.collective, self._pending
+        groups, write, pending, patched = self.groups, self.marks.collective, self._pending, self._patched
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             # Inlined (no helper calls on the way in or out): it runs on every collective (bench_positions).
-            if getattr(local, "depth", 0):
+            # Not installed any more (a module that bound this wrapper at import keeps it), or nested: as it was.
+            if not patched or getattr(local, "depth", 0):
                 return original(*args, **kwargs)
             pg = kwargs.get("group", args[group_at] if 0 <= group_at < len(args) else None)
             if pg is None:
                 pg = self._default()
-            if pg in coalescing:
+            if pg is None or pg in coalescing:
                 return original(*args, **kwargs)  # queued, issued by the manager: the cross-check sees it
             found = groups.get(id(pg))
             record = found[1] if found is not None and found[0]() is pg else self.group(pg)

@@ -55,7 +55,11 @@ def main() -> None:
     del group
     gc.collect()
     report["group_freed"] = ref() is None
+    bound = dist.all_reduce  # as a module that imported it while installed keeps it
     positions.uninstall()
+    before = seen(marks)
+    bound(tensor)
+    report["bound_after_uninstall"] = seen(marks) == before
     report["restored"] = originals == (
         dist.all_reduce,
         dist.distributed_c10d.all_gather,
