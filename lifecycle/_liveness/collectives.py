@@ -215,7 +215,7 @@ class Positions:
         def collective(*args: Any, **kwargs: Any) -> Any:
             # Inlined (no helper calls on the way in or out): it runs on every collective (bench_positions).
             # Not installed any more (a module that bound this wrapper at import keeps it), or nested: as it was.
-            if not patched or getattr(local, "depth", 0):
+            if not patched or getattr(local, "depth", False):
                 return original(*args, **kwargs)
             pg = kwargs.get("group", args[group_at] if 0 <= group_at < len(args) else None)
             if pg is None:
@@ -236,11 +236,11 @@ class Positions:
             record.code = code | (record.code & ~0xFF)
             record.fingerprint = _fingerprint(args[0] if args else None)
             write(record.slot, record.entered, record.left, record.fingerprint, record.code)
-            local.depth = 1
+            local.depth = True
             try:
                 result = original(*args, **kwargs)
             finally:
-                local.depth = 0
+                local.depth = False
             number = self._issued(record) if several else record.entered
             if result is not None and kwargs.get("async_op", args[async_at] if 0 <= async_at < len(args) else False):
                 if len(pending) >= _PENDING_LIMIT:
