@@ -28,9 +28,8 @@ Every ``interval_s`` it
   in a collective for a peer is ahead of it, or level with it, never named), no rank is
   done (a peer that failed first is no evidence), and no verdict is out yet (the ranks
   a culprit leaves waiting are its victims); one rank per count reads all positions
-  (``behind``), never all ranks; level with every rank, it is *stuck outside* when it is
-  in no collective while a peer of one of its groups waits in one it has not entered
-  (the collective positions the rank writes in the page: ``collectives``, ``summary``);
+  (``behind``), never all ranks; level, it may be *stuck outside* a collective or in a
+  *desync*, by the collective positions its rank writes in the page (``summary.in_the_step``);
 - watches the store itself: silent (every read failing or timing out) for longer than
   the phase's conviction deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
   ``kill`` mode, the rank is told (``check_store``).
@@ -105,6 +104,8 @@ NO_VERDICT = b"-"
 """What ``<prefix>/liveness/verdict/1`` holds until the attempt's first verdict is published."""
 STORE_MARGIN = 4
 """Intervals past the phase's conviction deadline before a silent store's host is reported (``check_store``)."""
+_log = judgement.log
+INSIDE = (Kind.STUCK_OUTSIDE, Kind.DESYNC)  # named by collective positions: the evidence names group and collective
 RESUME_WAIT = 2
 """Intervals a stopped rank's monitor retries its verdict through the store it hosts, once resumed."""
 
@@ -147,7 +148,7 @@ class Monitor:
         self.pidfd = judgement.open_pidfd(settings.pid)
         self.corroborated = False  # convicted stopped after a peer's failure (judgement.stopped_after_a_peer)
         self.entered_at: dict[str, tuple[int, float]] = {}  # per group: the entered number, first seen when (wall)
-        self.about: dict[str, Any] = {}  # the collective evidence of a stuck_outside suspicion (behind)
+        self.about: dict[str, Any] = {}  # the group, collective and peers of an INSIDE suspicion (behind)
         self.outside: Outside | None = None  # and what the summary said of it
 
     def run(self) -> int:
@@ -302,7 +303,7 @@ class Monitor:
         else:
             self.running_ticks = 0
             suspect = self.suspect
-            if suspect is not None and suspect.kind in (Kind.HANG, Kind.STUCK_OUTSIDE, Kind.DESYNC):
+            if suspect is not None and (suspect.kind is Kind.HANG or suspect.kind in INSIDE):
                 if suspect.collectives != self.signature():
                     return self.withdraw(position, "it entered or left a collective")
                 kind = suspect.kind  # held: the same evidence, not gathered again
@@ -323,15 +324,20 @@ class Monitor:
         if age > judgement.conviction_deadline(deadline, self.s.conviction_floor_s):
             self.convict(position, age, deadline, why)
 
+    def facts(self, kind: Kind, position: Position, state: str, age: float, deadline: float | None) -> Evidence:
+        """The evidence on this rank: with the group, collective and peers ``behind`` found for a kind ``INSIDE``."""
+        about = self.about if kind in INSIDE else {}
+        return Evidence(
+            kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor", **about
+        )
+
     def signature(self) -> tuple[tuple[int, int], ...]:
         """The rank's collective positions, as (entered, left) per group: a change is progress inside the step."""
         return tuple((c.entered, c.left) for c in read_collectives(self.page))
 
     def suspicious(self, kind: Kind, position: Position, age: float, deadline: float, state: str, why: str) -> None:
         """Suspect this rank: journal the suspicion (its evidence; its stacks unless stopped) and log it."""
-        facts = Evidence(
-            kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor", **self.about
-        )
+        facts = self.facts(kind, position, state, age, deadline)
         self.suspect = judgement.Suspect(kind, time.monotonic(), position.count, facts, self.signature(), why)
         stacks = ""
         if self.s.mode == "kill" and kind is not Kind.STOPPED:  # a stopped rank cannot dump without being resumed
@@ -458,10 +464,7 @@ class Monitor:
         the signal the rank may still move: a window of one ``/proc`` read.
         """
         self.judged = True
-        about = self.about if kind in (Kind.STUCK_OUTSIDE, Kind.DESYNC) else {}
-        facts = Evidence(
-            kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor", **about
-        )
+        facts = self.facts(kind, position, state, age, deadline)
         if kind is Kind.DIED:
             note = f"rank {self.s.rank} died at {position.where()} ({why}; it reported no failure of its own)"
         else:
@@ -550,9 +553,6 @@ class Monitor:
         after a peer's failure: resumed, it would act on the launcher's pending SIGTERM before the kill."""
         if not (kind == "stopped" and self.corroborated):
             judgement.dump(self.s.pid, self.pidfd, self.s.dump_signal, self.s.stacks, resume=kind == "stopped")
-
-
-_log = judgement.log
 
 
 def main(argv: list[str]) -> int:

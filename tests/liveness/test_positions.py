@@ -210,6 +210,9 @@ def test_a_sleeping_rank_outside_the_collective_its_peer_waits_in_is_convicted_u
         assert watcher.judged is not enters
         if enters:
             assert watcher.suspect is None and server.add("p/failures/count", 0) == 0
+            # A later suspicion of another kind carries none of the withdrawn one's collective evidence.
+            spinning = watcher.facts(monitor.Kind.SPINNING, position, "R", 3.0, 1.0)
+            assert (spinning.group, spinning.collective, spinning.peers) == ("", "", ())
         else:
             notice = json.loads(server.get("p/failures/1"))
             assert notice["kind"] == "stuck_outside", notice
