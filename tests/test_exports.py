@@ -65,6 +65,7 @@ EXPORTS: dict[str, list[str]] = {
     "lifecycle.journal": [
         *(cls.__name__ for cls in KINDS.values()),
         *("KINDS", "V1_RUN_ID", "VERSION", "JournalWriter", "Loaded", "Origin", "Problem", "Record", "Skipped"),
+        "GroupPosition",  # a field of the collectives record
         *("each_file", "journal_files", "journal_path", "load", "load_each", "parse", "read", "restart_count"),
         *("run_id", "stream"),
     ],
