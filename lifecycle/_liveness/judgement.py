@@ -39,6 +39,7 @@ STATES = {
     Kind.HANG: ("S", "D", "I"),
     Kind.STUCK_OUTSIDE: ("S", "D", "I"),
     Kind.DESYNC: ("S", "D", "I"),
+    Kind.COLLECTIVE_HANG: ("S", "D", "I"),
 }
 """The ``/proc`` state letters that keep each kind of suspicion standing."""
 

@@ -31,7 +31,7 @@ Every ``interval_s`` it
   (``behind``), never all ranks; level, it may be *stuck outside* a collective or in a
   *desync*, by the collective positions its rank writes in the page (``summary.in_the_step``);
 - watches the store itself: silent (every read failing or timing out) for longer than
-  the phase's conviction deadline plus ``STORE_MARGIN`` intervals, its host is named and, in
+  the phase's conviction deadline plus ``store_watch.STORE_MARGIN`` intervals, its host is named and, in
   ``kill`` mode, the rank is told (``check_store``).
 
 Past the deadline the rank is only suspected; the verdict waits for the conviction
@@ -59,7 +59,7 @@ import time
 from typing import Any
 
 if __package__:
-    from lifecycle._liveness import judgement, neighbour
+    from lifecycle._liveness import judgement, neighbour, store_watch
     from lifecycle._liveness.deadlines import LOOP_PHASES, Deadlines
     from lifecycle._liveness.page import (
         PAGE_SIZE,
@@ -79,6 +79,7 @@ else:  # run as a script (python -S -E -s monitor.py): its folder is on the path
     sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "journal"))
     import judgement  # type: ignore[import-not-found,no-redef]
     import neighbour  # type: ignore[import-not-found,no-redef]
+    import store_watch  # type: ignore[import-not-found,no-redef]
     from deadlines import LOOP_PHASES, Deadlines  # type: ignore[import-not-found,no-redef]
     from evidence import Evidence, Kind  # type: ignore[import-not-found,no-redef]
     from page import (  # type: ignore[import-not-found,no-redef]
@@ -102,10 +103,12 @@ JOURNAL_VERSION = 4
 PR_SET_PDEATHSIG = 1
 NO_VERDICT = b"-"
 """What ``<prefix>/liveness/verdict/1`` holds until the attempt's first verdict is published."""
-STORE_MARGIN = 4
-"""Intervals past the phase's conviction deadline before a silent store's host is reported (``check_store``)."""
 _log = judgement.log
-INSIDE = (Kind.STUCK_OUTSIDE, Kind.DESYNC)  # named by collective positions: the evidence names group and collective
+INSIDE = (
+    Kind.STUCK_OUTSIDE,
+    Kind.DESYNC,
+    Kind.COLLECTIVE_HANG,
+)  # named by collective positions: the evidence names group and collective
 RESUME_WAIT = 2
 """Intervals a stopped rank's monitor retries its verdict through the store it hosts, once resumed."""
 
@@ -207,8 +210,8 @@ class Monitor:
         self.beats += 1
         fields: list[object] = [self.beats, position.count, position.attempt, position.step, position.phase]
         positions = beat_positions(read_collectives(self.page), self.entered_at)
-        if done or positions:
-            fields += ["done" if done else "", positions]
+        if done or positions:  # and the rank's /proc state: asleep, stopped or running (summary.hung_inside)
+            fields += ["done" if done else "", positions, process_state(self.s.pid) or ""]
         text = json.dumps(fields)
         try:
             self.store.set(f"{self.s.prefix}/liveness/hb/{self.s.rank}", text.encode())
@@ -248,33 +251,8 @@ class Monitor:
         return True
 
     def check_store(self, position: Position, now: float) -> None:
-        """Once the store has not answered for the phase's conviction deadline plus ``STORE_MARGIN`` intervals, say so.
-
-        The verdict goes to the log and the page (kind ``store``, no rank); in ``kill``
-        mode the rank gets ``lost_signal`` (its handler raises ``StoreHostLost`` while it
-        trains). The margin leaves a stopped rank that hosts the store to its own monitor,
-        which names it, and whose kill resets the peers' connections first.
-        """
-        phase_s = judgement.conviction_deadline(self.deadlines.of(position.phase)[0], self.s.conviction_floor_s)
-        deadline = phase_s + STORE_MARGIN * self.s.interval_s
-        silent = now - self.answered
-        if silent <= deadline:
-            return
-        self.lost = True
-        host = f"{self.s.host}:{self.s.port}"
-        host = f"{self.s.store_host} ({host})" if self.s.store_host else host
-        note = (
-            f"the store's host, {host}, has not answered rank {self.s.rank}'s monitor for {silent:.1f} s "
-            f"at {position.where()} (deadline {deadline:.1f} s: the phase's conviction {phase_s:.1f} s and "
-            f"{STORE_MARGIN} intervals); no failure can be announced nor a restart agreed through it"
-        )
-        _log(f"lifecycle liveness: {note}")
-        if not self.seen:
-            write_verdict(self.page, json.dumps({"rank": None, "kind": "store", "host": host, "note": note}).encode())
-        # Only to a rank that has a handler (lost_signal 0: none), and not once it is done (its handler may be gone).
-        if self.s.mode == "kill" and self.s.lost_signal and not read_marks(self.page).done:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.s.pid, self.s.lost_signal)
+        """Say so once the store has been silent too long (``store_watch.check``)."""
+        store_watch.check(self, position, now)
 
     def classify(self, position: Position, now: float) -> None:
         """Suspect this rank past its phase's deadline with evidence against it; convict past the conviction deadline.
@@ -311,6 +289,8 @@ class Monitor:
                 why = outside.why(position.where(), time.time()) if outside is not None else suspect.why
             elif not self.seen:
                 kind, why = self.behind(position, age)
+                if kind is None and self.neighbour_suspected:
+                    kind, why = neighbour.cut_off(self)
             if kind is not None and self.verdict_out():
                 kind = None
         if self.suspect is not None and self.suspect.kind is not kind:

@@ -7,17 +7,20 @@ Standard library only (the monitor runs as a script and imports it from its own 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 if __package__:
     from lifecycle._liveness import judgement
-    from lifecycle._liveness.summary import done
+    from lifecycle._liveness.page import group_words, read_collectives
+    from lifecycle._liveness.summary import collectives, done
     from lifecycle._liveness.wire import StoreError
     from lifecycle.journal.evidence import Evidence, Kind
 else:  # loaded from the monitor's folder; the evidence module's folder is on the path (see monitor.py)
     import judgement  # type: ignore[import-not-found,no-redef]
     from evidence import Evidence, Kind  # type: ignore[import-not-found,no-redef]
-    from summary import done  # type: ignore[import-not-found,no-redef]
+    from page import group_words, read_collectives  # type: ignore[import-not-found,no-redef]
+    from summary import collectives, done  # type: ignore[import-not-found,no-redef]
     from wire import StoreError  # type: ignore[import-not-found,no-redef]
 
 
@@ -77,3 +80,27 @@ def watch(monitor: Any, beat: bytes, now: float) -> None:
     monitor.publish(facts, note, pid=0)
     monitor.record(facts, note)
     monitor.neighbour_changed = now + 3600.0
+
+
+def cut_off(monitor: Any) -> tuple[Kind | None, str]:
+    """``(COLLECTIVE_HANG, why)`` when ``monitor``'s rank waits inside a collective of a group its silent neighbour
+    is in (its monitor has not beaten for ``max(4 intervals, floor)``: a partition, a lost host), else
+    ``(None, "")``.
+
+    The neighbour cannot leave the collective with it, nor ever be judged here: the
+    rank is released (convicted and killed) at the conviction deadline, not the group
+    timeout. A neighbour whose monitor merely stalls is never in this position: the
+    rank would not wait for it inside a collective for the conviction deadline.
+    """
+    last = collectives(json.loads(monitor.neighbour_beat or b"[]"))
+    for mine in (c for c in read_collectives(monitor.page) if c.inside):
+        if any(seen.key == mine.key for seen in last):
+            group = group_words(mine.label)
+            collective = f"{mine.op} #{mine.entered}"
+            monitor.about = {"group": group, "collective": collective, "peers": (monitor.neighbour,)}
+            silent = time.monotonic() - monitor.neighbour_changed
+            return Kind.COLLECTIVE_HANG, (
+                f"it waits in {collective} of {group} with rank {monitor.neighbour}, whose monitor has been silent "
+                f"for {silent:.1f} s (cut off: a partition or a lost host): no rank can leave it"
+            )
+    return None, ""

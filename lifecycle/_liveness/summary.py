@@ -92,13 +92,18 @@ class Outside(NamedTuple):
         mine = next((c for c in now if c.key == self.key), None)
         if mine is None:
             return False
-        if self.kind == "desync":
+        if self.kind in ("desync", "collective_hang"):
             return mine.inside and mine.entered == self.number
         return mine.entered < self.number and not any(c.inside for c in now)
 
     def why(self, where: str, now: float) -> str:
         """The words of the evidence, for a rank at ``where`` (``Position.where``), at ``now`` (wall clock)."""
         peers, waited = ", ".join(map(str, self.peers)), max(0.0, now - self.since)
+        if self.kind == "collective_hang":
+            return (
+                f"it waits in {where} in {self.op} #{self.number} of {group_words(self.label)}, which every rank of "
+                f"the group entered {waited:.1f} s ago and none left (rank(s) {peers} too, all asleep in it)"
+            )
         if self.kind == "desync":
             return (
                 f"it waits in {where} in {self.op} #{self.number} of {group_words(self.label)} (for {waited:.1f} s), "
@@ -204,7 +209,8 @@ def in_the_step(beats: Sequence[bytes | None], count: int, attempt: int) -> dict
     Only when every rank beat in ``attempt``, none is done and none is below ``count``
     (else the count of marks names who is behind, or a failure is out: no evidence), and
     never a rank with a blind group (a caller bypassed the wrappers: it might be waiting
-    where they cannot see). ``desynced`` first, then ``outside``.
+    where they cannot see): ``desynced`` or ``hung_inside`` for a rank inside a collective,
+    ``outside`` for one in none.
     """
     fields = [json.loads(beat) if beat is not None else None for beat in beats]
     if any(f is None or f[2] != attempt or done(f) or f[1] < count for f in fields):
@@ -219,7 +225,10 @@ def in_the_step(beats: Sequence[bytes | None], count: int, attempt: int) -> dict
         mine = seen[rank]
         if f is None or f[1] != count or not mine or any(p.blind for p in mine):
             continue
-        named = desynced(rank, mine, members) if any(p.inside for p in mine) else outside(rank, mine, members)
+        if any(p.inside for p in mine):
+            named = desynced(rank, mine, members) or hung_inside(rank, mine, members, fields)
+        else:
+            named = outside(rank, mine, members)
         if named is not None:
             found[rank] = named
         if len(found) >= OUTSIDE_NAMED:
@@ -300,6 +309,32 @@ def desynced(rank: int, mine: list[Seen], members: dict[str, list[tuple[int, See
                 position.key, position.label, position.op, position.entered, peers, position.since, "desync", where
             )
     return None
+
+
+def hung_inside(
+    rank: int, mine: list[Seen], members: dict[str, list[tuple[int, Seen]]], fields: Sequence[Sequence[object] | None]
+) -> Outside | None:
+    """``rank`` is hung inside collective #k of group G when every rank of G (two or more) is inside #k, the same
+    op, and asleep in it (``/proc`` ``S`` or ``D``, as each beat says: a stopped or running one is its own monitor's
+    to name). Nobody can make progress there: a broken link, a partition, a wedged transport."""
+    for position in (p for p in mine if p.inside):
+        group = members[position.key]
+        if len(group) < 2:
+            continue
+        asleep = all(_state(fields[peer]) in ("S", "D") for peer, _ in group)
+        level = all(p.inside and p.entered == position.entered and p.op == position.op for _, p in group)
+        if asleep and level:
+            peers = sorted(peer for peer, _ in group if peer != rank)[:PEERS_NAMED]
+            since = min(p.since for _, p in group)
+            return Outside(
+                position.key, position.label, position.op, position.entered, peers, since, "collective_hang", ""
+            )
+    return None
+
+
+def _state(fields: Sequence[object] | None) -> str:
+    """The ``/proc`` state letter a beat carries ("" if none)."""
+    return str(fields[7]) if fields is not None and len(fields) > 7 else ""
 
 
 def _positions(members: dict[str, list[tuple[int, Seen]]], rank: int) -> list[Seen]:

@@ -58,6 +58,9 @@ class Kind(Enum):
     """The rank ran without progress, holding the GIL (``R`` in ``/proc``)."""
     HANG = "hang"
     """The rank slept without progress, behind every peer (``S``/``D`` in ``/proc``)."""
+    COLLECTIVE_HANG = "collective_hang"
+    """Every rank of a group entered one collective and none left it (a broken link, a partition, a wedged
+    transport), every one asleep in it: each rank is released."""
     DESYNC = "desync"
     """The rank waited in a collective its peers never entered, while they waited in one it never entered."""
     STUCK_OUTSIDE = "stuck_outside"
@@ -115,6 +118,7 @@ WORDS: dict[Kind, str] = {
     Kind.HANG: "hung",
     Kind.STUCK_OUTSIDE: "was stuck before a collective its peers entered",
     Kind.DESYNC: "went past a collective its peers waited in (a desync)",
+    Kind.COLLECTIVE_HANG: "hung inside a collective that no rank of its group left",
     Kind.UNRESPONSIVE: "went unresponsive",
     Kind.STORE_HOST_LOST: "lost the store's host",
     Kind.COLLECTIVE_TIMEOUT: "timed out waiting for a peer",
@@ -131,6 +135,7 @@ DETAILS: dict[Kind, str] = {
     Kind.SPINNING: "running, no progress for {silent} s; {judged}",
     Kind.HANG: "alive, no progress for {silent} s while its peers went on; {judged}",
     Kind.DESYNC: "alive, in {collective}, which its peers never entered, for {silent} s (a desync); {judged}",
+    Kind.COLLECTIVE_HANG: "alive, in {collective}, which every rank entered and none left, for {silent} s; {judged}",
     Kind.STUCK_OUTSIDE: (
         "alive, no progress for {silent} s, outside {collective}, which its peers entered and waited in; {judged}"
     ),
@@ -142,7 +147,16 @@ CONSEQUENCES = frozenset({Kind.STOPPED_BY_LAUNCHER, Kind.COLLECTIVE_TIMEOUT, Kin
 """The kinds that follow another rank's failure: never the cause."""
 
 LIVENESS_KINDS = frozenset(
-    {Kind.DIED, Kind.STOPPED, Kind.SPINNING, Kind.HANG, Kind.STUCK_OUTSIDE, Kind.DESYNC, Kind.UNRESPONSIVE}
+    {
+        Kind.DIED,
+        Kind.STOPPED,
+        Kind.SPINNING,
+        Kind.HANG,
+        Kind.STUCK_OUTSIDE,
+        Kind.DESYNC,
+        Kind.COLLECTIVE_HANG,
+        Kind.UNRESPONSIVE,
+    }
 )
 """The kinds a liveness monitor's verdict names."""
 

@@ -60,6 +60,28 @@ def test_no_rank_is_stuck_outside_without_a_waiting_peer_ahead_of_it_and_everyon
     assert summary.in_the_step(beats, 12, 0) == {}
 
 
+def _asleep(beat: bytes, state: str = "S") -> bytes:
+    """``beat`` with its rank's ``/proc`` state letter."""
+    return json.dumps([*json.loads(beat), state]).encode()
+
+
+@pytest.mark.parametrize(
+    ("states", "named"),
+    [(("S", "S", "D"), [0, 1, 2]), (("S", "T", "S"), []), (("S", "R", "S"), []), (("S", "", "S"), [])],
+    ids=["all-asleep", "one-stopped", "one-running", "one-unknown"],
+)
+def test_a_collective_every_rank_entered_and_none_left_hangs_them_all(
+    states: tuple[str, ...], named: list[int]
+) -> None:
+    """Three ranks inside all_reduce #41 of one group, all asleep in it: each is named ``collective_hang`` (each
+    monitor releases its own rank); one stopped or running (its own monitor names it), or of unknown state: none."""
+    beats = [_asleep(_beat(12, (*DP, 41, 40)), state) for state in states]
+    found = summary.in_the_step(beats, 12, 0)
+    assert sorted(found) == named, found
+    for rank in named:
+        assert found[rank].kind == "collective_hang" and found[rank].peers == [r for r in range(3) if r != rank]
+
+
 def test_a_blind_group_never_convicts() -> None:
     """A group whose counter ran ahead of the wrappers (blind) on either side names nobody."""
     blind = json.loads(_beat(12, (*DP, 40, 40)))
@@ -222,6 +244,46 @@ def test_a_sleeping_rank_outside_the_collective_its_peer_waits_in_is_convicted_u
                 [0],
             )
             assert "before all_reduce #41 of the data-parallel group, which rank(s) 0 entered" in notice["error"]
+        watcher.page.close()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        marks.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("silent", [True, False], ids=["neighbour-silent", "neighbour-beats"])
+def test_a_rank_waiting_in_a_collective_with_a_silent_neighbour_is_released_at_the_conviction_deadline(
+    silent: bool,
+) -> None:
+    """Asleep inside all_reduce #41 of a group its neighbour is in, the neighbour's monitor silent (a partition):
+    ``collective_hang``, convicted at the conviction deadline; with the neighbour's monitor beating, nothing."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    marks = Marks()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        marks.mark("step", 30)
+        slot = marks.slot("1", "data-parallel", 40)
+        marks.collective(slot, 41, 40, 0, 1)  # inside all_reduce #41
+        watcher = _watcher(server.port, marks, sleeper.pid)
+        position = monitor.read_marks(watcher.page)
+        watcher.observe(position, now=0.0)
+        watcher.neighbour = 0
+        watcher.neighbour_beat = json.dumps(
+            [5, position.count, 0, 30, "step", "", [["1", "data-parallel", 41, 40, "all_reduce", 0, False, 1.0]]]
+        ).encode()
+        watcher.neighbour_suspected = silent
+        deadline = time.monotonic() + 5.0
+        while monitor.process_state(sleeper.pid) != "S" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        watcher.classify(position, now=2.5)  # past the 2 s conviction floor
+        assert watcher.judged is silent
+        if silent:
+            notice = json.loads(server.get("p/failures/1"))
+            assert notice["kind"] == "collective_hang" and notice["evidence"]["peers"] == [0], notice
+            assert "whose monitor has been silent" in notice["error"], notice
         watcher.page.close()
     finally:
         sleeper.kill()
