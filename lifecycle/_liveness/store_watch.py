@@ -27,6 +27,10 @@ else:  # loaded from the monitor's folder (see monitor.py)
 
 STORE_MARGIN = 4
 """Intervals past the phase's conviction deadline before a silent store's host is reported (``check``)."""
+RELEASE_MARGIN = 2
+"""Intervals past it before a rank asleep inside a collective, its store silent, is released (``release``): sooner
+than the report, as a partition's other side is released at its conviction deadline; after its own store-hosting
+peer's monitor, if that peer is stopped, has convicted it (at the conviction deadline) and reset the connections."""
 
 
 def check(monitor: Any, position: Any, now: float) -> None:
@@ -38,18 +42,20 @@ def check(monitor: Any, position: Any, now: float) -> None:
     which names it, and whose kill resets the peers' connections first.
 
     A rank asleep inside a collective cannot run that handler (it waits in C++): in
-    ``kill`` mode its monitor then convicts it, ``collective_hang``, and kills it, which
-    releases it (the far side of a partition, where no verdict can be read), its verdict
-    kept in its journal.
+    ``kill`` mode its monitor convicts it, ``collective_hang``, and kills it already
+    ``RELEASE_MARGIN`` intervals past the conviction deadline (``release``): the far side
+    of a partition, where no verdict can be read; its verdict is kept in its journal.
     """
     phase_s = judgement.conviction_deadline(monitor.deadlines.of(position.phase)[0], monitor.s.conviction_floor_s)
     deadline = phase_s + STORE_MARGIN * monitor.s.interval_s
     silent = now - monitor.answered
-    if silent <= deadline:
-        return
-    monitor.lost = True
     host = f"{monitor.s.host}:{monitor.s.port}"
     host = f"{monitor.s.store_host} ({host})" if monitor.s.store_host else host
+    if silent > phase_s + RELEASE_MARGIN * monitor.s.interval_s:
+        release(monitor, position, now, phase_s, host)
+    if silent <= deadline or monitor.lost:
+        return
+    monitor.lost = True
     note = (
         f"the store's host, {host}, has not answered rank {monitor.s.rank}'s monitor for {silent:.1f} s "
         f"at {position.where()} (deadline {deadline:.1f} s: the phase's conviction {phase_s:.1f} s and "
@@ -62,7 +68,16 @@ def check(monitor: Any, position: Any, now: float) -> None:
     if monitor.s.mode == "kill" and monitor.s.lost_signal and not read_marks(monitor.page).done:
         with contextlib.suppress(ProcessLookupError):
             os.kill(monitor.s.pid, monitor.s.lost_signal)
+
+
+def release(monitor: Any, position: Any, now: float, phase_s: float, host: str) -> None:
+    """In ``kill`` mode, convict and kill ``monitor``'s rank if it waits asleep inside a collective, its marks still
+    past the conviction deadline ``phase_s`` (``collective_hang``): cut off from the store, it can neither read a
+    peer's verdict nor run its handler there (it waits in C++). A rank that trains on without the store is left to
+    ``lost_signal``."""
     if monitor.s.mode != "kill" or monitor.judged or read_marks(monitor.page).done:
+        return
+    if now - monitor.changed <= phase_s:  # it trains on without the store (its marks move): nothing to release
         return
     state = process_state(monitor.s.pid)
     inside = [c for c in read_collectives(monitor.page) if c.inside]
