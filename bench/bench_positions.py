@@ -11,6 +11,10 @@ Two ranks, gloo, one torch thread. Rank 0 measures, rank 1 answers the collectiv
    installed and uninstalled, in alternating blocks (``BLOCKS`` of ``CALLS`` each, the
    order turning each round): the ratio, against the noise floor (two unwrapped blocks
    against each other).
+3. **Next to torch's own check.** The same all_reduce loop in two more pairs of processes,
+   plain and with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (torch's collective fingerprint check:
+   an extra collective per collective), one after the other (the setting is read when the
+   group is created, so it cannot alternate within one group).
 """
 
 from __future__ import annotations
@@ -28,6 +32,27 @@ from _harness import median, paired_ratio, spawn, table
 
 CALLS = 500
 BLOCKS = 20
+
+
+def _plain(rank: int, world: int, port: int, queue: Any, detail: bool) -> None:
+    """One rank of table 3: the all_reduce loop alone, ``detail``: under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``."""
+    if detail:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    tensor, times = torch.ones(1), []
+    for _ in range(BLOCKS):
+        dist.barrier()
+        began = time.perf_counter()
+        for _ in range(CALLS):
+            dist.all_reduce(tensor)
+        times.append((time.perf_counter() - began) / CALLS)
+    dist.destroy_process_group()
+    queue.put((rank, times))
 
 
 def _rank(rank: int, world: int, port: int, queue: Any) -> None:
@@ -110,7 +135,19 @@ def main() -> str:
             ["off again (the noise floor)", f"{median(off2) * 1e6:.1f} µs", f"{paired_ratio(off2, off):.3f}"],
         ],
     )
-    return first + "\n" + second
+    plain = dict(spawn(_plain, 2, False, timeout_s=600))[0]
+    detail = dict(spawn(_plain, 2, True, timeout_s=600))[0]
+    third = table(
+        f"Positions next to TORCH_DISTRIBUTED_DEBUG=DETAIL (a one-element all_reduce, {BLOCKS} blocks of {CALLS})",
+        ["", "median per all_reduce", "cost per collective"],
+        [
+            ["plain (its own processes)", f"{median(plain) * 1e6:.1f} µs", ""],
+            ["TORCH_DISTRIBUTED_DEBUG=DETAIL", f"{median(detail) * 1e6:.1f} µs",
+             f"{(median(detail) - median(plain)) * 1e6:+.1f} µs"],
+            ["positions (table 1: the wrapper alone)", "", f"{extra_us:+.2f} µs"],
+        ],
+    )  # fmt: skip
+    return first + "\n" + second + "\n" + third
 
 
 if __name__ == "__main__":
