@@ -20,7 +20,8 @@ def _stood(rank: int, *groups: tuple[str, int, int, str]) -> Collectives:
 
 def test_the_waiting_ranks_and_the_culprits_verdict_make_one_line_per_group() -> None:
     """Ranks 0 and 2 wait in all_reduce #101 of the data-parallel group, rank 3 left #100; rank 1, killed, was stuck
-    before #101 (its verdict's evidence): one line for the group, ranks that stood alike together."""
+    before #101 (its verdict's evidence): one line for the group, ranks that stood alike together; none for the
+    default group, whose last collective every rank had left."""
     facts = Evidence(
         "stuck_outside", 1, 100, "step", "S", 10.0, 2.0, "monitor", "the data-parallel group", "all_reduce #101", (0, 2)
     )
@@ -38,10 +39,12 @@ def test_the_waiting_ranks_and_the_culprits_verdict_make_one_line_per_group() ->
     assert lines == [
         "  collectives in the data-parallel group: ranks 0, 2: in all_reduce #101; "
         "rank 1: before all_reduce #101 (stuck_outside: its verdict); rank 3: left all_reduce #100",
-        "  collectives in the default group: rank 0: left all_reduce #7",
-    ], lines
+    ], lines  # the default group, where nobody waited, says nothing
 
 
-def test_no_collectives_recorded_means_no_lines() -> None:
-    """An attempt without ``collectives`` records (liveness off, an older journal) adds nothing to the timeline."""
+def test_no_collectives_recorded_or_none_waited_in_means_no_lines() -> None:
+    """An attempt without ``collectives`` records (liveness off, an older journal) adds nothing to the timeline; nor
+    does one whose ranks had all left their groups' last collectives (a raise between collectives)."""
     assert collective_lines({0: [], 1: []}) == []
+    left = {0: [_stood(0, ("data-parallel", 30, 30, "all_reduce"))], 1: [_stood(1, ("default", 34, 34, "all_reduce"))]}
+    assert collective_lines(left) == []

@@ -19,7 +19,8 @@ MAX_GROUPS = 8
 
 
 def collective_lines(ranks: Mapping[int, Sequence[Record]]) -> list[str]:
-    """The attempt's collective positions, one line per group (none when no rank recorded any)."""
+    """The attempt's collective positions, one line per group where a rank waited inside a collective or was stuck
+    before one (none when no rank recorded any, or every rank had left its groups' last collectives)."""
     where: dict[str, dict[str, list[int]]] = {}  # group, in words → what a rank did there → its ranks
     for rank, records in ranks.items():
         for record in records:
@@ -36,6 +37,9 @@ def collective_lines(ranks: Mapping[int, Sequence[Record]]) -> list[str]:
                     said = "in" if Kind.named(facts.kind) is Kind.DESYNC else "before"
                     verdict = f"{said} {facts.collective} ({facts.kind}: its verdict)"
                     where.setdefault(facts.group, {}).setdefault(verdict, []).append(rank)
+    # Only the groups where a rank waited (inside a collective, or stuck before one): a failure between collectives,
+    # every rank having left the last one, says nothing here.
+    where = {words: stood for words, stood in where.items() if any(s.startswith(("in ", "before ")) for s in stood)}
     lines = []
     for words, stood in list(where.items())[:MAX_GROUPS]:
         parts = [f"{ranks_text(sorted(set(ranks)))}: {said}" for said, ranks in stood.items()]
