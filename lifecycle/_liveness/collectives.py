@@ -208,7 +208,7 @@ class Positions:
         group_at = parameters.index("group") if "group" in parameters else -1
         async_at = parameters.index("async_op") if "async_op" in parameters else -1
         local = self._local
-        coalescing = dist.distributed_c10d._world.pg_coalesce_state
+        coalescing = getattr(dist.distributed_c10d._world, "pg_coalesce_state", {})  # torch's coalescing state
         groups, write, pending, patched = self.groups, self.marks.collective, self._pending, self._patched
 
         @functools.wraps(original)

@@ -97,7 +97,11 @@ def start_liveness(
             lost.link.uninstall()
         raise
     positions = Positions(monitor.marks, group_label)
-    positions.install()
+    try:
+        positions.install()
+    except (AttributeError, TypeError, ValueError) as exc:  # a torch without what the wrappers read: no positions
+        positions.uninstall()
+        logger.warning("rank %d: no collective positions (the monitor judges by marks only): %s", rank, exc)
     monitor.on_stop.append(positions.uninstall)
     _mark_progress(session, monitor)
 
