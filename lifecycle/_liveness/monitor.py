@@ -164,6 +164,8 @@ class Monitor:
             now = time.monotonic()
             position = read_marks(self.page)
             if position.done:
+                if self.suspect is not None and not self.judged:  # every suspicion ends: convicted or withdrawn
+                    self.withdraw(position, "it is done (finished, or failing on its own)")
                 self.beat(position, done=True)  # a last beat that says so: the neighbour stops watching
                 return 0
             self.observe(position, now)

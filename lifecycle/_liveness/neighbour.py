@@ -36,17 +36,17 @@ def watch(monitor: Any, beat: bytes, now: float) -> None:
     monitor that merely missed beats is never "failed first" for a later failure.
     """
     key = f"{monitor.s.prefix}/liveness/hb/{monitor.neighbour}"
-    if done(json.loads(beat)):
-        return
     _, _, _, step, phase = json.loads(beat)[:5]
     if beat != monitor.neighbour_beat:
         monitor.neighbour_beat, monitor.neighbour_changed = beat, now
-        if monitor.neighbour_suspected:
+        if monitor.neighbour_suspected:  # every suspicion ends: this one when the neighbour beats, done or not
             monitor.neighbour_suspected = False
             judgement.log(
                 f"lifecycle liveness: suspicion of rank {monitor.neighbour} withdrawn: its monitor beats again"
             )
             monitor.append(judgement.withdrawal_line(monitor.s.origin, monitor.neighbour, step, phase))
+        return
+    if done(json.loads(beat)):
         return
     silent = now - monitor.neighbour_changed
     if silent <= max(4 * monitor.s.interval_s, monitor.s.floor_s):

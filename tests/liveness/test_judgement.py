@@ -321,3 +321,35 @@ def test_a_rank_stopped_before_training_is_convicted_once_a_peer_failed_and_not_
         watcher.page.close()
     finally:
         marks.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_suspicion_still_open_when_the_rank_or_its_neighbour_is_done_is_withdrawn(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """Suspected, then the rank finishes before the next look, and the neighbour's last beat says done: both
+    suspicions are withdrawn (the 1,000-step zoo ended with a slow last step suspected and never withdrawn)."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    server = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    marks, journal = Marks(), tmp_path / "rank0.jsonl"
+    try:
+        watcher = _monitor(server.port, marks, sleeper.pid, journal, world=2, group_timeout_s=60.0)
+        server.set("p/liveness/hb/1", '[7, 40, 0, 12, "step"]')
+        watcher.look(now=0.0)
+        watcher.look(now=5.0)  # the neighbour silent for 5 s: suspected
+        server.set("p/liveness/hb/1", '[8, 41, 0, 12, "step", "done", [], ""]')
+        watcher.look(now=5.5)  # its last beat says done
+        assert _records(journal) == ["suspicion", "withdrawal"]
+        position = _stopped(marks, watcher, sleeper.pid)
+        watcher.classify(position, now=1.5)  # this rank suspected
+        assert watcher.suspect is not None
+        os.kill(sleeper.pid, signal.SIGCONT)
+        marks.mark("step", 61)
+        marks.done()  # it finished before the monitor looked again
+        assert watcher.run() == 0
+        assert not watcher.judged and not server.check(["p/failures/count"])
+        assert _records(journal) == ["suspicion", "withdrawal", "suspicion", "withdrawal"]
+        watcher.page.close()
+    finally:
+        marks.close()
