@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST := TORCH_CPP_LOG_LEVEL=error $(PY) -m pytest -q
-SLOW_SAMPLE ?= 0.3
+SLOW_SAMPLE ?= 0.2
 TIMED = start=$$(date +%s); $(1); status=$$?; echo "make $@: $$(( $$(date +%s) - start )) s"; exit $$status
 
 .PHONY: venv venv-compat demo test test-loaded test-unit test-slow test-slow-all test-compat fuzz-all lint typecheck diagrams check bench clean mermaid chromium show-png gpu-wheelhouse gpu-check

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.launch import run_workers
+from support.launch import run_workers, steps_for
 
 from lifecycle import journal
 
@@ -28,7 +28,6 @@ BOUND_S = CONVICTION_S + 2 * INTERVAL_S + SLACK_S
 """Every rank fails within the conviction deadline + 2 intervals + 2 s of the fault (issue 38)."""
 
 CELLS = [
-    pytest.param("stop", "step", 1, 2, id="stop-last-of-2"),
     pytest.param("hang", "batch", 0, 2, id="hang-in-batch-rank0-of-2"),
     *(
         pytest.param(kind, phase, faulty, world, id=f"{kind}-{'rank0' if faulty == 0 else 'last'}-of-{world}",
@@ -36,10 +35,11 @@ CELLS = [
         for world in (2, 4)
         for kind, phase in (("stop", "step"), ("spin", "step"), ("hang", "batch"), ("crash", "step"))
         for faulty in (0, world - 1)
-        if (kind, phase, faulty, world) not in {("stop", "step", 1, 2), ("hang", "batch", 0, 2)}
+        if (kind, phase, faulty, world) != ("hang", "batch", 0, 2)
     ),
 ]  # fmt: skip
-"""{stop, spin, hang in the batch provider, crash} x {rank 0, the last rank} x {2, 4 ranks}: two in make test."""
+"""{stop, spin, hang in the batch provider, crash} x {rank 0, the last rank} x {2, 4 ranks}: one in make test (a
+stopped rank's cell, 17 s, went to the sampled family to keep make test in its 8 minutes)."""
 
 VERDICTS = {"stop": "stopped", "spin": "spinning", "hang": "hang", "crash": "died"}
 """The verdict record's word for each fault kind."""
@@ -106,8 +106,10 @@ def test_a_silent_fault_is_named_and_releases_every_rank(
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_no_verdict_over_many_healthy_jittered_steps(tmp_path: Path) -> None:
-    """1,000 healthy steps of 0-3 base steps, one of ten (a slow save's stand-in): both ranks close, no verdict."""
-    results = run_workers("liveness_worker", str(tmp_path), "none", "step", "0", "1000", "3", timeout_s=220)
+    """1,000 healthy steps (400 in sampled test-slow) of 0-3 base steps, one of ten (a slow save's stand-in): both
+    ranks close, no verdict."""
+    steps = str(steps_for(1000, 400))
+    results = run_workers("liveness_worker", str(tmp_path), "none", "step", "0", steps, "3", timeout_s=220)
     for result in results:
         assert result.ok, str(result)
         assert _report(result.output)["error"] is None
@@ -158,6 +160,7 @@ STORE_MARGIN_S = 4 * 0.25
 
 
 @pytest.mark.slow
+@pytest.mark.sampled("store_host")
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("kind", ["agent-stop", "agent-kill"])
 def test_a_store_host_that_stops_or_dies_fails_every_rank_naming_it(tmp_path: Path, kind: str) -> None:

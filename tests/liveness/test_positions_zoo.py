@@ -7,20 +7,22 @@ import json
 from pathlib import Path
 
 import pytest
-from support.launch import run_workers
+from support.launch import run_workers, steps_for
 
 
-@pytest.mark.slow  # four ranks on two cores, 1,000 steps: about 2 minutes
+@pytest.mark.slow  # four ranks on two cores, 1,000 steps: about 2 minutes (400 in sampled test-slow: 50 s)
 @pytest.mark.timeout(600)
 def test_a_thousand_healthy_steps_with_slow_ranks_inside_the_step_have_no_verdict_and_no_kill(tmp_path: Path) -> None:
-    """Every rank finishes its 1,000 steps; no journal holds a verdict; the slow rank inside the step was suspected
-    stuck outside a collective (the positions were on) and every suspicion was withdrawn."""
-    results = run_workers("positions_zoo_worker", str(tmp_path), world_size=4, timeout_s=560)
+    """Every rank finishes its 1,000 steps (400 in sampled test-slow: four slow episodes, the 6 s one first); no
+    journal holds a verdict; the slow rank inside the step was suspected stuck outside a collective (the positions
+    were on) and every suspicion was withdrawn."""
+    steps = steps_for(1000, 400)
+    results = run_workers("positions_zoo_worker", str(tmp_path), str(steps), world_size=4, timeout_s=560)
     assert not any(result.timed_out for result in results), [str(r) for r in results]
     for result in results:
         assert result.returncode == 0, result.output[-3000:]
         report = json.loads([line for line in result.output.splitlines() if line.startswith("{")][-1])
-        assert report["error"] is None and report["final_step"] == 1000, report
+        assert report["error"] is None and report["final_step"] == steps, report
     kinds: dict[str, int] = {}
     suspected: set[str] = set()
     for path in tmp_path.glob("rank*.jsonl"):

@@ -22,7 +22,7 @@ from support.internals import DECISIONS
 
 from lifecycle.journal import RunEnd, read
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sampled("two_node_decisions")]  # a seeded share in test-slow
 
 WORKER = Path(__file__).with_name("decide_worker.py")
 WAIT_S = 240.0

@@ -468,6 +468,7 @@ def run_ranks(scenario: str, out: Path, *, world_size: int = 2, timeout_s: float
     return bodies
 
 
+@pytest.mark.slow  # 11 s; test_wrapped_pretrain_recovers_from_a_one_off_failure_on_one_rank keeps one in make test
 @pytest.mark.timeout(150)
 def test_a_fault_on_one_rank_restarts_both_ranks_which_then_finish(tmp_path: Path) -> None:
     """Rank 1 fails while rank 0 waits in an all-reduce: both restart in the same processes and close, twice over."""

@@ -46,6 +46,12 @@ def suite_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {"PYTHONPATH": path, **(extra or {})}
 
 
+def steps_for(full: int, sampled: int) -> int:
+    """How many steps a long healthy run takes: ``sampled`` when ``make test-slow`` samples (``LIFECYCLE_SLOW_SAMPLE``
+    is set, to keep it in its budget), else ``full`` (``make test-slow-all``, a plain pytest run)."""
+    return sampled if os.environ.get("LIFECYCLE_SLOW_SAMPLE") else full
+
+
 def run_workers(
     worker: str,
     *args: str,

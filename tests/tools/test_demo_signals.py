@@ -38,6 +38,7 @@ def ends(journal: Path) -> dict[int, RunEnd]:
     return {r.origin.rank: r for r in read([journal]) if isinstance(r, RunEnd)}
 
 
+@pytest.mark.slow  # 7 s; test_pretrain's SIGTERM on one of two ranks keeps the stop at one step in make test
 @pytest.mark.timeout(120)
 def test_sigterm_stops_every_rank_after_the_same_step_saved_and_closed(tmp_path: Path) -> None:
     """SIGTERM to the launcher: each rank takes the requested exit and closes; timeline printed; exit 75 (stopped)."""

@@ -24,14 +24,15 @@ KINDS = {"raise": "raised", "crash": "died", "stop": "stopped", "hang": "hung", 
 """Each demo fault kind, and the word the cause's line says it with."""
 
 FAST = {("raise", 2, 1)}
-"""The cell ``make test`` runs (a crash's 28 s went to test-slow, where the other kinds are); the others are slow."""
+"""The cell ``make test`` runs (a crash's 28 s went to test-slow, where the other kinds are); the others are slow, a
+seeded share of them in ``make test-slow`` (``make test-slow-all``: every one)."""
 
 CELLS = [
     pytest.param(
         fault,
         nproc,
         rank,
-        marks=() if (fault, nproc, rank) in FAST else pytest.mark.slow,
+        marks=() if (fault, nproc, rank) in FAST else (pytest.mark.slow, pytest.mark.sampled("show_cause")),
         id=f"{fault}-{rank}of{nproc}",
     )
     for nproc, rank in ((2, 1), (4, 2))

@@ -1,6 +1,6 @@
 """One rank of ``tests/liveness/test_positions_zoo.py``: 1,000 healthy steps at TP2 x DP2 with positions on.
 
-Usage: ``positions_zoo_worker.py OUT_DIR`` with ``RANK``, ``WORLD_SIZE`` (4), ``MASTER_ADDR``
+Usage: ``positions_zoo_worker.py OUT_DIR [STEPS]`` (1,000 by default) with ``RANK``, ``WORLD_SIZE`` (4), ``MASTER_ADDR``
 and ``MASTER_PORT`` set. ``pretrain`` at the demo's liveness defaults (kill mode, 1 s
 interval, a 30 s group timeout: a 10 s conviction floor), tensor-parallel 2, data-parallel
 2. Each forward first sleeps a seeded jitter (0-20 ms), then runs an uneven
@@ -41,7 +41,7 @@ from lifecycle import (  # noqa: E402
 )
 
 RANK = int(os.environ["RANK"])
-STEPS = 1000
+STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
 SLOW_EVERY = 100
 JITTER = random.Random(1000 + RANK)
 SLOW = random.Random(40)  # the same on every rank: which rank is slow, and for how long
