@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.stores import settled_set
 
 from lifecycle._liveness import judgement, monitor
 from lifecycle._liveness.rank import Marks
@@ -182,11 +183,11 @@ def test_a_silent_neighbour_monitor_is_a_suspicion_withdrawn_when_it_beats_and_p
     marks, journal = Marks(), tmp_path / "rank0.jsonl"
     try:
         watcher = _monitor(server.port, marks, os.getpid(), journal, world=2, group_timeout_s=6.0)
-        server.set("p/liveness/hb/1", '[7, 40, 0, 12, "step"]')
+        settled_set(server, "p/liveness/hb/1", '[7, 40, 0, 12, "step"]')
         watcher.look(now=0.0)
         watcher.look(now=5.0)  # silent for 5 s: a suspicion only
         assert not server.check(["p/failures/count"]) and _records(journal) == ["suspicion"]
-        server.set("p/liveness/hb/1", '[8, 40, 0, 12, "step"]')
+        settled_set(server, "p/liveness/hb/1", '[8, 40, 0, 12, "step"]')
         watcher.look(now=5.5)
         assert _records(journal) == ["suspicion", "withdrawal"]
         watcher.look(now=7.0)
@@ -312,7 +313,9 @@ def test_a_rank_stopped_before_training_is_convicted_once_a_peer_failed_and_not_
         assert not watcher.judged and watcher.suspect is None and sleeper.poll() is None
         assert _records(journal) == []
         server.add("p/failures/count", 1)  # rank 1's own failure: its store wait timed out on this rank
-        server.set("p/failures/1", json.dumps({"rank": 1, "error": "DistStoreError: wait timeout after 30000ms"}))
+        settled_set(
+            server, "p/failures/1", json.dumps({"rank": 1, "error": "DistStoreError: wait timeout after 30000ms"})
+        )
         watcher.classify(position, now=5.5)
         assert watcher.judged and sleeper.wait(timeout=5) == -signal.SIGKILL
         notice = json.loads(server.get("p/failures/2"))
@@ -335,10 +338,10 @@ def test_a_suspicion_still_open_when_the_rank_or_its_neighbour_is_done_is_withdr
     marks, journal = Marks(), tmp_path / "rank0.jsonl"
     try:
         watcher = _monitor(server.port, marks, sleeper.pid, journal, world=2, group_timeout_s=60.0)
-        server.set("p/liveness/hb/1", '[7, 40, 0, 12, "step"]')
+        settled_set(server, "p/liveness/hb/1", '[7, 40, 0, 12, "step"]')
         watcher.look(now=0.0)
         watcher.look(now=5.0)  # the neighbour silent for 5 s: suspected
-        server.set("p/liveness/hb/1", '[8, 41, 0, 12, "step", "done", [], ""]')
+        settled_set(server, "p/liveness/hb/1", '[8, 41, 0, 12, "step", "done", [], ""]')
         watcher.look(now=5.5)  # its last beat says done
         assert _records(journal) == ["suspicion", "withdrawal"]
         position = _stopped(marks, watcher, sleeper.pid)

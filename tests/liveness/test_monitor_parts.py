@@ -13,6 +13,7 @@ import time
 
 import pytest
 from support.processes import stop_process
+from support.stores import settled_set
 
 from lifecycle import journal
 from lifecycle._liveness import monitor
@@ -246,7 +247,7 @@ def test_a_neighbour_silent_past_the_group_timeout_is_published_unresponsive_onc
     try:
         watcher = _watcher(server.port, marks)
         watcher.s = dataclasses.replace(watcher.s, group_timeout_s=1.0)
-        server.set("p/liveness/hb/1", '[7, 40, 0, 12, "step"]')
+        settled_set(server, "p/liveness/hb/1", '[7, 40, 0, 12, "step"]')
         watcher.look(now=0.0)
         watcher.look(now=0.9)  # within the floor: nothing
         assert not server.check(["p/failures/count"])
@@ -258,7 +259,7 @@ def test_a_neighbour_silent_past_the_group_timeout_is_published_unresponsive_onc
         assert server.add("p/failures/count", 0) == 1
 
         done = _watcher(server.port, marks)
-        server.set("p/liveness/hb/1", '[8, 41, 0, 12, "step", "done"]')
+        settled_set(server, "p/liveness/hb/1", '[8, 41, 0, 12, "step", "done"]')
         done.look(now=0.0)
         done.look(now=9.0)
         assert server.add("p/failures/count", 0) == 1
@@ -307,11 +308,13 @@ def test_a_rank_is_judged_waiting_only_behind_a_peer_that_went_on_and_never_once
         position = monitor.read_marks(watcher.page)
         watcher.observe(position, now=0.0)
         level = [5, position.count, position.attempt, 60, "step"]
-        server.set("p/liveness/hb/0", json.dumps(level))
+        settled_set(server, "p/liveness/hb/0", json.dumps(level))
         ahead = [5, position.count + 1, position.attempt, 60, "step"]
-        server.set("p/liveness/hb/2", json.dumps([*ahead, "done"] if rank2 == "done" else ahead))
+        settled_set(server, "p/liveness/hb/2", json.dumps([*ahead, "done"] if rank2 == "done" else ahead))
         if verdict:
-            server.set("p/liveness/verdict/1", json.dumps({"rank": 2, "kind": "stopped", "note": "rank 2 is stopped"}))
+            settled_set(
+                server, "p/liveness/verdict/1", json.dumps({"rank": 2, "kind": "stopped", "note": "rank 2 is stopped"})
+            )
         deadline = time.monotonic() + 5.0
         while monitor.process_state(sleeper.pid) != "S" and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from support.stores import settled_set
 
 from lifecycle._liveness import monitor, summary
 from lifecycle._liveness.page import read_collectives
@@ -219,7 +220,7 @@ def test_a_sleeping_rank_outside_the_collective_its_peer_waits_in_is_convicted_u
         assert watcher.beat(position)
         peer = [5, position.count, position.attempt, 30, "step", "", [["1", "data-parallel", 41, 40, "all_reduce", 0,
                                                                         False, time.time() - 3.0]]]  # fmt: skip
-        server.set("p/liveness/hb/0", json.dumps(peer))
+        settled_set(server, "p/liveness/hb/0", json.dumps(peer))
         deadline = time.monotonic() + 5.0
         while monitor.process_state(sleeper.pid) != "S" and time.monotonic() < deadline:
             time.sleep(0.01)
