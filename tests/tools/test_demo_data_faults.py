@@ -18,6 +18,7 @@ BASE = ("--steps", "40", "--checkpoint-interval", "10", "--eval-interval", "0")
 """The fault fires at step 20 (half the steps) on rank 1 (the last rank), a replica at TP1."""
 
 
+@pytest.mark.slow  # 7 s; test_save_faults.py keeps a failed save, agreed and journaled, in make test
 @pytest.mark.timeout(120)
 def test_demo_save_error_finishes_and_show_lists_the_failed_save(tmp_path: Path) -> None:
     """``--fault save-error``: exit 0, both ranks journal step 20's failed save (rank 1, ENOSPC); show lists it."""
