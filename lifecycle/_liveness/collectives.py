@@ -15,9 +15,13 @@ wrapper writes the group's slot in the marks page (``Marks.collective``):
 
 No store call, no extra collective, no thread: a few struct writes into the page.
 
+``_coalescing_manager`` (Megatron-core's ``DistributedDataParallel`` coalesces each bucket
+group's gradient reduce and parameter gather with it) is wrapped too: the collectives inside
+it are only queued, and its exit issues them as one operation, which takes one position.
+
 *Cross-check*: where the group's counter is found ahead of what the wrappers saw (at the
 next wrapped call or at the next progress mark), something issued work on it without
-them (C++ callers, Megatron's ``_coalescing_manager``, a user's ``pg.allreduce``): the
+them (C++ callers, a user's ``pg.allreduce``): the
 group is marked *blind* for the rest of the attempt, and the monitor never convicts a
 rank on a blind group's positions (``summary``). What it cannot see is in
 docs/collectives.md.
@@ -31,7 +35,7 @@ import inspect
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -43,10 +47,15 @@ from lifecycle.journal import GroupPosition
 
 _MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
 _ALIASES = {
-    "megatron.core.distributed.param_and_grad_buffer": ("dist_all_gather_func", "dist_reduce_scatter_func"),
+    "megatron.core.distributed.param_and_grad_buffer": (
+        "dist_all_gather_func",
+        "dist_reduce_scatter_func",
+        "_coalescing_manager",
+    ),
     "megatron.core.transformer.multi_token_prediction": ("dist_all_gather_func",),
 }
 """Megatron-core modules that bind a collective to a name of their own at import: patched there too."""
+_COALESCING = "_coalescing_manager"
 _PENDING_LIMIT = 1024
 """The most asynchronous works kept waiting for their ``wait`` (the oldest are forgotten)."""
 _DTYPES = {
@@ -107,12 +116,13 @@ class Positions:
             self.group(world)
         wrapped: dict[Any, Any] = {}
         for module_name in _MODULES:
-            for name in _page.OPS[1:]:
+            for name in (*_page.OPS[1:], _COALESCING):
                 original = getattr(sys.modules[module_name], name, None)
                 if original is None:
                     continue
                 if original not in wrapped:
-                    wrapped[original] = self._wrap(name, original)
+                    wrap = self._wrap_coalescing if name == _COALESCING else functools.partial(self._wrap, name)
+                    wrapped[original] = wrap(original)
                 self._patch(sys.modules[module_name], name, wrapped[original])
         for module_name, names in _ALIASES.items():
             alias = sys.modules.get(module_name)
@@ -252,6 +262,42 @@ class Positions:
             return result
 
         return collective
+
+    def _wrap_coalescing(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``_coalescing_manager``: the collectives inside only queue (their wrappers let them pass), and its exit
+        issues them as one operation on the group: entered before that, left once it returned or its work was
+        waited for (``cm.wait()``)."""
+        coalescing = getattr(dist.distributed_c10d._world, "pg_coalesce_state", {})
+
+        @functools.wraps(original)
+        @contextlib.contextmanager
+        def manager(group: Any = None, device: Any = None, async_ops: bool = False) -> Iterator[Any]:
+            pg = group if group is not None else self._default()
+            watched = bool(self._patched) and pg is not None and not getattr(self._local, "depth", False)
+            record = self.group(pg) if watched else None
+            with original(group, device, async_ops) as cm:
+                yield cm
+                queued = coalescing.get(pg) if record is not None else None
+                before = record.number() if record is not None and queued and device is None else None
+                if record is not None and queued and before is not None:
+                    if before > record.entered:
+                        record.code |= _page.BLIND << 8
+                    name = getattr(queued[0].op, "__name__", "")
+                    record.entered = before + 1
+                    record.code = _CODES.get(name, 0) | (record.code & ~0xFF)
+                    record.fingerprint = _fingerprint(getattr(queued[0], "tensor", None))
+                    self._write(record)
+                else:
+                    record = None  # nothing issued as one operation (or a device-style manager): the cross-check
+            if record is not None:
+                if not async_ops:
+                    self._left(record, record.entered)
+                for work in cm.works if async_ops else ():
+                    if len(self._pending) >= _PENDING_LIMIT:
+                        self._pending.pop(next(iter(self._pending)))
+                    self._pending[id(work)] = (work, record, record.entered)
+
+        return manager
 
     def _wrap_wait(self, original: Callable[..., Any]) -> Callable[..., Any]:
         pending = self._pending

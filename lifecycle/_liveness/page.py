@@ -54,6 +54,8 @@ OPS = (
     "broadcast_object_list",
     "gather_object",
     "scatter_object_list",
+    "all_gather_single",
+    "reduce_scatter_single",
 )
 """The collectives whose positions are kept, by code (their index); the names are ``torch.distributed``'s."""
 

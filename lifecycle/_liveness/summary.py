@@ -122,9 +122,11 @@ SIZED = frozenset(
         "broadcast",
         "all_gather",
         "all_gather_into_tensor",
+        "all_gather_single",
         "_all_gather_base",
         "reduce_scatter",
         "reduce_scatter_tensor",
+        "reduce_scatter_single",
         "_reduce_scatter_base",
     }
 )

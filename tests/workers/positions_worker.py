@@ -29,7 +29,12 @@ def main() -> None:
     """Run the calls in order on both ranks; print what the page said after each."""
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", timeout=timedelta(seconds=20))
-    originals = (dist.all_reduce, dist.distributed_c10d.all_gather, dist.distributed_c10d.Work.wait)
+    originals = (
+        dist.all_reduce,
+        dist.distributed_c10d.all_gather,
+        dist.distributed_c10d.Work.wait,
+        dist._coalescing_manager,
+    )
     marks = Marks()
     positions = Positions(marks)
     positions.install()
@@ -44,6 +49,15 @@ def main() -> None:
     report["waited"] = seen(marks)
     dist.all_gather_object([None, None], rank)
     report["object"] = seen(marks)
+    with dist.distributed_c10d._coalescing_manager():  # as Megatron-core's DDP reduces a bucket group's gradients
+        dist.all_reduce(tensor)
+        dist.all_reduce(torch.ones(2))
+    report["coalesced"] = seen(marks)
+    with dist._coalescing_manager(async_ops=True) as manager:
+        dist.all_reduce(tensor, async_op=True)
+    report["coalesced_issued"] = seen(marks)
+    manager.wait()
+    report["coalesced_waited"] = seen(marks)
     group = dist.new_group([0, 1])
     dist.barrier(group=group)
     report["second_group"] = seen(marks)
@@ -64,6 +78,7 @@ def main() -> None:
         dist.all_reduce,
         dist.distributed_c10d.all_gather,
         dist.distributed_c10d.Work.wait,
+        dist._coalescing_manager,
     )
     marks.close()
     dist.destroy_process_group()
