@@ -11,7 +11,10 @@ wrapper writes the group's slot in the marks page (``Marks.collective``):
   issued its work; before the call, the number the work will take;
 - *left*: the sequence number once the call returned (synchronous) or its ``Work.wait``
   returned (``async_op=True``);
-- the op and a fingerprint of its tensor (``numel << 8 | dtype code``).
+- the op and a fingerprint of its tensor (``numel << 8 | dtype code``);
+- its call site: the caller's code object and line, looked up in a table; a site seen
+  for the first time is written once into the page as ``path:line in function``, and
+  each slot names its site by number (a monitor reads it only to name a culprit).
 
 No store call, no extra collective, no thread: a few struct writes into the page.
 
@@ -99,6 +102,8 @@ class Positions:
         self._pending: dict[int, tuple[Any, _Group, int]] = {}
         self._patched: list[tuple[Any, str, Any]] = []
         self._default: Callable[[], Any] = lambda: None  # the default group while installed (a weak reference)
+        self._sites: dict[tuple[Any, int], int] = {}
+        """Per call site seen (the caller's code object and line), its number in the page (0: the page is full)."""
 
     # -- installing ---------------------------------------------------------------------
 
@@ -147,6 +152,7 @@ class Positions:
             self.marks.on_mark = None
         self.groups.clear()
         self._pending.clear()
+        self._sites.clear()
         self._default = lambda: None
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
@@ -206,6 +212,16 @@ class Positions:
             self._write(record)
         return record.entered
 
+    def _site(self, frame: Any) -> int:
+        """The page's number for the call site of ``frame`` (the caller of a collective), written on first sight."""
+        where = (frame.f_code, frame.f_lineno)
+        number = self._sites.get(where)
+        if number is None:
+            path = frame.f_code.co_filename.replace("\\", "/").split("/")
+            text = f"{'/'.join(path[-2:])}:{frame.f_lineno} in {frame.f_code.co_name}"
+            number = self._sites[where] = self.marks.site(text)
+        return number
+
     def _left(self, record: _Group, number: int) -> None:
         if number > record.left:
             record.left = number
@@ -220,6 +236,7 @@ class Positions:
         local = self._local
         coalescing = getattr(dist.distributed_c10d._world, "pg_coalesce_state", {})  # torch's coalescing state
         groups, write, pending, patched = self.groups, self.marks.collective, self._pending, self._patched
+        sites, getframe = self._sites, sys._getframe
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -243,7 +260,11 @@ class Positions:
             if before > record.entered:  # work was issued past the wrappers: blind
                 record.code |= _page.BLIND << 8
             record.entered = before + 1
-            record.code = code | (record.code & ~0xFF)
+            frame = getframe(1)
+            site = sites.get((frame.f_code, frame.f_lineno))
+            if site is None:
+                site = self._site(frame)
+            record.code = code | (record.code & 0xFF00) | site << 16
             record.fingerprint = _fingerprint(args[0] if args else None)
             write(record.slot, record.entered, record.left, record.fingerprint, record.code)
             local.depth = True
@@ -284,7 +305,8 @@ class Positions:
                         record.code |= _page.BLIND << 8
                     name = getattr(queued[0].op, "__name__", "")
                     record.entered = before + 1
-                    record.code = _CODES.get(name, 0) | (record.code & ~0xFF)
+                    site = self._site(sys._getframe(2))  # past contextlib's __exit__: the ``with``
+                    record.code = _CODES.get(name, 0) | (record.code & 0xFF00) | site << 16
                     record.fingerprint = _fingerprint(getattr(queued[0], "tensor", None))
                     self._write(record)
                 else:

@@ -422,6 +422,7 @@ class Monitor:
             "group": group_words(outside.label),
             "collective": f"{outside.op} #{outside.number}",
             "peers": tuple(outside.peers),
+            "sites": outside.sites,
         }
         return Kind(outside.kind), outside.why(position.where(), time.time())
 

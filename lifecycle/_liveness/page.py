@@ -22,7 +22,8 @@ VERDICT_BYTES = 2048
 POSITIONS_AT = 2304
 """Where the page holds the rank's collective positions: ``SLOTS`` slots of ``SLOT_FORMAT``, one per process group."""
 SLOT_FORMAT = "<QQQQQ24s24s"
-"""version (odd while being written), entered, left, fingerprint, op code | flags << 8, group key, group label.
+"""version (odd while being written), entered, left, fingerprint, op code | flags << 8 | site << 16, group key, group
+label.
 
 *entered*: the group's own sequence number of the last collective this rank issued on it
 (``ProcessGroup._get_sequence_number_for_group``); *left*: that of the last one it saw
@@ -33,7 +34,12 @@ SLOT_SIZE = struct.calcsize(SLOT_FORMAT)
 SLOTS = 16
 BLIND = 1
 """Flag: the group's counter ran ahead of what the wrappers saw (a caller bypassed them): its positions cannot tell."""
-PAGE_SIZE = POSITIONS_AT + SLOTS * SLOT_SIZE
+SITES_AT = POSITIONS_AT + SLOTS * SLOT_SIZE
+"""Where the page holds the call sites of the rank's collectives: ``SITES`` entries of ``SITE_BYTES`` (u16 length,
+then ``path:line in function``), each written once, its length last; a slot's code names one by number (0: none)."""
+SITES = 64
+SITE_BYTES = 128
+PAGE_SIZE = SITES_AT + SITES * SITE_BYTES
 OPS = (
     "",
     "all_reduce",
@@ -132,6 +138,8 @@ class Collective:
     op: str
     fingerprint: int
     blind: bool
+    site: str = ""
+    """Where the last collective was called (``path:line in function``), "" if not known."""
 
     @property
     def inside(self) -> bool:
@@ -158,6 +166,15 @@ def position_fields(position: Collective) -> list[object]:
     ]
 
 
+def read_site(page: mmap.mmap, number: int) -> str:
+    """Call site ``number`` of the page (1 to ``SITES``), "" for 0 or one not written yet."""
+    if not 0 < number <= SITES:
+        return ""
+    at = SITES_AT + (number - 1) * SITE_BYTES
+    (size,) = struct.unpack_from("<H", page, at)
+    return bytes(page[at + 2 : at + 2 + min(size, SITE_BYTES - 2)]).decode("utf-8", "replace")
+
+
 def read_collectives(page: mmap.mmap) -> list[Collective]:
     """The collective positions in ``page``, one per group registered in it (each slot read consistently)."""
     found = []
@@ -182,6 +199,7 @@ def read_collectives(page: mmap.mmap) -> list[Collective]:
                 op,
                 fingerprint,
                 bool((code >> 8) & BLIND),
+                read_site(page, code >> 16),
             )
         )
     return found

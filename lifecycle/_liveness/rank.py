@@ -82,6 +82,7 @@ class Marks:
         self._count = 0
         self._lock = threading.Lock()
         self._versions: list[int] = []  # per collective slot, its version (even: written)
+        self._sites = 0  # call sites written
         self.attempt = 0
         self.on_mark: Callable[[], object] | None = None
         """Run after each ``mark`` (the collective positions' cross-check); must never raise."""
@@ -118,9 +119,27 @@ class Marks:
                 return -1
             return index
 
+    def site(self, text: str) -> int:
+        """Write the call site ``text`` (``path:line in function``) into the page's next free site entry, the text
+        first and its length last; its number for a slot's code (1 to ``page.SITES``), or 0 once all are taken or
+        the page is closed (the collective is then shown without a site)."""
+        with self._lock:
+            number = self._sites + 1
+            if number > _page.SITES:
+                return 0
+            data = text.encode()[: _page.SITE_BYTES - 2]
+            at = _page.SITES_AT + (number - 1) * _page.SITE_BYTES
+            try:
+                self._page[at + 2 : at + 2 + len(data)] = data
+                struct.pack_into("<H", self._page, at, len(data))
+            except ValueError:
+                return 0
+            self._sites = number
+            return number
+
     def collective(self, slot: int, entered: int, left: int, fingerprint: int, code: int) -> None:
         """Write the collective position of ``slot`` (``Marks.slot``): sequence numbers ``entered`` and ``left``,
-        the last collective's ``fingerprint`` and ``code`` (with flags); never raises.
+        the last collective's ``fingerprint`` and ``code`` (with flags and its call site's number); never raises.
 
         One write with the version odd, one that makes it even: a reader that sees the
         version change meanwhile reads again. No lock (a collective pays for every

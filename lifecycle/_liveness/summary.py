@@ -58,6 +58,7 @@ class Seen(NamedTuple):
     fingerprint: int
     blind: bool
     since: float
+    site: str = ""
 
     @property
     def inside(self) -> bool:
@@ -75,7 +76,8 @@ class Outside(NamedTuple):
     """Why a rank is named inside the step: stuck outside a collective (``kind`` ``stuck_outside``) or in one its
     peers never entered (``desync``). The group (``key``, ``label`` in words), the collective (``op`` #``number``:
     the one it did not enter, or the one it waits in), the ranks on the other side (``peers``, the first
-    ``PEERS_NAMED``), since when (wall), and for a desync what they wait in (``theirs``)."""
+    ``PEERS_NAMED``), since when (wall), for a desync what they wait in (``theirs``), and where the collectives
+    named were called (``sites``: ``all_reduce #101 at pretrain.py:398 in train_step by rank(s) 0``, ``; ``-joined)."""
 
     key: str
     label: str
@@ -85,6 +87,7 @@ class Outside(NamedTuple):
     since: float
     kind: str = "stuck_outside"
     theirs: str = ""
+    sites: str = ""
 
     def stands(self, now: Sequence[Collective]) -> bool:
         """Whether the rank's collective positions ``now`` (fresh from its page) still show this: stuck outside, in
@@ -97,7 +100,11 @@ class Outside(NamedTuple):
         return mine.entered < self.number and not any(c.inside for c in now)
 
     def why(self, where: str, now: float) -> str:
-        """The words of the evidence, for a rank at ``where`` (``Position.where``), at ``now`` (wall clock)."""
+        """The words of the evidence, for a rank at ``where`` (``Position.where``), at ``now`` (wall clock); the call
+        sites last."""
+        return self._words(where, now) + (f"; called: {self.sites}" if self.sites else "")
+
+    def _words(self, where: str, now: float) -> str:
         peers, waited = ", ".join(map(str, self.peers)), max(0.0, now - self.since)
         if self.kind == "collective_hang":
             return (
@@ -177,7 +184,7 @@ def beat_positions(found: Sequence[Collective], entered_at: dict[str, tuple[int,
         seen = entered_at.get(position.key)
         if seen is None or seen[0] != position.entered:
             seen = entered_at[position.key] = (position.entered, time.time())
-        beat.append([*position_fields(position), seen[1]])
+        beat.append([*position_fields(position), seen[1], position.site])
     return beat
 
 
@@ -252,7 +259,7 @@ def outside(rank: int, mine: list[Seen], members: dict[str, list[tuple[int, Seen
             first = min((p for _, p in waiting), key=lambda p: p.entered)
             since = min(p.since for _, p in waiting)
             peers = sorted(peer for peer, _ in waiting)[:PEERS_NAMED]
-            return Outside(position.key, position.label, first.op, first.entered, peers, since)
+            return Outside(position.key, position.label, first.op, first.entered, peers, since, sites=called(waiting))
     return None
 
 
@@ -291,6 +298,7 @@ def desynced(rank: int, mine: list[Seen], members: dict[str, list[tuple[int, See
                     position.since,
                     "desync",
                     number,
+                    called(level),
                 )
         cycle: list[tuple[int, Seen]] = []
         for peer, p in members[position.key]:
@@ -307,9 +315,11 @@ def desynced(rank: int, mine: list[Seen], members: dict[str, list[tuple[int, See
             other = cycle[0][1]
             where = f"{other.op} #{other.entered} of {group_words(other.label)}, which it never entered"
             peers = sorted(peer for peer, _ in cycle)[:PEERS_NAMED]
+            sites = called([(rank, position), *cycle])
             return Outside(
-                position.key, position.label, position.op, position.entered, peers, position.since, "desync", where
-            )
+                position.key, position.label, position.op, position.entered, peers, position.since, "desync", where,
+                sites,
+            )  # fmt: skip
     return None
 
 
@@ -329,9 +339,31 @@ def hung_inside(
             peers = sorted(peer for peer, _ in group if peer != rank)[:PEERS_NAMED]
             since = min(p.since for _, p in group)
             return Outside(
-                position.key, position.label, position.op, position.entered, peers, since, "collective_hang", ""
-            )
+                position.key, position.label, position.op, position.entered, peers, since, "collective_hang", "",
+                called(group),
+            )  # fmt: skip
     return None
+
+
+SITES_NAMED = 3
+"""How many distinct call sites one verdict names."""
+
+
+def called(entries: Sequence[tuple[int, Seen]]) -> str:
+    """Where the collectives of ``entries`` (rank, its position) were called, one clause per distinct collective and
+    site (``all_reduce #101 of the data-parallel group at pretrain.py:398 in train_step by rank(s) 0, 2``), the
+    first ``SITES_NAMED``; "" when no rank's site is known."""
+    by: dict[tuple[str, int, str, str], list[int]] = {}
+    for rank, position in entries:
+        if position.site:
+            by.setdefault((position.op, position.entered, position.label, position.site), []).append(rank)
+    for ranks in by.values():
+        ranks.sort()
+    clauses = [
+        f"{op} #{number} of {group_words(label)} at {site} by rank(s) {', '.join(map(str, ranks[:PEERS_NAMED]))}"
+        for (op, number, label, site), ranks in sorted(by.items(), key=lambda item: min(item[1]))
+    ]
+    return "; ".join(clauses[:SITES_NAMED])
 
 
 def _state(fields: Sequence[object] | None) -> str:

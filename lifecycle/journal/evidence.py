@@ -236,8 +236,9 @@ class Evidence:
     liveness monitor, ``neighbour``: a peer's monitor, ``store``: a store's error).
     For a verdict inside the step (``STUCK_OUTSIDE``): ``group``, the process group in
     words; ``collective``, the one the rank did not enter (``all_reduce #412``);
-    ``peers``, the ranks of the group waiting in it. Empty when not about a collective
-    (and then left out of the JSON).
+    ``peers``, the ranks of the group waiting in it; ``sites``, where the collectives
+    named were called, in words. Empty when not about a collective (and then left out
+    of the JSON).
     """
 
     kind: str
@@ -251,6 +252,7 @@ class Evidence:
     group: str = field(default="", metadata={OMIT_EMPTY: True})
     collective: str = field(default="", metadata={OMIT_EMPTY: True})
     peers: tuple[int, ...] = field(default=(), metadata={OMIT_EMPTY: True})
+    sites: str = field(default="", metadata={OMIT_EMPTY: True})
 
     @property
     def what(self) -> Kind:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch.distributed as dist
 from support.launch import worker_reports
@@ -13,16 +15,20 @@ from lifecycle._liveness.rank import Marks
 @pytest.mark.timeout(180)
 def test_the_wrappers_write_each_groups_entered_and_left_and_see_a_bypass() -> None:
     """Sync: entered = left = 1; async: entered 2, left 1 until its wait; an object collective counts once (its two
-    inner all_gathers move the counter to 4); a coalescing manager's queued collectives count once, as one operation
-    (async: left at ``cm.wait()``), never blind; a second group gets its own slot; a call past the wrappers makes the
-    group blind at the next mark; a destroyed group is freed (never kept alive); uninstall puts every name back, and
-    a wrapper a module kept from before works as the original and writes nothing."""
+    inner all_gathers move the counter to 4); each position names its caller's file, line and function; a
+    coalescing manager's queued collectives count once, as one operation (async: left at ``cm.wait()``), never
+    blind; a second group gets its own slot; a call past the wrappers makes the group blind at the next mark; a
+    destroyed group is freed (never kept alive); uninstall puts every name back, and a wrapper a module kept from
+    before works as the original and writes nothing."""
     for report in worker_reports("positions_worker", timeout_s=150):
         assert report["sync"] == [["0", 1, 1, "all_reduce", False]], report
         assert report["issued"] == [["0", 2, 1, "all_reduce", False]], report
         assert report["waited"] == [["0", 2, 2, "all_reduce", False]], report
         assert report["object"] == [["0", 4, 4, "all_gather_object", False]], report
+        assert re.fullmatch(r"workers/positions_worker\.py:\d+ in main", report["site"]), report
         assert report["coalesced"] == [["0", 5, 5, "all_reduce", False]], report
+        assert re.fullmatch(r"workers/positions_worker\.py:\d+ in main", report["coalesced_site"]), report
+        assert report["coalesced_site"] != report["site"], report
         assert report["coalesced_issued"] == [["0", 6, 5, "all_reduce", False]], report
         assert report["coalesced_waited"] == [["0", 6, 6, "all_reduce", False]], report
         assert report["second_group"][1][1:] == [1, 1, "barrier", False], report

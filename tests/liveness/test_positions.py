@@ -126,6 +126,37 @@ def test_a_rank_waiting_where_its_peer_never_entered_while_the_peer_waits_where_
     assert "which rank(s) 0 never entered" in found[1].why("step 30, phase step", 105.0)
 
 
+def _sited(beat: bytes, *sites: str) -> bytes:
+    """``beat`` with each group's position carrying the call site ``sites[i]`` (as ``summary.beat_positions``)."""
+    fields = json.loads(beat)
+    for position, site in zip(fields[6], sites, strict=True):
+        position.append(site)
+    return json.dumps(fields).encode()
+
+
+def test_a_verdict_inside_the_step_ends_with_where_each_side_called_its_collective() -> None:
+    """Stuck outside: where the waiting peer called the collective it waits in; a desync: where each side called
+    the collective it waits in; a beat without sites (an older monitor's) names none."""
+    stuck = [_sited(_beat(12, (*DP, 41, 40)), "_training/pretrain.py:550 in <lambda>"), _beat(12, (*DP, 40, 40))]
+    found = summary.in_the_step(stuck, 12, 0)[1]
+    assert (
+        found.sites == "all_reduce #41 of the data-parallel group at _training/pretrain.py:550 in <lambda> by rank(s) 0"
+    )
+    assert found.why("step 30, phase step", 105.0).endswith(f"wait in; called: {found.sites}")
+    default = ("9", "default")
+    desync = [
+        _sited(_beat(12, (*DP, 41, 40), (*default, 7, 7)), "a.py:3 in average", "a.py:9 in loss"),
+        _sited(_beat(12, (*DP, 40, 40), (*default, 8, 7)), "a.py:3 in average", "a.py:9 in loss"),
+    ]
+    found = summary.in_the_step(desync, 12, 0)[1]
+    assert found.sites == (
+        "all_reduce #41 of the data-parallel group at a.py:3 in average by rank(s) 0; "
+        "all_reduce #8 of the default group at a.py:9 in loss by rank(s) 1"
+    )
+    unsited = summary.in_the_step([_beat(12, (*DP, 41, 40)), _beat(12, (*DP, 40, 40))], 12, 0)[1]
+    assert unsited.sites == "" and "called:" not in unsited.why("step 30, phase step", 105.0)
+
+
 def test_a_desync_names_every_peer_on_the_other_side() -> None:
     """Four ranks: rank 3 waits in the default group's #8, ranks 0-2 in the data-parallel #41 it skipped: rank 3 is
     named with all three, none of them is named."""

@@ -61,6 +61,11 @@ def _hung_in_the_step(
     assert facts.kind == kind and facts.group == f"the {group} group", (facts, out)
     assert re.fullmatch(r"all_reduce #\d+", facts.collective), (facts, out)
     assert set(facts.peers) == (peers if peers is not None else set(range(nproc)) - {hung}), (facts, out)
+    # Where the collectives were called: the one named (the peers' for stuck_outside, its own for a desync), and
+    # for a desync the data-parallel all_reduce its peers wait in too.
+    assert f"{facts.collective} of the {group} group at " in facts.sites, (facts, out)
+    assert re.search(r"\.py:\d+ in \S+ by rank\(s\) \d", facts.sites), (facts, out)
+    assert fault != "desync" or "of the data-parallel group at _training/pretrain.py:" in facts.sites, (facts, out)
     fault_at = max(_when(r) for r in records if r.origin.rank == hung and not isinstance(r, Verdict))
     # When each rank failed: its failure record (written before its teardown), else its end, else (killed by its
     # monitor) the verdict on it.
@@ -75,7 +80,7 @@ def _hung_in_the_step(
     assert max(ends.values()) - fault_at <= conviction + 2 * INTERVAL_S + 2.0, (ends, fault_at, conviction, out)
     last = done.stdout.strip().splitlines()[-1]
     words = "went past a collective its peers waited in" if fault == "desync" else "was stuck before a collective"
-    assert f"rank {hung} {words}" in last and "the cause," in last, last
+    assert f"rank {hung} {words}" in last and "the cause," in last and "; called: " in last, last
     notes = [r.note for r in records if isinstance(r, Failure)]
     assert not any(f"rank {peer} failed first" in note for note in notes for peer in facts.peers), notes
     said = "in" if fault == "desync" else "before"

@@ -42,6 +42,7 @@ def main() -> None:
     tensor = torch.ones(4)
     dist.all_reduce(tensor)
     report["sync"] = seen(marks)
+    report["site"] = page.read_collectives(marks._page)[0].site
     work = dist.all_reduce(tensor, async_op=True)
     report["issued"] = seen(marks)
     assert work is not None
@@ -53,6 +54,7 @@ def main() -> None:
         dist.all_reduce(tensor)
         dist.all_reduce(torch.ones(2))
     report["coalesced"] = seen(marks)
+    report["coalesced_site"] = page.read_collectives(marks._page)[0].site
     with dist._coalescing_manager(async_ops=True) as manager:
         dist.all_reduce(tensor, async_op=True)
     report["coalesced_issued"] = seen(marks)

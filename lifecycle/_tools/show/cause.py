@@ -146,6 +146,8 @@ def from_evidence(facts: Evidence, last_step: int | None, decided: Decided, *, k
                 waiting = f" (rank(s) {', '.join(map(str, facts.peers))} waiting)"
             collective = f"{facts.collective} of {facts.group}{waiting}"
         detail = liveness_detail(kind, state=facts.process_state, silent=silent, killed=killed, collective=collective)
+        if facts.sites:
+            detail += f"; called: {facts.sites}"
     return Cause(facts.rank, facts.kind, facts.phase, facts.step, last_step, detail, decided)
 
 
