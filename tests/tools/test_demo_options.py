@@ -255,7 +255,9 @@ def test_every_option_reaches_its_config_field(option: Any) -> None:
     Derived from ``OPTIONS``: an option added there is checked here with no edit.
     """
     given, wanted = _value_for(option.field)
-    argv = ["--journal-dir=/tmp/journals", "--steps=12", "--fail-at=step", f"{option.flag}={given}"]
+    if option.type is None:  # a switch: given alone, it sets its field
+        given, wanted = "", True
+    argv = ["--journal-dir=/tmp/journals", "--steps=12", "--fail-at=step", f"{option.flag}={given}".rstrip("=")]
     options = parser().parse_args(argv)
     config = demo_config(options, for_ranks=not option.torchrun)
     assert _config_value(config, option.field) == wanted

@@ -268,6 +268,14 @@ OPTIONS: tuple[Option, ...] = (
         derived=_part(4, SAVE_EVERY_AT_MOST),
     ),
     Option(
+        "--memory-copy",
+        "also keep each rank's training state in node memory, every few steps (as many as keep its cost under a "
+        "hundredth of a step's), and resume from it when every rank holds the same step: a restart then retrains "
+        "fewer steps than since the last checkpoint",
+        "checkpoint.memory_copy",
+        type=None,
+    ),
+    Option(
         "--journal-dir",
         "where journals and diagrams go; created if need be, it must hold no journals yet "
         "(default: a new temp dir, removed at exit unless --keep)",
