@@ -15,38 +15,67 @@ journals:
 - *steps lost*: steps trained before the fault that the next attempt trains again (the
   last step any rank finished, less the step it resumed from).
 
-There is no baseline run: the table is a cost breakdown, not a ratio. A torchrun
-restart pays the new processes' start-up (importing torch and megatron-core) and a new
-rendezvous; an in-process retry pays neither.
+The second table splits "verdict → training again" (the survivor's failure edge to
+the first step of the next attempt; detection is a policy, reported apart) into parts,
+each from the journals of the next attempt, the slowest rank's each time:
+
+- *to pretrain again*: the verdict to the next ``pretrain`` call's start (``run``
+  record): for a torchrun restart the launcher noticing, stopping and restarting, the
+  new processes' start and imports; for a retry the failure's teardown and the decision;
+- *rendezvous*: that start to the process group (the move to ``dist_ready``);
+- *setup and load*: the group to the resume (``resume`` record): Megatron-core's
+  globals, the model, the state loaded;
+- *first step*: the resume to the end of the first step,
+
+next to the floor of each, measured bare in the same run: a fresh interpreter importing
+the demo rank's modules and exiting (``IMPORTS``), two processes creating a gloo group
+on a new TCPStore and passing a barrier, reading the bytes of the checkpoint the run
+resumed from, and the median step of the first attempt. The ratio is the part's sum
+over the floors' (a retry has no import floor: its processes live on). The third table
+is the same kinds with ``--memory-copy``: the steps lost when a copy in node memory
+survives (its interval comes from a 1% budget of the step, so a copy is some steps old).
 """
 
 from __future__ import annotations
 
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import table
 
-from lifecycle.journal import Failure, Record, TrainStep, Transition, read
+from lifecycle.journal import Failure, Record, Resumed, RunStart, TrainStep, Transition, read
 
 KINDS = ("raise", "crash", "stop", "hang", "spin")
-ROUNDS = 2
+COPY_KINDS = ("raise", "crash")
+ROUNDS = 5
+FLOOR_RUNS = 5
 STEPS, FAIL_STEP, INTERVAL = 60, 40, 10
+IMPORTS = (
+    "lifecycle._tools.demo.worker",
+    "lifecycle._torch.store",
+    "lifecycle._training.pretrain",
+    "lifecycle._training.model",
+    "lifecycle._torch.megatron_actions",
+)
+"""What a demo rank imports before its ``pretrain`` call starts (the floor of a new process's start-up)."""
+PARTS = ("to pretrain again", "rendezvous", "setup and load", "first step")
 
 
-def run_once(kind: str, folder: Path) -> dict[str, float]:
-    """One demo run with ``kind``; its timings in seconds and the steps lost."""
+def run_once(kind: str, folder: Path, *extra: str) -> dict[str, float]:
+    """One demo run with ``kind`` (and ``extra`` flags); its timings in seconds and the steps lost."""
     phase = "batch" if kind == "hang" else "step"
     command = [
         sys.executable,
         *("-m", "lifecycle", "demo", "--steps", str(STEPS), "--fail-at", phase, "--fail-step", str(FAIL_STEP)),
         *("--checkpoint-interval", str(INTERVAL), "--eval-interval", "0", "--liveness-interval", "0.25"),
-        *("--fault", kind, "--retry", "--journal-dir", str(folder)),
+        *("--fault", kind, "--retry", "--journal-dir", str(folder), *extra),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
@@ -67,16 +96,127 @@ def measure(records: list[Record], kind: str) -> dict[str, float]:
     again = min(r.start or 0.0 for r in steps_after)
     resumed = min(r.step for r in steps_after) - 1
     reached = max(r.step for r in before if isinstance(r, TrainStep))
-    return {"detected": detected - fault, "again": again - fault, "lost": float(reached - resumed)}
+    first = min(r.step for r in steps_after)
+    started = max(r.start for r in after if isinstance(r, RunStart))
+    grouped = max(r.end for r in after if isinstance(r, Transition) and r.dest == "dist_ready")
+    loaded = max(r.time for r in after if isinstance(r, Resumed))
+    stepped = max(r.end or 0.0 for r in steps_after if r.step == first)
+    durations = [(r.end or 0.0) - (r.start or 0.0) for r in before if isinstance(r, TrainStep) and r.step > 1]
+    return {
+        "detected": detected - fault,
+        "again": again - fault,
+        "lost": float(reached - resumed),
+        "to pretrain again": started - detected,
+        "rendezvous": grouped - started,
+        "setup and load": loaded - grouped,
+        "first step": stepped - loaded,
+        "step": statistics.median(durations),
+        "resumed_from": float(resumed),
+    }
+
+
+_RENDEZVOUS = """
+import os, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+began = time.perf_counter()
+store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
+dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
+dist.barrier()
+print(time.perf_counter() - began, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def floors(checkpoint: Path) -> dict[str, float]:
+    """Each part's floor, bare, median of ``FLOOR_RUNS``: a fresh interpreter importing ``IMPORTS``; a 2-rank gloo
+    group on a new store and a barrier; reading every byte of the ``checkpoint`` folder a run resumed from."""
+    imports, rendezvous, reads = [], [], []
+    files = [p for p in checkpoint.rglob("*") if p.is_file()]
+    for _ in range(FLOOR_RUNS):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import " + ", ".join(IMPORTS)], check=True, timeout=300)
+        imports.append(time.perf_counter() - began)
+        port = _free_port()
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, "-c", _RENDEZVOUS, str(rank), str(port)], stdout=subprocess.PIPE, text=True
+            )
+            for rank in (0, 1)
+        ]
+        rendezvous.append(max(float(rank.communicate(timeout=300)[0].split()[-1]) for rank in ranks))
+        began = time.perf_counter()
+        for path in files:
+            path.read_bytes()
+        reads.append(time.perf_counter() - began)
+    return {
+        "to pretrain again": statistics.median(imports),
+        "rendezvous": statistics.median(rendezvous),
+        "setup and load": statistics.median(reads),
+    }
 
 
 def main() -> str:
-    """Run every kind ``ROUNDS`` times, rotating; the table (median of the rounds)."""
+    """Run every kind ``ROUNDS`` times, rotating, without and with the copy; the tables (median of the rounds)."""
     results: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
+    copied: dict[str, list[dict[str, float]]] = {kind: [] for kind in COPY_KINDS}
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         for round_ in range(ROUNDS):
             for kind in KINDS:
                 results[kind].append(run_once(kind, Path(tmp) / f"{kind}-{round_}"))
+            for kind in COPY_KINDS:
+                copied[kind].append(run_once(kind, Path(tmp) / f"{kind}-copy-{round_}", "--memory-copy"))
+        resumed = int(results["raise"][0]["resumed_from"])
+        floor = floors(Path(tmp) / "raise-0" / "checkpoints" / f"step_{resumed:010d}")
+    return _table(results) + "\n" + _parts_table(results, floor) + "\n" + _copy_table(copied)
+
+
+def _parts_table(results: dict[str, list[dict[str, float]]], floor: dict[str, float]) -> str:
+    """Table 2: verdict → training again, part by part, next to each part's floor; the ratio of the sums."""
+    rows = []
+    for kind in KINDS:
+        runs = results[kind]
+        parts = [statistics.median(r[part] for r in runs) for part in PARTS]
+        floors_ = [0.0 if kind == "raise" and part == "to pretrain again" else floor.get(part, 0.0) for part in PARTS]
+        floors_[-1] = statistics.median(r["step"] for r in runs)
+        cells = [f"{p:.2f} ({f:.2f})" for p, f in zip(parts, floors_, strict=True)]
+        rows.append([kind, *cells, f"{sum(parts):.2f}", f"{sum(floors_):.2f}", f"{sum(parts) / sum(floors_):.1f}x"])
+    title = (
+        f"Recovery, part by part: verdict → the first step again, each part's median (its floor, bare, in the same "
+        f"run; median of {ROUNDS} runs, floors of {FLOOR_RUNS}; s)"
+    )
+    header = ["fault", *PARTS, "verdict → first step done", "sum of floors", "÷ floors"]
+    return table(title, header, rows)
+
+
+def _copy_table(copied: dict[str, list[dict[str, float]]]) -> str:
+    """Table 3: the same faults with ``--memory-copy``: where the next attempt resumed, the steps lost."""
+    rows = []
+    for kind in COPY_KINDS:
+        runs = copied[kind]
+        rows.append(
+            [
+                kind,
+                f"{statistics.median(r['again'] for r in runs):.1f}",
+                f"{statistics.median(r['resumed_from'] for r in runs):.0f}",
+                f"{statistics.median(r['lost'] for r in runs):.0f}",
+                f"{max(r['lost'] for r in runs):.0f}",
+            ]
+        )
+    title = f"Recovery with --memory-copy (as table 1; median of {ROUNDS} runs)"
+    header = ["fault", "fault → training again (s)", "resumed after step", "steps lost", "most steps lost"]
+    return table(title, header, rows)
+
+
+def _table(results: dict[str, list[dict[str, float]]]) -> str:
+    """Table 1: per kind, the fault to the survivor's failure, to training again, and the steps lost."""
     rows = []
     for kind in KINDS:
         runs = results[kind]
