@@ -37,6 +37,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "distributed/test_megatron_clean.py": frozenset({"lifecycle._torch.megatron"}),
     "distributed/test_nccl_settings.py": frozenset({"lifecycle._torch.config", "lifecycle._torch.megatron"}),
     "distributed/test_store_ops.py": frozenset({"lifecycle._torch.notice", "lifecycle._torch.store"}),
+    "distributed/test_positions_gloo.py": frozenset({"lifecycle._liveness.collectives", "lifecycle._liveness.rank"}),
     "liveness/test_fault_kinds.py": frozenset({"lifecycle._liveness.monitor"}),
     "liveness/test_judgement.py": frozenset(
         {
