@@ -12,7 +12,7 @@ wrapper writes the group's slot in the marks page (``Marks.collective``):
 - *left*: the sequence number once the call returned (synchronous) or its ``Work.wait``
   returned (``async_op=True``);
 - the op and a fingerprint of its tensor (``numel << 8 | dtype code``);
-- its call site: the caller's code object and line, looked up in a table; a site seen
+- its call site: the caller's code object and instruction, looked up in a table; a site seen
   for the first time is written once into the page as ``path:line in function``, and
   each slot names its site by number (a monitor reads it only to name a culprit).
 
@@ -103,7 +103,7 @@ class Positions:
         self._patched: list[tuple[Any, str, Any]] = []
         self._default: Callable[[], Any] = lambda: None  # the default group while installed (a weak reference)
         self._sites: dict[tuple[Any, int], int] = {}
-        """Per call site seen (the caller's code object and line), its number in the page (0: the page is full)."""
+        """Per call site seen (the caller's code object and instruction), its number in the page (0: none left)."""
 
     # -- installing ---------------------------------------------------------------------
 
@@ -214,7 +214,7 @@ class Positions:
 
     def _site(self, frame: Any) -> int:
         """The page's number for the call site of ``frame`` (the caller of a collective), written on first sight."""
-        where = (frame.f_code, frame.f_lineno)
+        where = (frame.f_code, frame.f_lasti)
         number = self._sites.get(where)
         if number is None:
             path = frame.f_code.co_filename.replace("\\", "/").split("/")
@@ -261,7 +261,7 @@ class Positions:
                 record.code |= _page.BLIND << 8
             record.entered = before + 1
             frame = getframe(1)
-            site = sites.get((frame.f_code, frame.f_lineno))
+            site = sites.get((frame.f_code, frame.f_lasti))  # the call's instruction: its line only when new
             if site is None:
                 site = self._site(frame)
             record.code = code | (record.code & 0xFF00) | site << 16
