@@ -224,7 +224,20 @@ def release_table() -> str:
         f"{FAIL_STEP}, {GROUP_TIMEOUT_S:.0f} s group timeout; monitor at its defaults: {_in_force()})"
     )
     header = ["fault", "with the monitor (s)", "torch alone (s)", "torch alone ÷ monitor", "culprit named by kind"]
-    return table(title, header, rows)
+    return table(title, header, rows) + "\n" + RELEASE_SHOWS + "\n"
+
+
+RELEASE_SHOWS = (
+    "What this shows (issues 25, 38 and 40): with the monitor at its defaults a faulty rank is suspected past its "
+    "deadline and convicted only at the conviction deadline, a third of the group timeout (20 s of 60 s here; 10 s "
+    "at the demo's 30 s), so that a healthy rank that is merely slow is never killed; its peer is released about a "
+    "second after, against the whole group timeout with torch alone, which names the victim or nobody. Every kind "
+    "is named: a stopped, spinning or batch-hung rank by its marks and /proc, a hang inside the step (a sleep in "
+    "the forward, level with its peer in marks: stuck before the data-parallel all_reduce its peer waits in) and a "
+    "desync (one rank skips a gradient all_reduce) by the collective positions, each with the call sites of the "
+    "collectives. A crash resets the peer at once either way. Before issue 38 the monitor killed at the suspicion "
+    "deadline (3.6-5 s here), and with it a healthy rank slow for a few seconds."
+)
 
 
 _WORDS = {
