@@ -27,8 +27,8 @@ each from the journals of the next attempt, the slowest rank's each time:
   globals, the model, the state loaded;
 - *first step*: the resume to the end of the first step,
 
-next to the floor of each, measured bare in the same run: a fresh interpreter importing
-the demo rank's modules and exiting (``IMPORTS``), two processes creating a gloo group
+next to the floor of each, measured bare in the same run: a fresh interpreter's start
+until it has imported the demo rank's modules (``IMPORTS``), two processes creating a gloo group
 on a new TCPStore and passing a barrier, reading the bytes of the checkpoint the run
 resumed from, and the median step of the first attempt. The ratio is the part's sum
 over the floors' (a retry has no import floor: its processes live on). The third table
@@ -136,14 +136,16 @@ def _free_port() -> int:
 
 
 def floors(checkpoint: Path) -> dict[str, float]:
-    """Each part's floor, bare, median of ``FLOOR_RUNS``: a fresh interpreter importing ``IMPORTS``; a 2-rank gloo
+    """Each part's floor, bare, median of ``FLOOR_RUNS``: a fresh interpreter's start until it imported ``IMPORTS``
+    (not its exit); a 2-rank gloo
     group on a new store and a barrier; reading every byte of the ``checkpoint`` folder a run resumed from."""
     imports, rendezvous, reads = [], [], []
     files = [p for p in checkpoint.rglob("*") if p.is_file()]
+    importing = f"import time\nimport {', '.join(IMPORTS)}\nprint(time.time(), flush=True)"
     for _ in range(FLOOR_RUNS):
-        began = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import " + ", ".join(IMPORTS)], check=True, timeout=300)
-        imports.append(time.perf_counter() - began)
+        began = time.time()  # the child's clock is the same wall clock: its imports done, not its exit
+        done = subprocess.run([sys.executable, "-c", importing], capture_output=True, text=True, timeout=300)
+        imports.append(float(done.stdout.split()[-1]) - began)
         port = _free_port()
         ranks = [
             subprocess.Popen(
