@@ -36,7 +36,8 @@ def watch(monitor: Any, beat: bytes, now: float) -> None:
     monitor that merely missed beats is never "failed first" for a later failure.
     """
     key = f"{monitor.s.prefix}/liveness/hb/{monitor.neighbour}"
-    _, _, _, step, phase = json.loads(beat)[:5]
+    fields = json.loads(beat)
+    number, _, _, step, phase = fields[:5]
     if beat != monitor.neighbour_beat:
         monitor.neighbour_beat, monitor.neighbour_changed = beat, now
         if monitor.neighbour_suspected:  # every suspicion ends: this one when the neighbour beats, done or not
@@ -46,7 +47,7 @@ def watch(monitor: Any, beat: bytes, now: float) -> None:
             )
             monitor.append(judgement.withdrawal_line(monitor.s.origin, monitor.neighbour, step, phase))
         return
-    if done(json.loads(beat)):
+    if done(fields):
         return
     silent = now - monitor.neighbour_changed
     if silent <= max(4 * monitor.s.interval_s, monitor.s.floor_s):
@@ -64,7 +65,6 @@ def watch(monitor: Any, beat: bytes, now: float) -> None:
         return
     try:
         # One confirmer per silent beat: the rank whose add on it comes first.
-        number = json.loads(beat)[0]
         if monitor.store.add(f"{monitor.s.prefix}/liveness/confirm/{monitor.neighbour}/{number}", 1) != 1:
             monitor.neighbour_changed = now + 3600.0  # another rank confirms; stop asking
             return
