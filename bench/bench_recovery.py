@@ -67,6 +67,24 @@ IMPORTS = (
 """What a demo rank imports before its ``pretrain`` call starts (the floor of a new process's start-up)."""
 PARTS = ("to pretrain again", "rendezvous", "setup and load", "first step")
 
+SHOWS = (
+    "What this shows: the time a failure costs before training resumes, per kind (docs/recovery.md). A raise "
+    "is retried in the same processes: the survivor fails about 0.5 s after the fault (the failing rank waits "
+    "up to two monitor intervals for a liveness verdict before it aborts its group) and trains again 1.6 s "
+    "after it. A crash resets the survivor's collective at once, and torchrun's restart trains again 3 s after "
+    "the fault. A stopped, hung or spinning rank is suspected past the loop's 2 s floor deadline and convicted "
+    "at the conviction deadline (10 s, a third of the demo's 30 s group timeout: issue 38's rule, so that a "
+    "slow healthy rank is never killed), killed, which resets the survivor; torchrun then restarts both. "
+    "Steps lost: the 9 trained since the checkpoint at step 30. Table 2: from the verdict on, a torchrun "
+    "restart is 1.2x its floor, and the new processes' imports are nearly all of it (Megatron-core's import "
+    "pulls in torch._inductor for its fused kernels); the retry in the same processes pays no import but "
+    "about 1 s of deliberate waits (two monitor intervals for a verdict on the failing rank, the rank's wait "
+    "for a launcher's stop while the job decides) against floors of a few hundredths: 34x. Table 3: the copy "
+    "in node memory takes an interval from a 1% budget of the step (14-19 steps on the demo model), so a "
+    "restart resumes from it only when it is newer than the checkpoint, and loses up to that many steps."
+)
+"""What the three tables show (written from the last run, 2026-12-05: re-read it when the numbers move)."""
+
 
 def run_once(kind: str, folder: Path, *extra: str) -> dict[str, float]:
     """One demo run with ``kind`` (and ``extra`` flags); its timings in seconds and the steps lost."""
@@ -177,7 +195,7 @@ def main() -> str:
                 copied[kind].append(run_once(kind, Path(tmp) / f"{kind}-copy-{round_}", "--memory-copy"))
         resumed = int(results["raise"][0]["resumed_from"])
         floor = floors(Path(tmp) / "raise-0" / "checkpoints" / f"step_{resumed:010d}")
-    return _table(results) + "\n" + _parts_table(results, floor) + "\n" + _copy_table(copied)
+    return "\n".join((_table(results), _parts_table(results, floor), _copy_table(copied), SHOWS, ""))
 
 
 def _parts_table(results: dict[str, list[dict[str, float]]], floor: dict[str, float]) -> str:
@@ -237,19 +255,7 @@ def _table(results: dict[str, list[dict[str, float]]]) -> str:
         f"{INTERVAL}, liveness looks every 0.25 s; median of {ROUNDS} rotating runs; s)"
     )
     header = ["fault", "recovered by", "fault → survivor fails", "fault → training again", "steps lost"]
-    # Written from the last run (docs/benchmarks.md): re-read it when the numbers move.
-    shows = (
-        "What this shows: the time a failure costs before training resumes, per kind (docs/recovery.md). A "
-        "raise is retried in the same processes: the survivor fails about 0.5 s after the fault (the failing "
-        "rank waits up to two monitor intervals for a liveness verdict before it aborts its group) and trains"
-        " again 2 s after it (the 0.5 s a rank waits for a launcher's stop, a rendezvous, the resume). A "
-        "crash resets the survivor's collective at once; torchrun's restart then costs 8-14 s here, mostly "
-        "new processes importing torch and megatron-core on 2 busy cores. A stopped, hung or spinning rank is "
-        "named by its liveness monitor and killed about 2.5 s after the fault (the loop's 2 s floor deadline "
-        "and a look or two), which resets the survivor at once; torchrun then restarts both. Steps lost: the 9 "
-        "trained since the checkpoint at step 30."
-    )
-    return table(title, header, rows) + "\n" + shows + "\n"
+    return table(title, header, rows)
 
 
 if __name__ == "__main__":
