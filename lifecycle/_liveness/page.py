@@ -67,10 +67,30 @@ OPS = (
 
 
 def write_verdict(page: mmap.mmap, verdict: bytes) -> None:
-    """Put ``verdict`` (JSON, cut to ``VERDICT_BYTES``) in the page: the text first, its length last."""
-    data = verdict[:VERDICT_BYTES]
+    """Put ``verdict`` (JSON) in the page: the text first, its length last. One over ``VERDICT_BYTES`` is made to fit
+    as JSON still (its evidence's call sites left out, then its note shortened), never cut mid-text."""
+    data = verdict if len(verdict) <= VERDICT_BYTES else _fitted(verdict)
     page[VERDICT_AT + 4 : VERDICT_AT + 4 + len(data)] = data
     struct.pack_into("<I", page, VERDICT_AT, len(data))
+
+
+def _fitted(verdict: bytes) -> bytes:
+    """``verdict`` within ``VERDICT_BYTES`` as JSON: without its evidence's ``sites``, then with a shorter note."""
+    try:
+        found = json.loads(verdict)
+    except ValueError:
+        return verdict[:VERDICT_BYTES]
+    if not isinstance(found, dict):
+        return verdict[:VERDICT_BYTES]
+    if isinstance(found.get("evidence"), dict):
+        found["evidence"].pop("sites", None)
+    data = json.dumps(found).encode()
+    note = str(found.get("note", ""))
+    while len(data) > VERDICT_BYTES and note:
+        note = note[: max(0, len(note) - (len(data) - VERDICT_BYTES) - 8)]
+        found["note"] = note + "…"
+        data = json.dumps(found).encode()
+    return data[:VERDICT_BYTES]
 
 
 def read_verdict(page: mmap.mmap) -> dict[str, object] | None:

@@ -77,7 +77,8 @@ class Outside(NamedTuple):
     peers never entered (``desync``). The group (``key``, ``label`` in words), the collective (``op`` #``number``:
     the one it did not enter, or the one it waits in), the ranks on the other side (``peers``, the first
     ``PEERS_NAMED``), since when (wall), for a desync what they wait in (``theirs``), and where the collectives
-    named were called (``sites``: ``all_reduce #101 at pretrain.py:398 in train_step by rank(s) 0``, ``; ``-joined)."""
+    named were called (``sites``: ``all_reduce #101 of the data-parallel group at _training/pretrain.py:550 in
+    <lambda> by rank(s) 0``, ``; ``-joined: ``called``)."""
 
     key: str
     label: str

@@ -16,7 +16,7 @@ import pytest
 from support.stores import settled_set
 
 from lifecycle._liveness import monitor, summary
-from lifecycle._liveness.page import read_collectives
+from lifecycle._liveness.page import read_collectives, read_verdict, write_verdict
 from lifecycle._liveness.rank import Marks
 from lifecycle._liveness.settings import Settings
 
@@ -215,6 +215,33 @@ def test_the_page_carries_each_groups_position_to_the_monitor() -> None:
             ("1", "data-parallel", 5, 4, True, True),
         ]
         assert (first, found[1].op, found[1].fingerprint) == (0, "all_reduce", 1000 << 8 | 1)
+        page.close()
+    finally:
+        marks.close()
+
+
+def test_a_verdict_too_long_for_the_page_is_made_to_fit_as_json_not_cut() -> None:
+    """A verdict over the page's 2 KB (call sites of many ranks, a long note) loses its evidence's sites, then the
+    note's end: the rank still reads its kind, evidence and the start of the note; a short one is kept whole."""
+    marks = Marks()
+    try:
+        with open(marks.path, "r+b") as file:
+            page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
+        evidence = {"kind": "desync", "rank": 3, "peers": [0, 1, 2], "sites": "x.py:1 in f by rank(s) 0; " * 60}
+        long = {
+            "rank": 3,
+            "kind": "desync",
+            "note": "rank 3 went past a collective " + "w" * 3000,
+            "evidence": evidence,
+        }
+        write_verdict(page, json.dumps(long).encode())
+        found = read_verdict(page)
+        assert found is not None and found["kind"] == "desync" and found["evidence"]["peers"] == [0, 1, 2]
+        assert "sites" not in found["evidence"] and str(found["note"]).startswith("rank 3 went past a collective ")
+        assert str(found["note"]).endswith("…")
+        short = {"rank": 3, "kind": "desync", "note": "short", "evidence": {"sites": "x.py:1 in f"}}
+        write_verdict(page, json.dumps(short).encode())
+        assert read_verdict(page) == short
         page.close()
     finally:
         marks.close()
