@@ -49,7 +49,15 @@ from lifecycle._core.errors import describe
 from lifecycle._core.seams import Announcement
 from lifecycle._core.worker import POOL as WORKERS
 from lifecycle._liveness import rank as liveness
-from lifecycle.journal.evidence import VERDICT_PREFIX, Evidence, Kind, consequence, error_kind, kind_of
+from lifecycle.journal.evidence import (
+    VERDICT_PREFIX,
+    Evidence,
+    Kind,
+    consequence,
+    error_kind,
+    kind_of,
+    own_failure,
+)
 
 DEADLINE_S = 0.25
 """Bound on the whole of ``publish``, whatever the store does."""
@@ -171,8 +179,9 @@ def publish(
     bound = deadline_s + verdict_wait
     deadline = time.monotonic() + deadline_s
     read_page = monitor.marks.verdict if monitor is not None else None
+    own = _own(error)
     finished, outcome = WORKERS.run_within(
-        lambda: _publish(store, prefix, name, mine, verdict_wait, deadline, read_page), bound
+        lambda: _publish(store, prefix, name, mine, verdict_wait, deadline, read_page, own), bound
     )
     if not finished or outcome is None:
         outcome = _unknown(f"{name} did not answer within {bound * 1000:g} ms")
@@ -211,6 +220,7 @@ def _publish(
     verdict_wait: float = 0.0,
     deadline: float | None = None,
     read_page: Callable[[], dict[str, object] | None] | None = None,
+    own: bool = False,
 ) -> Announcement:
     """``publish``'s work, on its thread: count, write, read the first notice; never raises.
 
@@ -223,8 +233,9 @@ def _publish(
     whose notice 1 is not a monitor's, waits up to ``verdict_wait`` for a liveness
     verdict, which then names the first rank: a peer that died resets this
     rank's connections (and maybe another survivor's, first) before its heartbeat is
-    stale, and its own monitor names it (``lifecycle._liveness``). An ordinary failure
-    pays that wait.
+    stale, and its own monitor names it (``lifecycle._liveness``). A failure that is its
+    rank's own beyond doubt (``own`` for this rank's, ``own_failure`` for notice 1: a raise
+    with no communication in its error) does not wait: no peer's death is behind it.
     """
     store = PrefixStore(prefix, raw)
     if deadline is not None and time.monotonic() >= deadline:
@@ -241,7 +252,7 @@ def _publish(
     except Exception as exc:  # noqa: BLE001 - counted, but peers will not read it
         return Announcement(seq, f"notice {seq} was counted, but writing it to {name} failed: {_brief(exc)}")
     if seq == 1:
-        return _verdict(read_page, seq, verdict_wait) if verdict_wait > 0 else Announcement(seq)
+        return _verdict(read_page, seq, verdict_wait) if verdict_wait > 0 and not own else Announcement(seq)
     try:
         found = _get_within(raw, store, f"{NAMESPACE}/1", PEER_WAIT_S)
         if found is None:
@@ -268,10 +279,23 @@ def _publish(
         said = "" if first.words() == Kind.RAISED.words else f"; it {first.words()}"  # a raise: its error says it
         note = f"lifecycle: rank {first.rank} failed first ({first.where()}{said}): {first.error}"
         found_first = Announcement(seq, "", first.rank, note, first.evidence(written))
-    if verdict_wait > 0 and not first.error.startswith(VERDICT_PREFIX):
+    settled = first.error.startswith(VERDICT_PREFIX) or (not first_late and own_failure(first.error, first.kind))
+    if verdict_wait > 0 and not settled:
         # Notice 1 may be a peer that a dead rank reset before the dead rank's monitor spoke.
         return _verdict(read_page, seq, verdict_wait, found_first)
     return found_first
+
+
+def _own(error: BaseException) -> bool:
+    """Whether ``error``, and each error it was raised from or during, is its rank's own failure (``own_failure``)."""
+    seen: set[int] = set()
+    found: BaseException | None = error
+    while found is not None and id(found) not in seen:
+        if not own_failure(describe(found), kind_of(found).value):
+            return False
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return True
 
 
 def _get_within(raw: Store, store: Store, key: str, wait_s: float) -> str | None:

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lifecycle._training.exits import NO_PROGRESS_LIMIT, ExitCode
-from lifecycle.journal.evidence import Kind
+from lifecycle.journal.evidence import RAISED_KINDS, Kind
 
 RESTART, STOP = "restart", "stop"
 """The two actions."""
@@ -149,7 +149,8 @@ class Decision:
 
     ``reason``: one of ``REASONS``; ``words``: the reason in a sentence; ``details``:
     its facts (the culprit's ``host`` / ``rank`` for ``repeated_culprit``, counts and
-    limits for ``budget``...), JSON values only.
+    limits for ``budget``...), JSON values only. ``cause``: the failure's ``Kind`` value as
+    ``decide_after`` found it ("" when unknown); not part of the record, nor compared.
     """
 
     action: str
@@ -157,6 +158,13 @@ class Decision:
     attempt: int
     words: str
     details: dict[str, Any] = field(default_factory=dict)
+    cause: str = field(default="", compare=False)
+
+    @property
+    def cause_lives(self) -> bool:
+        """Whether the failure's rank raised it and lives (``RAISED_KINDS``): no process of the job is gone, so no
+        launcher stops the survivors. False when the cause is unknown."""
+        return Kind.named(self.cause) in RAISED_KINDS
 
     @property
     def stop(self) -> bool:

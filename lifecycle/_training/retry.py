@@ -23,6 +23,7 @@ that failed: once per attempt, which ``show`` prints in that attempt's account. 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -99,6 +100,8 @@ def decide_after(
     ended. Exit with ``decision.exit_code`` when ``decision.stop``; otherwise call
     ``pretrain`` again (in this process or a new one). Never raises for a missing or
     unreadable journal or store: it decides from what it has (``error`` alone, at worst).
+    The decision's ``cause`` is the recorded cause's kind (``Decision.cause_lives``: no
+    process of the job is gone, so a retry here need not wait for a launcher's stop).
 
     On the main thread a SIGTERM or SIGINT that arrives meanwhile (torchrun stops the
     survivors of a dead rank at once) is held until the decision is recorded, then
@@ -151,7 +154,8 @@ def _decide_after(
         # host blocks past its timeout, so the journal folder holds the decision.
         store = None
     if journal_dir is None and store is None:
-        return decide([_facts(error, None, rank)[0]], policy)
+        alone = _facts(error, None, rank)[0]
+        return dataclasses.replace(decide([alone], policy), cause=alone.kind)
     folder = None if journal_dir is None else Path(journal_dir)
     facts, key, mine, origin = _facts(error, folder, rank, store)
     name = f"{_safe(run_id())}.{key}"
@@ -163,7 +167,7 @@ def _decide_after(
         decision = decide([*ledger.history(name), facts], policy)
         found = ledger.claim(name, json.dumps({"attempt": facts.to_json(), "decision": decision.to_json()}))
     if found is None:
-        return decision
+        return dataclasses.replace(decision, cause=facts.kind)
     created = ledger.mirror(name, found)
     if found[1].stop:  # the job ends: this rank's copy in node memory goes (``lifecycle._training.memory``)
         remove_rank_copies(run_id(), rank)
@@ -173,7 +177,7 @@ def _decide_after(
         with contextlib.suppress(OSError):
             (folder / STOP_FILE).write_text(found[1].json_line() + "\n", encoding="utf-8")
         print(found[1].json_line(), file=sys.stderr, flush=True)
-    return found[1]
+    return dataclasses.replace(found[1], cause=found[0].kind)
 
 
 def _store_host_lost(error: BaseException) -> bool:

@@ -218,6 +218,25 @@ def consequence(error: str, kind: str = "") -> bool:
     return found is not None and found.consequence
 
 
+_COMMUNICATION = re.compile(r"\bDist[A-Za-z]*Error\b|gloo|nccl|ProcessGroup|c10d|collective|\bstore\b", re.IGNORECASE)
+
+OWN_KINDS = frozenset({Kind.RAISED, Kind.INTERRUPTED, Kind.NONFINITE_LOSS})
+"""The kinds of a failure that no other rank's can have caused, unless its error came from communication."""
+
+
+def own_failure(error: str, kind: str = "") -> bool:
+    """Whether a failure is its rank's own beyond doubt, so no peer's death can be behind it.
+
+    Its ``kind`` (a ``Kind`` value; "" reads as ``raised``) is one of ``OWN_KINDS``, and
+    its ``error`` text (``Type: message``) shows no communication: no torch.distributed
+    error type, no gloo, NCCL, process group, collective or store. A failed save is never
+    one: its agreement is a collective. A rank whose own failure this is, and a peer that
+    reads it as the first notice, need not wait for a liveness verdict naming someone else.
+    """
+    named = Kind.named(kind or Kind.RAISED.value)
+    return named in OWN_KINDS and error_kind(error) is None and _COMMUNICATION.search(error) is None
+
+
 OMIT_EMPTY = "omit_empty"
 """A dataclass field's metadata key: the field is left out of the JSON while empty (its default); the journal's
 schema (``lifecycle.journal._schema.to_json``) honours it for every record."""

@@ -258,3 +258,111 @@ def test_the_demo_leaves_the_note_in_rank_0s_journal(tmp_path: Path) -> None:
     failures = {r.origin.rank: r for r in read([journals]) if isinstance(r, Failure)}
     assert failures[1].seq == 1 and failures[1].first_rank is None
     assert failures[0].first_rank == 1 and failures[0].note.startswith("lifecycle: rank 1 failed first (step 10")
+
+
+def _page_with_a_verdict_after(delay_s: float, rank: int) -> Any:
+    """A rank's page reader whose liveness verdict (naming ``rank``) appears ``delay_s`` after the first read."""
+    began: list[float] = []
+
+    def read_page() -> dict[str, object] | None:
+        began.append(began[0] if began else time.monotonic())
+        if time.monotonic() - began[0] < delay_s:
+            return None
+        return {"rank": rank, "note": f"rank {rank} died at step 5"}
+
+    return read_page
+
+
+GLOO_RESET = "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:39138"
+
+
+@pytest.mark.parametrize(
+    ("error", "waits"),
+    [
+        (RuntimeError("injected failure at phase 'step'"), False),
+        (ValueError("bad batch"), False),
+        (RuntimeError(GLOO_RESET.removeprefix("RuntimeError: ")), True),
+        (RuntimeError("NCCL communicator was aborted on rank 1"), True),
+    ],
+    ids=["own-raise", "own-value-error", "gloo-reset", "nccl-abort"],
+)
+def test_a_failure_of_its_own_does_not_wait_for_a_verdict_and_one_from_communication_does(
+    error: BaseException, waits: bool
+) -> None:
+    """Notice 1 with a monitor running: a raise of the rank's own returns at once (no verdict can name another);
+    an error from communication waits for the verdict, which names the dead peer."""
+    from lifecycle._torch import notice
+
+    prefix = f"lifecycle/g0/attempt-{error.__class__.__name__}-{waits}-{id(error)}"
+    server = _server()
+    client = _client(server.port)
+    mine = notice.FailureNotice(0, "h", 1, "step", 5, notice.describe(error), time.time(), seq=0)
+    began = time.monotonic()
+    told = notice._publish(
+        client, prefix, "the store", mine, 2.0, None, _page_with_a_verdict_after(0.3, 1), notice._own(error)
+    )
+    took = time.monotonic() - began
+    assert told.seq == 1
+    if waits:
+        assert told.first_rank == 1 and took >= 0.3, (told, took)
+    else:
+        assert told.first_rank is None and took < 0.3, (told, took)
+
+
+def test_a_raise_from_a_communication_error_is_not_its_ranks_own() -> None:
+    """An error raised while handling (or from) a torch.distributed error is never taken for a rank's own."""
+    from torch.distributed import DistBackendError
+
+    from lifecycle._torch import notice
+
+    try:
+        try:
+            raise DistBackendError("recv failed")
+        except DistBackendError:
+            raise ValueError("the batch could not be gathered") from None
+    except ValueError as exc:
+        suppressed = exc
+    try:
+        try:
+            raise DistBackendError("recv failed")
+        except DistBackendError as inner:
+            raise ValueError("the batch could not be gathered") from inner
+    except ValueError as exc:
+        chained = exc
+    assert not notice._own(chained)
+    assert not notice._own(suppressed)  # ``from None`` hides its context from the traceback, not from the rule
+    assert not notice._own(DistBackendError("anything"))
+    assert notice._own(KeyboardInterrupt())
+
+
+@pytest.mark.parametrize(
+    ("first_error", "first_kind", "names"),
+    [
+        ("InjectedFault: injected failure at phase 'step' on rank 1, step 5", "raised", 1),
+        ("DistBackendError: NCCL communicator was aborted", "raised", 2),
+        ("InjectedFault: injected failure", "died", 2),
+    ],
+    ids=["own-raise", "communication", "not-a-raise"],
+)
+def test_a_later_rank_names_notice_1_at_once_when_it_is_its_ranks_own(
+    first_error: str, first_kind: str, names: int
+) -> None:
+    """Notice 2, with a verdict naming rank 2 on its way: notice 1 of a raise of rank 1's own is named at once;
+    one from communication, or of another kind, waits for the verdict (which names rank 2)."""
+    from lifecycle._torch import notice
+
+    server = _server()
+    client = _client(server.port)
+    prefix = f"lifecycle/g0/attempt-later-{first_kind}-{names}"
+    first = {
+        "rank": 1, "host": "h", "pid": 0, "phase": "step", "step": 5, "time": time.time(), "seq": 1,
+        "error": first_error, "kind": first_kind,
+    }  # fmt: skip
+    client.add(f"{prefix}/failures/count", 1)
+    client.set(f"{prefix}/failures/1", json.dumps(first))
+    mine = notice.FailureNotice(0, "h", 1, "step", 5, GLOO_RESET, time.time(), seq=0)
+    began = time.monotonic()
+    told = notice._publish(client, prefix, "the store", mine, 2.0, None, _page_with_a_verdict_after(0.3, 2), False)
+    took = time.monotonic() - began
+    assert told.seq == 2 and told.first_rank == names, told
+    assert (took < 0.3) == (names == 1), took

@@ -396,3 +396,16 @@ def test_a_sigterm_while_deciding_is_delivered_after_the_decision_is_recorded(tm
     assert "returned" not in done.stdout
     assert [p.name for p in (tmp_path / DECISIONS).iterdir()] == [f"{RUN}.0.0.json"]
     assert last_decision(tmp_path) is not None and last_decision(tmp_path).action == "restart"  # type: ignore[union-attr]
+
+
+def test_the_decision_says_whether_the_cause_lives_on_every_rank(tmp_path: Path) -> None:
+    """A peer's raise: both ranks' decisions say the cause lives (a retry here waits for no launcher's stop); a
+    peer's death: they say it does not; neither is part of the record."""
+    for attempt, kind, lives in ((0, "raised", True), (1, "died", False)):
+        for rank in (0, 1):
+            journal(tmp_path, rank, attempt, kind=kind)
+        victim = decide_after(ConnectionError("Connection reset by peer"), tmp_path, rank=0, wait_s=0.2)
+        cause = decide_after(boom(), tmp_path, rank=1) if kind == "raised" else victim
+        assert (victim.cause, victim.cause_lives, cause.cause_lives) == (kind, lives, lives), (victim, cause)
+        assert "cause" not in victim.to_json() and last_decision(tmp_path) == victim
+    assert decide_after(boom(), None, rank=0).cause_lives  # judged alone: its own raise

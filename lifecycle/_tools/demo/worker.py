@@ -42,7 +42,8 @@ LAUNCHER_WAIT_S = 0.5
 
 torchrun's agent looks at its workers every 0.1 s and stops the survivors of a dead one;
 a retry started meanwhile would block in its rendezvous, where a SIGTERM cannot reach
-Python, until the agent's SIGKILL 30 s later.
+Python, until the agent's SIGKILL 30 s later. Not waited for when the job's decision says
+the cause raised and lives (``Decision.cause_lives``): no process is gone, no stop comes.
 """
 
 
@@ -110,7 +111,8 @@ def _run_attempts(
     The launcher's verdict comes from the journals, not from this code. A failure after
     an exit was requested (e.g. SIGTERM), or one not worth restarting, ends the rank; so
     does one after which a peer's process is gone (the launcher's SIGTERM came, or comes
-    within ``LAUNCHER_WAIT_S``): torchrun restarts every rank, if it may.
+    within ``LAUNCHER_WAIT_S`` unless the cause raised and lives): torchrun restarts every
+    rank, if it may.
     """
     # Imported here, after the warning filters: this loads torch and megatron-core.
     from lifecycle._training.pretrain import pretrain
@@ -141,7 +143,7 @@ def _run_attempts(
                     print(f"[rank {rank}] stopped by the launcher: torchrun restarts every rank, if it may", flush=True)
                     return code
                 if attempt + 1 < len(attempts):
-                    if _launcher_stops_us(LAUNCHER_WAIT_S):
+                    if not decision.cause_lives and _launcher_stops_us(LAUNCHER_WAIT_S):
                         print(f"[rank {rank}] the launcher stopped this rank: a peer's process is gone", flush=True)
                         return code
                     print(f"[rank {rank}] retrying in the same process (attempt {attempt + 1})", flush=True)
