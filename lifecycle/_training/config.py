@@ -145,12 +145,14 @@ class CheckpointConfig:
     position, RNG) in node memory (``lifecycle._training.memory``) every
     ``memory_interval`` steps, so that a retry or a restarted process on the same node
     resumes from a step newer than the last checkpoint (docs/checkpoint-format.md, "The
-    copy in node memory"). It needs ``dir`` and ``resume``: disk checkpoints stay the
-    durable truth. ``memory_interval`` 0 (default) derives it from a measured budget: the
-    copy's cost over the first steps against ``memory_budget`` (a fraction, default 1%) of
-    a step's time. ``memory_cap_mb``: the most one rank's two slots may take (None: half
-    the file system, shared by the node's ranks); a copy that does not fit is warned about
-    once and the run goes on without copies.
+    copy in node memory"); a call that fails outside an update also copies the step the
+    last update left, so an in-process retry loses no step. It needs ``dir`` and
+    ``resume``: disk checkpoints stay the durable truth. ``memory_interval`` 0 (default)
+    derives it from a measured budget: the copy's cost over the first steps against
+    ``memory_budget`` (a fraction, default 1%) of a step's time. ``memory_cap_mb``: the
+    most one rank's files may take (three slots and a spare; None: half the file system,
+    shared by the node's ranks); a copy that does not fit is warned about once and the
+    run goes on without copies.
     """
 
     dir: str | None = None

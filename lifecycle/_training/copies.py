@@ -1,19 +1,24 @@
 """``pretrain``'s copy of the training state in node memory (``CheckpointConfig.memory_copy``).
 
 Every ``interval`` steps the loop calls ``after_step``: the state (model, optimizer, step,
-data position, RNG) is copied on the training thread into one reused byte buffer (a
-``copy_`` per tensor, no pickle: ``_Packer``), then checksummed and written to the rank's
-older slot (``lifecycle._training.memory``) by a background thread while the next step
-runs (``zlib.crc32`` and ``os.write`` release the GIL); the next copy waits for it.
+data position, RNG) is copied on the training thread into one reused byte buffer (one
+``_foreach_copy_`` for every tensor, no pickle: ``_Packer``), then checksummed and written
+to the rank's older slot (``lifecycle._training.memory``) by a background thread while the
+next step runs (``zlib.crc32`` and ``os.write`` release the GIL); the next copy waits for it.
+The loop marks when an update starts and ends (``unsettled``, ``settled``); a call that
+fails outside an update copies the step the last one left (``after_failure``), into a slot
+of its own.
 ``resume`` (collective) picks the step to resume from: the newest step every rank holds a
 whole copy of, if no older than the newest committed checkpoint (rank 0's view), else the
 checkpoint (``load_checkpoint``).
 
-The interval, unless configured: the first ``MEASURED`` steps of a call are each copied,
-and their cost is measured: the time the training thread spends (the packing, a wait for the
-previous write) plus, when the model is on the CPU, the background write (it competes for
-the same cores). ``interval = ceil(median cost / (memory_budget × median step time))``;
-every rank takes the largest (one ``all_reduce``, once), so all copy the same steps.
+The interval, unless configured: the first ``WARMUP + MEASURED`` steps of a call are each
+copied, and the cost of the last ``MEASURED`` is measured (the first lay the buffer out and
+make the slot files, which later copies write over): the packing on the training thread
+plus, when the model is on the CPU, the background write's CPU time (it competes for the
+same cores; its waits for the GIL cost the training nothing).
+``interval = ceil(median cost / (memory_budget × median step time))``; every rank takes the
+largest (one ``all_reduce``, once), so all copy the same steps.
 """
 
 from __future__ import annotations
@@ -36,16 +41,22 @@ from lifecycle.checkpoint import latest_checkpoint
 from lifecycle.checkpoint.loader import collective_device
 from lifecycle.journal import run_id
 
-__all__ = ["MEASURED", "NodeCopies"]
+__all__ = ["MEASURED", "WARMUP", "NodeCopies"]
 
 logger = logging.getLogger("lifecycle.pretrain")
 
+WARMUP = 3
+"""Steps copied at the start of each call before any is measured: the buffer laid out, both slots and the spare
+made."""
 MEASURED = 4
-"""Steps copied at the start of each call to measure the copy's cost, before the interval is derived."""
+"""Steps copied after ``WARMUP`` to measure the copy's cost, before the interval is derived."""
 
 _WARNED: set[str] = set()
 """Runs this process already warned about a copy that does not fit: one warning a run."""
 
+
+_HELD = 3
+"""How many copies a rank can hold (``lifecycle._training.memory``: two every few steps, one at a failure)."""
 
 _ALIGN = 64
 """Each tensor's bytes start at a multiple of this in the payload: any dtype can be viewed in place."""
@@ -95,8 +106,8 @@ class _Packer:
                 for tensor, (_, _, start, size) in zip(tensors, metas, strict=True)
             ]
             self._layout = metas
-        for tensor, target in zip(tensors, self._targets, strict=True):
-            target.copy_(tensor.detach())
+        with torch.no_grad():
+            torch._foreach_copy_(self._targets, tensors)  # one call for every tensor (121 on the demo model)
         structure = json.dumps({"tree": tree, "tensors": metas}).encode()
         return [len(structure).to_bytes(8, "little") + structure, memoryview(self.buffer)]
 
@@ -171,6 +182,8 @@ class NodeCopies:
         self._last: float | None = None
         self._thread: threading.Thread | None = None
         self._packer = _Packer()
+        self.clean: tuple[int, torch.Tensor] | None = None  # ``settled``: the step the model holds, its RNG state
+        self.copied: int | None = None  # the step of the newest copy written
 
     def open(self, rank: int, world_size: int, on_cpu: bool) -> None:
         """Sweep other runs' unowned folders, open this rank's slots and set the cap (``CheckpointConfig``)."""
@@ -209,22 +222,22 @@ class NodeCopies:
         disk: int | None = None
         if not self.enabled or self.slots is None:
             return load_disk(), "checkpoint", None
-        held = sorted(self.slots.newest())[-2:] if self.fits else []
+        held = sorted(self.slots.newest())[-_HELD:] if self.fits else []
         rank, world = dist.get_rank(), dist.get_world_size()
-        mine = torch.full((3,), -1, dtype=torch.int64)
+        mine = torch.full((_HELD + 1,), -1, dtype=torch.int64)
         mine[: len(held)] = torch.tensor(held, dtype=torch.int64)
         if rank == 0:
             try:
                 found = latest_checkpoint(directory)
             except OSError:  # the peers wait in the all_gather: the checkpoint's own load says what is wrong
                 found = None
-            mine[2] = -1 if found is None else found[0]
+            mine[_HELD] = -1 if found is None else found[0]
         device = collective_device()
-        gathered = [torch.zeros(3, dtype=torch.int64, device=device) for _ in range(world)]
+        gathered = [torch.zeros(_HELD + 1, dtype=torch.int64, device=device) for _ in range(world)]
         dist.all_gather(gathered, mine.to(device))
         views = [g.cpu().tolist() for g in gathered]
-        disk = None if views[0][2] < 0 else int(views[0][2])
-        common = set.intersection(*({s for s in v[:2] if s >= 0} for v in views))
+        disk = None if views[0][_HELD] < 0 else int(views[0][_HELD])
+        common = set.intersection(*({s for s in v[:_HELD] if s >= 0} for v in views))
         step = max(common, default=None)
         if step is not None and (disk is None or step >= disk):
             loaded = None
@@ -242,7 +255,7 @@ class NodeCopies:
         return load_disk(), "checkpoint", disk
 
     def after_step(self, step: int, state: Callable[[int], dict[str, Any]]) -> None:
-        """Copy the state of ``step`` if it is due (every ``interval`` steps; each of the first ``MEASURED``)."""
+        """Copy the state of ``step`` if it is due: every ``interval`` steps, each of the first ``WARMUP + MEASURED``."""
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -251,46 +264,83 @@ class NodeCopies:
             return
         if measuring and self._last is not None:
             self.periods.append(now - self._last)
-        self._join()
+        self._join()  # a wait only while the interval is measured (a copy every step): not counted twice
+        began = time.perf_counter()
         if self.fits and self.slots is not None:
             snapshot = self._packer.pack(state(step))
             self._thread = threading.Thread(target=self._write, args=(step, snapshot), daemon=True)
             self._thread.start()
-        self.costs.append(time.perf_counter() - now)
+        self.costs.append(time.perf_counter() - began)
         self.taken += 1
         self._last = time.perf_counter()
-        if measuring and self.taken >= MEASURED:
+        if measuring and self.taken >= WARMUP + MEASURED:
             self._derive()
+
+    def settled(self, step: int) -> None:
+        """The update of ``step`` is done: until the next one starts (``unsettled``), the model and optimizer hold
+        the state of ``step``, and this RNG state goes with it (a failure's copy, ``after_failure``)."""
+        if self.enabled:
+            self.clean = (step, torch.get_rng_state())
+
+    def unsettled(self) -> None:
+        """An update starts: the model and optimizer change in place, and no failure's copy is taken until it ends."""
+        self.clean = None
+
+    def after_failure(self, state: Callable[[int], dict[str, Any]]) -> int | None:
+        """The call failed: copy the state the update left (``settled``) into the failure slot; its step, or None.
+
+        Nothing is copied when no update is settled (the failure came inside one, or before
+        the first step), when the newest copy already is of that step, or when copies do not
+        fit. Synchronous, after the failure's teardown: a retry here, or the rank's next
+        process, resumes from it when every rank holds that step (``resume``); a rank that
+        died without one leaves the others its copies every few steps, never evicted by this.
+        """
+        if not self.enabled or self.clean is None:
+            return None
+        self._join()
+        step, rng = self.clean
+        if not self.fits or self.slots is None or step == self.copied:
+            return None
+        snapshot = dict(state(step))
+        snapshot["rng"] = rng
+        self._write(step, self._packer.pack(snapshot), failure=True)
+        return step if self.fits else None
 
     def _derive(self) -> None:
         """Set ``interval`` from the measured costs (module docstring); the largest on any rank."""
         self._join()
-        cost = statistics.median(self.costs) + (statistics.median(self.writes) if self.on_cpu and self.writes else 0)
-        period = max(statistics.median(self.periods), 1e-9)
+        costs, writes, periods = self.costs[WARMUP:], self.writes[WARMUP:], self.periods[WARMUP:]
+        packing, writing = statistics.median(costs), statistics.median(writes) if writes else 0.0
+        cost = packing + (writing if self.on_cpu else 0.0)
+        period = max(statistics.median(periods), 1e-9)
         mine = torch.tensor([max(1, math.ceil(cost / (self.budget * period)))], dtype=torch.int64)
         device = collective_device()
         agreed = mine.to(device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         self.interval = int(agreed.item())
         logger.info(
-            "copy in node memory: %.2f ms a copy, %.1f ms a step: every %d steps (budget %.2g)",
+            "copy in node memory: %.2f ms a copy (packing %.2f, writing %.2f of CPU), %.1f ms a step: every %d steps"
+            " (budget %.2g)",
             cost * 1e3,
+            packing * 1e3,
+            writing * 1e3,
             period * 1e3,
             self.interval,
             self.budget,
         )
 
-    def _write(self, step: int, snapshot: list[bytes | memoryview]) -> None:
+    def _write(self, step: int, snapshot: list[bytes | memoryview], failure: bool = False) -> None:
         """The background half: checksum ``snapshot`` and publish it; a copy that does not fit stops the copies."""
         assert self.slots is not None
-        began = time.perf_counter()
+        began = time.thread_time()  # the CPU it takes from the training, not its waits for the GIL
         try:
-            self.slots.write(step, self.attempt, snapshot, self.cap)
+            self.slots.write(step, self.attempt, snapshot, self.cap, failure=failure)
+            self.copied = step
         except NoRoom as exc:
             self._no_room(str(exc))
         except OSError as exc:
             self._no_room(f"writing the copy of step {step} failed: {exc}")
-        self.writes.append(time.perf_counter() - began)
+        self.writes.append(time.thread_time() - began)
 
     def _join(self) -> None:
         if self._thread is not None:

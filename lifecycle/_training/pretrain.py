@@ -186,6 +186,8 @@ def pretrain(
             error = describe(failure)
             if run.stops.stopped is not None:
                 exit_reason = STOPPED_BY_LAUNCHER
+        if failure is not None and run.model is not None:
+            run.copies.after_failure(run.state)  # the step the last update left, when no update was under way
         run.copies.close(failure is None)  # after a success, this rank's copies go; after a failure they stay
         run.drop_model()
         end = RunEnd(
@@ -484,9 +486,11 @@ class _Run:
                     self.commit(checkpointer)  # every rank is here: the last good save still lands
                 raise
             if apply:
+                self.copies.unsettled()
                 self.optimizer.step()
             self.consumed += self.num_microbatches * self.dp_size
             self.step = step
+            self.copies.settled(step)
             if checkpointer is not None and checkpointer.in_flight:
                 # Commit the save started after the previous step: collective, and every
                 # rank is at the same step. Its write overlapped this step's compute.

@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from lifecycle._training import memory
-from lifecycle._training.memory import MAGIC, CopyHeader, NoRoom, RankCopies, read_copy, remove_rank_copies, sweep
+from lifecycle._training.memory import (
+    FAILURE_SLOT,
+    MAGIC,
+    CopyHeader,
+    NoRoom,
+    RankCopies,
+    read_copy,
+    remove_rank_copies,
+    sweep,
+)
 
 
 def slots(tmp_path: Path, run: str = "run-1", rank: int = 0, world: int = 2) -> RankCopies:
@@ -134,3 +143,44 @@ def test_removing_a_ranks_copies_removes_the_folder_once_no_process_holds_it(tmp
     (copies.folder / "rank1.slot0").write_bytes(b"p")
     remove_rank_copies("run-1", 0, tmp_path)
     assert not copies.folder.exists()
+
+
+def test_a_failures_copy_goes_to_its_own_slot_and_evicts_neither_of_the_others(tmp_path: Path) -> None:
+    """Copies of steps 4 and 5, then a failure's copy of 6: all three are held (a peer that died holds 4 and 5);
+    the next copies go on taking turns in slots 0 and 1."""
+    copies = slots(tmp_path)
+    for step in (4, 5):
+        copies.write(step, "0.0", [f"state {step}".encode()], cap=None)
+    path = copies.write(6, "0.0", [b"state 6"], cap=None, failure=True)
+    assert path == copies.slot(FAILURE_SLOT) and sorted(copies.newest()) == [4, 5, 6]
+    copies.write(7, "0.0", [b"state 7"], cap=None)
+    assert sorted(copies.newest()) == [5, 6, 7] and copies.read(6) == b"state 6"
+
+
+def test_a_copy_is_written_over_the_old_copys_file_not_a_new_one(tmp_path: Path) -> None:
+    """The slot a copy replaces becomes the spare the next copy is written into: its file (inode) is used again,
+    so tmpfs need not allocate its pages; where no exchange is possible, a rename publishes it all the same."""
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "b").write_bytes(b"b")
+    if not memory._exchange(tmp_path / "a", tmp_path / "b"):
+        pytest.skip("this file system cannot exchange two names (renameat2): the rename's test covers it")
+    assert (tmp_path / "a").read_bytes() == b"b"
+    copies = slots(tmp_path)
+    copies.write(1, "0.0", [b"x" * 5000], cap=None)
+    copies.write(2, "0.0", [b"y" * 5000], cap=None)
+    replaced = os.stat(copies.slot(0)).st_ino  # step 1's file: the next copy replaces it
+    copies.write(3, "0.0", [b"z" * 4000], cap=None)
+    assert os.stat(copies.spare()).st_ino == replaced  # old code: no spare; a new file each time
+    copies.write(4, "0.0", [b"w" * 3000], cap=None)
+    assert os.stat(copies.slot(1)).st_ino == replaced
+    assert copies.read(4) == b"w" * 3000 and copies.read(3) == b"z" * 4000  # a shorter copy is cut to its length
+
+
+def test_without_an_exchange_a_rename_publishes_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A system without ``renameat2``'s exchange: each copy is renamed into its slot, and reads back whole."""
+    monkeypatch.setattr(memory, "_exchange", lambda first, second: False)
+    copies = slots(tmp_path)
+    for step in (1, 2, 3):
+        copies.write(step, "0.0", [f"state {step}".encode()], cap=None)
+    assert sorted(copies.newest()) == [2, 3] and copies.read(3) == b"state 3"
+    assert not copies.spare().exists()

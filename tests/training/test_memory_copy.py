@@ -166,6 +166,20 @@ def test_an_in_process_retry_resumes_from_the_copy_exactly(tmp_path: Path) -> No
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_an_in_process_retry_resumes_from_the_copy_taken_at_the_failure(tmp_path: Path) -> None:
+    """No copy every few steps (an interval past the run): rank 1 raises at a seeded step, and both ranks' copies
+    taken on the failure path, of the step the last update left, are what the retry resumes from, exactly."""
+    out = tmp_path / "run"
+    out.mkdir()
+    results = launch("raise", out, {**env_of(tmp_path, "at-failure"), "MEMORY_INTERVAL": "1000"})
+    assert all(r.ok for r in results), [r.output[-2000:] for r in results]
+    assert {(r.source, r.step) for r in resumes(out)} == {("memory", FAULT_STEP - 1)}  # was the checkpoint's
+    check_restored(out, FAULT_STEP - 1)
+    nothing_left(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_copies_of_different_steps_on_different_ranks_fall_back_to_the_checkpoint(tmp_path: Path) -> None:
     """Rank 1's copies say steps no rank 0 copy has: the ranks resume together from the committed checkpoint."""
     out, env = crashed(tmp_path, "diverge")

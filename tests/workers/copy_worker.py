@@ -5,7 +5,8 @@ Usage: ``python tests/workers/copy_worker.py MODE OUT_DIR FAULT_STEP`` with ``LI
 backward pass), ``raise`` (rank 1 raises there; both ranks call ``pretrain`` again in this process: an in-process
 retry), ``kill`` (every rank SIGKILLs itself at the end of ``FAULT_STEP``: a whole job killed at once),
 ``resume`` (one call, no fault), ``small`` (no fault, ``CAP_MB`` as the copy's cap when set in the
-environment). Every call appends to ``OUT_DIR/rank<R>.jsonl``: at each step's end the hashes of the model,
+environment). ``MEMORY_INTERVAL`` in the environment sets the copy's interval (default 1: every
+step). Every call appends to ``OUT_DIR/rank<R>.jsonl``: at each step's end the hashes of the model,
 optimizer and RNG and the data position (train micro-batches consumed); at the start of training the same of the
 restored state (the position read off the first batch it asks for). Checkpoints are in ``OUT_DIR/ckpt``, journals
 in ``OUT_DIR/journal``.
@@ -122,7 +123,7 @@ def config(out: Path, fault: FaultInjection | None) -> PretrainConfig:
             interval=INTERVAL,
             resume=True,
             memory_copy=True,
-            memory_interval=1,
+            memory_interval=int(os.environ.get("MEMORY_INTERVAL", "1")),
             memory_cap_mb=None if cap is None else float(cap),
         ),
         journal_dir=str(out / "journal"),
