@@ -255,7 +255,7 @@ class NodeCopies:
         return load_disk(), "checkpoint", disk
 
     def after_step(self, step: int, state: Callable[[int], dict[str, Any]]) -> None:
-        """Copy the state of ``step`` if it is due: every ``interval`` steps, each of the first ``WARMUP + MEASURED``."""
+        """Copy the state of ``step`` if due: every ``interval`` steps, each of the first ``WARMUP + MEASURED``."""
         if not self.enabled:
             return
         now = time.perf_counter()
