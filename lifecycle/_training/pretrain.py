@@ -29,13 +29,7 @@ from lifecycle._core.states import State, Trigger
 from lifecycle._liveness.rank import RankMonitor
 from lifecycle._torch.actions import TorchActions
 from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, SessionHandle, TrainContext, call_hooks
-from lifecycle._training.config import (
-    DATA_FAULTS,
-    STEPPED_PHASES,
-    FaultKind,
-    Phase,
-    PretrainConfig,
-)
+from lifecycle._training.config import DATA_FAULTS, STEPPED_PHASES, FaultKind, Phase, PretrainConfig
 from lifecycle._training.copies import NodeCopies
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER
 from lifecycle._training.faults import enospc_once, fire, hang_in_forward
