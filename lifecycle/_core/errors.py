@@ -12,6 +12,7 @@ the exception of a failed iteration).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from lifecycle.journal.evidence import Kind
@@ -31,6 +32,17 @@ class LifecycleError(Exception):
         if fields is None:
             return (type(self), self.args, self.__dict__)
         return (type(self), fields, self.__dict__)
+
+
+def chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then the one it was raised from (``__cause__``) or else during (``__context__``), and so on, as a
+    traceback prints them; each once (a cycle ends it)."""
+    seen: set[int] = set()
+    found: BaseException | None = error
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        yield found
+        found = found.__cause__ or found.__context__
 
 
 def describe(error: BaseException) -> str:

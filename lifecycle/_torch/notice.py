@@ -45,7 +45,7 @@ from datetime import timedelta
 
 from torch.distributed import DistStoreError, PrefixStore, Store  # type: ignore[attr-defined]  # re-exported at runtime
 
-from lifecycle._core.errors import describe
+from lifecycle._core.errors import chain, describe
 from lifecycle._core.seams import Announcement
 from lifecycle._core.worker import POOL as WORKERS
 from lifecycle._liveness import rank as liveness
@@ -288,14 +288,7 @@ def _publish(
 
 def _own(error: BaseException) -> bool:
     """Whether ``error``, and each error it was raised from or during, is its rank's own failure (``own_failure``)."""
-    seen: set[int] = set()
-    found: BaseException | None = error
-    while found is not None and id(found) not in seen:
-        if not own_failure(describe(found), kind_of(found).value):
-            return False
-        seen.add(id(found))
-        found = found.__cause__ or found.__context__
-    return True
+    return all(own_failure(describe(found), kind_of(found).value) for found in chain(error))
 
 
 def _get_within(raw: Store, store: Store, key: str, wait_s: float) -> str | None:

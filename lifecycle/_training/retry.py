@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from lifecycle._core.errors import StoreHostLost
+from lifecycle._core.errors import StoreHostLost, chain
 from lifecycle._liveness.judgement import append_line
 from lifecycle._training.decide import Attempt, Decision, Frame, RestartPolicy, decide
 from lifecycle._training.exits import _not_worth_restarting
@@ -182,14 +182,7 @@ def _decide_after(
 
 def _store_host_lost(error: BaseException) -> bool:
     """Whether ``error`` (or one it was raised from, or during) is a ``StoreHostLost``."""
-    seen: set[int] = set()
-    found: BaseException | None = error
-    while found is not None and id(found) not in seen:
-        if isinstance(found, StoreHostLost):
-            return True
-        seen.add(id(found))
-        found = found.__cause__ or found.__context__
-    return False
+    return any(isinstance(found, StoreHostLost) for found in chain(error))
 
 
 class _Ledger:

@@ -6,7 +6,7 @@ import errno
 import os
 from pathlib import Path
 
-from lifecycle._core.errors import LifecycleError, ResourceMismatch, ResourceRefused, StaleResource
+from lifecycle._core.errors import LifecycleError, ResourceMismatch, ResourceRefused, StaleResource, chain
 from lifecycle._core.ownership import Resource
 from lifecycle.journal.evidence import Kind
 
@@ -129,15 +129,11 @@ def os_error_text(exc: BaseException) -> str:
     Follows ``__cause__`` and ``__context__``: ``torch.save`` reports a failed write as a
     ``RuntimeError`` whose context is the ``OSError``.
     """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in chain(exc):
         if isinstance(current, OSError) and current.errno is not None:
             code = current.errno
             name = errno.errorcode.get(code, "?")
             return f"[Errno {code} {name}] {current.strerror or os.strerror(code)}"
-        current = current.__cause__ or current.__context__
     return f"{type(exc).__name__}: {exc}"
 
 
