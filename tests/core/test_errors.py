@@ -101,3 +101,14 @@ def test_each_refusal_kind_is_its_own_type() -> None:
     error = ConfigError("store_prefix", "was already used")
     assert isinstance(error, ValueError) and not isinstance(error, ResourceRefused)
     assert (error.field, error.message) == ("store_prefix", "was already used")
+
+
+def test_an_exception_chain_is_walked_cause_first_each_error_once() -> None:
+    """``chain`` yields the error, then its ``__cause__`` (else its ``__context__``), and ends at a cycle."""
+    root, context, cause = KeyError("root"), OSError("context"), ValueError("cause")
+    top = RuntimeError("top")
+    top.__cause__, top.__context__ = cause, context
+    cause.__context__ = root
+    root.__context__ = top  # a cycle: walked once
+    assert list(errors.chain(top)) == [top, cause, root]
+    assert list(errors.chain(context)) == [context]
