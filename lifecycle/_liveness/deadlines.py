@@ -59,6 +59,13 @@ class Deadlines:
             self.samples.setdefault(key, []).append(seconds)
             self.covered[key] = self.covered.get(key, 0) + past
 
+    def reached(self, phase: str, count: int) -> None:
+        """The rank says it marked ``count`` occurrences of ``phase`` in all (``Position.steps``, for the loop): those
+        this monitor did not see between two looks count as seen, unsampled. A monitor that first looks many steps
+        into the loop (short steps, a look each interval) knows the warm-up is past."""
+        key = self.key(phase)
+        self.seen[key] = max(self.seen.get(key, 0), count)
+
     def of(self, phase: str) -> tuple[float, str]:
         """``phase``'s deadline and how it was set (``explicit``, ``calibrated``, ``floor``, ``default``)."""
         if phase in self.deadlines:

@@ -198,6 +198,8 @@ class Monitor:
                     steps = max(1, position.step - self.step_seen)
                     self.deadlines.sample("step", (now - self.step_changed) / steps, steps)
                 self.step_changed, self.step_seen = now, position.step
+            if position.phase in LOOP_PHASES:  # steps made between two looks (all of them, steps this short) count
+                self.deadlines.reached(position.phase, position.steps)
             self.last = position
             self.changed = now
             self.running_ticks = 0

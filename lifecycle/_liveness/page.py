@@ -12,8 +12,9 @@ import struct
 import time
 from dataclasses import dataclass
 
-MARKS_FORMAT = "<QQqq48s"
-"""count (odd while being written), done flag, attempt, step (-1: none), phase (UTF-8, NUL-padded)."""
+MARKS_FORMAT = "<QQqqq40s"
+"""count (odd while being written), done flag, attempt, step (-1: none), steps (the training loop's steps marked in
+this attempt), phase (UTF-8, NUL-padded)."""
 MARKS_SIZE = struct.calcsize(MARKS_FORMAT)
 NO_STEP = -1
 VERDICT_AT = 128
@@ -107,13 +108,16 @@ def read_verdict(page: mmap.mmap) -> dict[str, object] | None:
 
 @dataclass(frozen=True, slots=True)
 class Position:
-    """Where a rank is: its ``count`` of marks, ``attempt``, ``step`` (None: none yet) and ``phase``."""
+    """Where a rank is: its ``count`` of marks, ``attempt``, ``step`` (None: none yet) and ``phase``; ``steps``: how
+    many steps of the training loop it marked in this attempt (a monitor that first sees the loop many steps in still
+    knows its warm-up is past)."""
 
     count: int
     attempt: int
     step: int | None
     phase: str
     done: bool = False
+    steps: int = 0
 
     def where(self) -> str:
         """``"step 30, phase step"``, or ``"phase setup"`` without a step."""
@@ -125,10 +129,10 @@ def read_marks(page: mmap.mmap) -> Position:
     while True:
         first = struct.unpack_from("<Q", page, 0)[0]
         if first % 2 == 0:
-            count, done, attempt, step, phase = struct.unpack_from(MARKS_FORMAT, page, 0)
+            count, done, attempt, step, steps, phase = struct.unpack_from(MARKS_FORMAT, page, 0)
             if struct.unpack_from("<Q", page, 0)[0] == first:
                 name = phase.rstrip(b"\0").decode("utf-8", "replace")
-                return Position(count // 2, attempt, None if step == NO_STEP else step, name, bool(done))
+                return Position(count // 2, attempt, None if step == NO_STEP else step, name, bool(done), steps)
         time.sleep(0)
 
 

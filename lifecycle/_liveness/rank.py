@@ -41,12 +41,13 @@ from lifecycle import journal as _journal
 from lifecycle._liveness import judgement
 from lifecycle._liveness import monitor as _monitor
 from lifecycle._liveness import page as _page
+from lifecycle._liveness.deadlines import LOOP_PHASES
 from lifecycle._liveness.settings import Settings
 
 STOP_WAIT_S = 1.0
 """How long a stopped monitor has to exit, at interpreter exit, before it is killed (``reap``)."""
 
-_PHASE_BYTES = 48
+_PHASE_BYTES = 40
 _SLOT_HEAD = struct.Struct("<QQQQQ")
 """The part of ``page.SLOT_FORMAT`` a collective rewrites: version, entered, left, fingerprint, code."""
 _VERSION = struct.Struct("<Q")
@@ -83,16 +84,23 @@ class Marks:
         self._lock = threading.Lock()
         self._versions: list[int] = []  # per collective slot, its version (even: written)
         self._sites = 0  # call sites written
+        self._loop: tuple[int, int, int] = (-1, -1, 0)  # the attempt and step of the loop's last mark, its steps
         self.attempt = 0
         self.on_mark: Callable[[], object] | None = None
         """Run after each ``mark`` (the collective positions' cross-check); must never raise."""
         self._write(0, _page.NO_STEP, b"")
 
     def mark(self, phase: str, step: int | None) -> None:
-        """Record that the rank is at ``step`` (None: none yet) in ``phase``; then run ``on_mark`` if set."""
+        """Record that the rank is at ``step`` (None: none yet) in ``phase``; then run ``on_mark`` if set.
+
+        A step of the training loop (``deadlines.LOOP_PHASES``) not marked before counts one
+        more of the attempt's loop steps (``Position.steps``)."""
         try:
             encoded = phase.encode()[:_PHASE_BYTES]
             with self._lock:
+                attempt, last, steps = self._loop
+                if step is not None and phase in LOOP_PHASES and (attempt, last) != (self.attempt, step):
+                    self._loop = self.attempt, step, steps + 1 if attempt == self.attempt else 1
                 self._write(0, _page.NO_STEP if step is None else step, encoded)
         except (ValueError, struct.error):  # a closed page, a step out of range: never raise into training
             pass
@@ -162,8 +170,8 @@ class Marks:
         """Tell the monitor the rank no longer trains (finished, or failing on its own): it stops judging."""
         try:
             with self._lock:
-                count, _, attempt, step, phase = struct.unpack_from(_page.MARKS_FORMAT, self._page, 0)
-                struct.pack_into(_page.MARKS_FORMAT, self._page, 0, count + 2, 1, attempt, step, phase)
+                count, _, attempt, step, steps, phase = struct.unpack_from(_page.MARKS_FORMAT, self._page, 0)
+                struct.pack_into(_page.MARKS_FORMAT, self._page, 0, count + 2, 1, attempt, step, steps, phase)
         except ValueError:
             pass
 
@@ -171,7 +179,8 @@ class Marks:
         count = self._count
         page = self._page
         struct.pack_into("<Q", page, 0, count + 1)  # odd: being written
-        struct.pack_into(_page.MARKS_FORMAT, page, 0, count + 1, done, self.attempt, step, phase)
+        steps = self._loop[2] if self._loop[0] == self.attempt else 0
+        struct.pack_into(_page.MARKS_FORMAT, page, 0, count + 1, done, self.attempt, step, steps, phase)
         self._count = count + 2
         struct.pack_into("<Q", page, 0, count + 2)
 

@@ -331,3 +331,50 @@ def test_a_rank_is_judged_waiting_only_behind_a_peer_that_went_on_and_never_once
         sleeper.kill()
         sleeper.wait()
         marks.close()
+
+
+def test_a_monitor_that_first_sees_the_loop_many_steps_in_knows_its_warm_up_is_past() -> None:
+    """Steps so short that the first look in the loop is at step 100: the loop takes the conviction floor, not the
+    600 s default (the 2-rank demo's hang in the step was left to the group timeout on a quiet machine)."""
+    marks = Marks()
+    try:
+        with open(marks.path, "r+b") as file:
+            page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
+        settings = Settings(
+            rank=0, world_size=1, pid=os.getpid(), host="127.0.0.1", port=1, prefix="p",
+            interval_s=1.0, floor_s=2.0, default_deadline_s=600.0, mode="report",
+            stacks="/dev/null", store_timeout_s=0.1, conviction_floor_s=10.0,
+        )  # fmt: skip
+        watcher = monitor.Monitor(settings, page, wake=-1)
+        marks.mark("setup", None)
+        watcher.observe(monitor.read_marks(page), now=0.0)
+        for step in range(1, 101):  # between two looks
+            for phase in ("step", "batch", "step", "callback"):
+                marks.mark(phase, step)
+        marks.mark("checkpoint", 100)
+        marks.mark("step", 100)  # the same step again: not one more
+        position = monitor.read_marks(page)
+        assert position.steps == 100
+        watcher.observe(position, now=1.0)
+        assert watcher.deadlines.of("step") == (10.0, "floor")
+        page.close()
+    finally:
+        marks.close()
+
+
+def test_the_loop_steps_a_page_counts_start_again_with_each_attempt() -> None:
+    """``Position.steps`` counts the loop's distinct steps of the page's attempt; other phases never count."""
+    marks = Marks()
+    try:
+        for step in (1, 1, 2, 2, 3):
+            marks.mark("step", step)
+        marks.mark("evaluation", 4)
+        position = marks.position()
+        assert position is not None and position.steps == 3
+        marks.attempt = 1
+        marks.mark("setup", None)
+        assert (position := marks.position()) is not None and position.steps == 0
+        marks.mark("batch", 3)
+        assert (position := marks.position()) is not None and position.steps == 1
+    finally:
+        marks.close()

@@ -89,22 +89,9 @@ def _hung_in_the_step(
     assert any(line.startswith(f"  collectives in the {group} group: ") and stood in line for line in lines), out
 
 
-IN_THE_STEP_FLAKY = pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "known, not yet understood (2026-12-05, round 4 session 7's note): in the 2-rank demo a rank that desyncs "
-        "inside the step was named in 4 of 12 runs on a quiet machine and left to the 30 s group timeout in the "
-        "others (no suspicion journaled), at this commit, at f5dd28e and at 0d6ba08, whose test-slow passed that "
-        "morning; the hang inside the step failed the same way in test-slow"
-    ),
-)
-"""The demo's verdicts inside the step, as flaky today: each run still asserts everything when it passes."""
-
-
 @pytest.mark.slow  # two ranks' start-up and the 10 s conviction floor: about 30 s a run
 @pytest.mark.sampled("hang_cause_2")
 @pytest.mark.timeout(300)
-@IN_THE_STEP_FLAKY
 @pytest.mark.parametrize("hung", [1, 0], ids=["fail-rank-1", "fail-rank-0"])
 def test_a_rank_hung_in_the_step_is_named_stuck_before_the_all_reduce_its_peer_waits_in(
     tmp_path: Path, hung: int
@@ -117,7 +104,6 @@ def test_a_rank_hung_in_the_step_is_named_stuck_before_the_all_reduce_its_peer_w
 @pytest.mark.slow  # four ranks' start-up on two cores: about 60 s a run
 @pytest.mark.sampled("hang_cause_4")
 @pytest.mark.timeout(300)
-@IN_THE_STEP_FLAKY
 @pytest.mark.parametrize("hung", [3, 0], ids=["fail-rank-3", "fail-rank-0"])
 def test_four_ranks_name_the_one_hung_in_the_step_with_the_three_waiting(tmp_path: Path, hung: int) -> None:
     """Four ranks (data-parallel 4), the last or rank 0 hung in its step: named with the three waiting, within the
@@ -128,7 +114,6 @@ def test_four_ranks_name_the_one_hung_in_the_step_with_the_three_waiting(tmp_pat
 @pytest.mark.slow  # two or four ranks' start-up and the 10 s conviction floor: 30-60 s a run
 @pytest.mark.sampled("desync")
 @pytest.mark.timeout(300)
-@IN_THE_STEP_FLAKY
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_a_rank_that_skips_its_gradient_all_reduce_is_named_for_a_desync(tmp_path: Path, nproc: int) -> None:
     """The last rank skips one step's gradient all_reduce and waits in the loop's all_reduce of the default group,
