@@ -61,12 +61,7 @@ _ALIASES = {
 _COALESCING = "_coalescing_manager"
 _PENDING_LIMIT = 1024
 """The most asynchronous works kept waiting for their ``wait`` (the oldest are forgotten)."""
-_DTYPES = {
-    dtype: code
-    for code, dtype in enumerate(
-        (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8), start=1
-    )
-}
+_DTYPES = {getattr(torch, name): code for code, name in enumerate(_page.DTYPES) if name}
 _CODES = {name: code for code, name in enumerate(_page.OPS) if name}
 
 

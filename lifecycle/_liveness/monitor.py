@@ -310,7 +310,7 @@ class Monitor:
 
     def facts(self, kind: Kind, position: Position, state: str, age: float, deadline: float | None) -> Evidence:
         """The evidence on this rank: with the group, collective and peers ``behind`` found for a kind ``INSIDE``."""
-        about = self.about if kind in INSIDE else {}
+        about = self.about if kind in INSIDE or kind is Kind.DIED else {}
         return Evidence(
             kind.value, self.s.rank, position.step, position.phase, state, age, deadline, "monitor", **about
         )
@@ -449,9 +449,17 @@ class Monitor:
         the signal the rank may still move: a window of one ``/proc`` read.
         """
         self.judged = True
+        if kind is Kind.DIED:
+            self.about = {}  # not a withdrawn suspicion's: only what it died inside (died_inside)
+        desync = neighbour.died_inside(self) if kind is Kind.DIED else None
         facts = self.facts(kind, position, state, age, deadline)
         if kind is Kind.DIED:
             note = f"rank {self.s.rank} died at {position.where()} ({why}; it reported no failure of its own)"
+            if desync is not None:
+                note += (
+                    f"; it died inside {desync.op} #{desync.number} of {group_words(desync.label)}, a desync: "
+                    f"{desync.theirs}" + (f"; called: {desync.sites}" if desync.sites else "")
+                )
         else:
             note = (
                 f"rank {self.s.rank} {kind.words} at {position.where()}: no progress for {age:.1f} s "

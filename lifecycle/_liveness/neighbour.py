@@ -1,5 +1,5 @@
 """A monitor's watch on its neighbour's monitor (rank + 1): a silent one is suspected, and only confirmed
-unresponsive past the group timeout.
+unresponsive past the group timeout; and what a rank that died inside a collective was in with its peers.
 
 Standard library only (the monitor runs as a script and imports it from its own folder).
 """
@@ -13,14 +13,21 @@ from typing import Any
 if __package__:
     from lifecycle._liveness import judgement
     from lifecycle._liveness.page import group_words, read_collectives
-    from lifecycle._liveness.summary import collectives, done
+    from lifecycle._liveness.summary import Outside, Seen, beat_positions, collectives, done, mismatched
     from lifecycle._liveness.wire import StoreError
     from lifecycle.journal.evidence import Evidence, Kind
 else:  # loaded from the monitor's folder; the evidence module's folder is on the path (see monitor.py)
     import judgement  # type: ignore[import-not-found,no-redef]
     from evidence import Evidence, Kind  # type: ignore[import-not-found,no-redef]
     from page import group_words, read_collectives  # type: ignore[import-not-found,no-redef]
-    from summary import collectives, done  # type: ignore[import-not-found,no-redef]
+    from summary import (  # type: ignore[import-not-found,no-redef]
+        Outside,
+        Seen,
+        beat_positions,
+        collectives,
+        done,
+        mismatched,
+    )
     from wire import StoreError  # type: ignore[import-not-found,no-redef]
 
 
@@ -104,3 +111,48 @@ def cut_off(monitor: Any) -> tuple[Kind | None, str]:
                 f"for {silent:.1f} s (cut off: a partition or a lost host): no rank can leave it"
             )
     return None, ""
+
+
+def died_inside(monitor: Any) -> Outside | None:
+    """The desync ``monitor``'s rank died of, when it died inside collective #k of a group whose peers entered #k
+    with another op or size (``summary.mismatched``; gloo aborts the rank that receives more than its tensor holds);
+    None otherwise. Sets ``monitor.about`` (group, collective, peers, call sites) when found.
+
+    Read from the peers' beats: until each shows #k entered, or its rank done (its last
+    beat keeps its positions), or two intervals passed. Only a rank that died inside a
+    collective waits; one that died anywhere else is named at once.
+    """
+    inside = [c for c in read_collectives(monitor.page) if c.inside]
+    if not inside or monitor.s.world_size < 2:
+        return None
+    mine = collectives([*[None] * 6, beat_positions(inside, monitor.entered_at)])  # as a beat would carry them
+    keys = [f"{monitor.s.prefix}/liveness/hb/{rank}" for rank in range(monitor.s.world_size)]
+    deadline = time.monotonic() + 2 * monitor.s.interval_s
+    while True:
+        try:
+            beats = monitor.store.multi_get(keys)
+        except StoreError:
+            return None
+        members: dict[str, list[tuple[int, Seen]]] = {p.key: [(monitor.s.rank, p)] for p in mine}
+        settled = True
+        for rank, beat in enumerate(beats):
+            fields = json.loads(beat) if beat is not None and rank != monitor.s.rank else None
+            if fields is None:
+                continue
+            for seen in collectives(fields):
+                if seen.key in members:
+                    members[seen.key].append((rank, seen))
+            shown = {p.key: p.entered for p in collectives(fields)}
+            settled &= done(fields) or all(shown.get(p.key, -1) >= p.entered for p in mine)
+        found = mismatched(monitor.s.rank, mine, members)
+        if found is not None or settled or time.monotonic() >= deadline:
+            break
+        time.sleep(min(0.05, monitor.s.interval_s / 4))
+    if found is not None:
+        monitor.about = {
+            "group": group_words(found.label),
+            "collective": f"{found.op} #{found.number}",
+            "peers": tuple(found.peers),
+            "sites": found.sites,
+        }
+    return found

@@ -65,6 +65,16 @@ OPS = (
     "reduce_scatter_single",
 )
 """The collectives whose positions are kept, by code (their index); the names are ``torch.distributed``'s."""
+DTYPES = ("", "float32", "float64", "float16", "bfloat16", "int64", "int32", "int8")
+"""The dtypes a fingerprint names, by code (their index; 0xFF: another); the names are ``torch``'s."""
+
+
+def tensor_words(fingerprint: int) -> str:
+    """A fingerprint in words: ``"1000 float32 elements"`` ("no tensor" for 0)."""
+    if not fingerprint:
+        return "no tensor"
+    code = fingerprint & 0xFF
+    return f"{fingerprint >> 8} {DTYPES[code] if code < len(DTYPES) else 'other'} elements"
 
 
 def write_verdict(page: mmap.mmap, verdict: bytes) -> None:

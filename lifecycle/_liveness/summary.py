@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 if __package__:
-    from lifecycle._liveness.page import Collective, group_words, position_fields
+    from lifecycle._liveness.page import Collective, group_words, position_fields, tensor_words
 else:  # loaded from the monitor's folder (see monitor.py)
-    from page import Collective, group_words, position_fields  # type: ignore[import-not-found,no-redef]
+    from page import Collective, group_words, position_fields, tensor_words  # type: ignore[import-not-found,no-redef]
 
 AHEAD_NAMED = 8
 """How many of the ranks ahead of a rank judged behind its verdict names (it counts the rest)."""
@@ -320,6 +320,40 @@ def desynced(rank: int, mine: list[Seen], members: dict[str, list[tuple[int, See
             return Outside(
                 position.key, position.label, position.op, position.entered, peers, position.since, "desync", where,
                 sites,
+            )  # fmt: skip
+    return None
+
+
+def mismatched(rank: int, mine: list[Seen], members: dict[str, list[tuple[int, Seen]]]) -> Outside | None:
+    """What ``rank``, which died inside collective #k of group G, was in with peers of G that entered the same #k with
+    another op or, for an op in ``SIZED``, on a tensor of another size or dtype: a ``desync`` it died of (gloo aborts
+    the rank that receives more than its tensor holds); None when no peer's beat shows one. Object collectives never
+    count. Unlike ``desynced``, nobody is picked as the minority: the rank that died is the one named, and the
+    words say what each side called."""
+    for position in (p for p in mine if p.inside):
+        if "_object" in position.op:
+            continue
+        other = [
+            (peer, p)
+            for peer, p in members.get(position.key, [])
+            if peer != rank
+            and p.entered == position.entered
+            and "_object" not in p.op
+            and (p.op != position.op or (p.op in SIZED and p.fingerprint != position.fingerprint))
+        ]
+        if other:
+            sides: dict[str, list[int]] = {}
+            for peer, p in other:
+                sides.setdefault(f"{p.op} on {tensor_words(p.fingerprint)}", []).append(peer)
+            theirs = "; ".join(
+                f"rank(s) {', '.join(map(str, sorted(ranks)[:PEERS_NAMED]))} called {call}"
+                for call, ranks in sides.items()
+            )
+            words = f"{theirs}, this rank {position.op} on {tensor_words(position.fingerprint)}"
+            peers = sorted(peer for peer, _ in other)[:PEERS_NAMED]
+            return Outside(
+                position.key, position.label, position.op, position.entered, peers, position.since, "desync", words,
+                called([(rank, position), *other]),
             )  # fmt: skip
     return None
 

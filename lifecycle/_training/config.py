@@ -272,6 +272,10 @@ class FaultKind(StrEnum):
     DESYNC = "desync"
     """At phase ``step``: the rank skips that one step's gradient all_reduce (without data parallelism, the loop's
     loss all_reduce) and goes on to its next collective, which its peers never pair with it: a desync."""
+    DESYNC_SIZE = "desync-size"
+    """At phase ``step``: the rank all_reduces that one step's gradients (without data parallelism, the loop's loss
+    flags) one element short: the same collective as its peers on another size. On gloo the rank aborts (it receives
+    more than its tensor holds: SIGABRT); the verdict on its death names the desync and its peers."""
 
     @property
     def failure(self) -> Kind:
@@ -284,6 +288,7 @@ DATA_FAULTS: dict[FaultKind, Phase] = {
     FaultKind.SAVE_ERROR: Phase.CHECKPOINT,
     FaultKind.NAN: Phase.STEP,
     FaultKind.DESYNC: Phase.STEP,
+    FaultKind.DESYNC_SIZE: Phase.STEP,
 }
 """Faults that change what the rank computes or writes, once, instead of stopping it; each at its one phase."""
 
@@ -298,6 +303,7 @@ _FAILURES = {
     FaultKind.SAVE_ERROR: Kind.SAVE_FAILED,
     FaultKind.NAN: Kind.NONFINITE_LOSS,
     FaultKind.DESYNC: Kind.DESYNC,
+    FaultKind.DESYNC_SIZE: Kind.DIED,  # gloo aborts the rank: its monitor names the desync it died of
 }
 
 

@@ -264,6 +264,7 @@ class _Run:
         self.guard = NonfiniteGuard(config.training, self.journal)
         self.fault_fired = False  # a data fault (DATA_FAULTS) fires once per call
         self.desynced = False  # a desync fault fired in this step: it skips one all_reduce
+        self.short = 0  # a desync-size fault fired in this step: one all_reduce is this many elements short
         self.model: torch.nn.Module | None = None
         self.device = torch.device("cpu")
         self.consumed = 0  # train micro-batches all data-parallel ranks consumed before the current step
@@ -468,8 +469,8 @@ class _Run:
                 device=self.device,
             )
             if not (self.desynced and self.dp_size == 1):  # without data parallelism a desync skips this one
-                dist.all_reduce(flags)
-            self.desynced = False
+                dist.all_reduce(flags[: flags.numel() - (self.short if self.dp_size == 1 else 0)])
+            self.desynced, self.short = False, 0
             flags = flags.cpu()
             try:
                 bad = int(flags[3].item())
@@ -513,17 +514,14 @@ class _Run:
 
     def train_step(self, step: int) -> float:
         """Forward and backward over this step's micro-batches, average gradients over data parallel; the mean loss.
-
-        The update is the loop's, once every rank knows whether each loss was finite.
-        """
+        The update is the loop's, once every rank knows whether each loss was finite."""
         assert self.batch_provider is not None and self.model is not None  # set in setup
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         total: float = 0.0
         for micro in range(self.num_microbatches):
-            # Disjoint across data-parallel ranks, and a pure function of the micro-batches
-            # consumed before: a resumed run reads exactly what an uninterrupted one would,
-            # whatever its data-parallel size (with the same global batch).
+            # Disjoint across data-parallel ranks, a pure function of the micro-batches consumed before: a resumed
+            # run reads exactly what an uninterrupted one would, whatever its data-parallel size (same global batch).
             index = self.consumed + micro * self.dp_size + self.dp_rank
             if micro == 0:
                 self.session.progress(Phase.BATCH, step)
@@ -540,12 +538,15 @@ class _Run:
             if micro == 0 and self.due(Phase.STEP, step, FaultKind.DESYNC):
                 logger.warning("rank %d: injecting a desync fault at step %d: it skips an all_reduce", self.rank, step)
                 self.desynced = True
+            if micro == 0 and self.due(Phase.STEP, step, FaultKind.DESYNC_SIZE):
+                logger.warning("rank %d: injecting a desync fault at step %d: an all_reduce one short", self.rank, step)
+                self.short = 1
             (loss / self.num_microbatches).backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             total += loss.item()
         self.inject(Phase.STEP, step)
         if self.dp_size > 1 and not self.desynced:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            flat_apply(grads, lambda f: dist.all_reduce(f, group=dp_group()))
+            flat_apply(grads, lambda f: dist.all_reduce(f[: f.numel() - self.short], group=dp_group()))
             for p, grad in zip(self.params, grads, strict=True):
                 p.grad = grad.div_(self.dp_size)
         return total / self.num_microbatches

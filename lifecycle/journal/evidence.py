@@ -96,10 +96,14 @@ class Kind(Enum):
     def detail(self, *, state: str, silent: str, judged: str, collective: str = "") -> str:
         """What showed a liveness monitor this kind, in words (``DETAILS``): its ``/proc`` ``state``, ``silent``
         (seconds without progress, as text), ``judged`` (``killed by its liveness monitor``...), ``collective``
-        (``all_reduce #412 of the data-parallel group``; "": not known); "" for a kind no monitor names."""
-        return DETAILS.get(self, "").format(
+        (``all_reduce #412 of the data-parallel group``; "": not known; for ``DIED``, the one it died inside, which a
+        peer called with another op or size); "" for a kind no monitor names."""
+        text = DETAILS.get(self, "").format(
             state=state or "T", silent=silent, judged=judged, collective=collective or "a collective"
         )
+        if self is Kind.DIED and collective:  # its monitor saw a peer enter it with another op or size
+            text += f"; it died inside {collective}, which a peer called with another op or size (a desync)"
+        return text
 
     @property
     def consequence(self) -> bool:

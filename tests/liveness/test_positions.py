@@ -348,3 +348,50 @@ def test_a_rank_waiting_in_a_collective_with_a_silent_neighbour_is_released_at_t
         sleeper.kill()
         sleeper.wait()
         marks.close()
+
+
+def _members(beats: list[bytes]) -> dict[str, list[tuple[int, summary.Seen]]]:
+    """Each group's positions in ``beats``, by rank (as ``summary.in_the_step`` gathers them)."""
+    members: dict[str, list[tuple[int, summary.Seen]]] = {}
+    for rank, beat in enumerate(beats):
+        for position in summary.collectives(json.loads(beat)):
+            members.setdefault(position.key, []).append((rank, position))
+    return members
+
+
+@pytest.mark.parametrize(
+    ("op", "fingerprint", "words"),
+    [
+        (
+            "all_reduce",
+            255 << 8 | 1,
+            "rank(s) 0 called all_reduce on 256 float32 elements, this rank all_reduce on 2",
+        ),
+        ("broadcast", 1, "rank(s) 0 called all_reduce on 256 float32 elements, this rank broadcast on 0 float32"),
+        ("all_reduce", 256 << 8 | 1, ""),  # the same op and size: it died of something else
+        ("all_gather_object", 0, ""),  # object collectives are never compared
+    ],
+    ids=["other-size", "other-op", "same", "object"],
+)
+def test_a_rank_that_died_inside_a_collective_its_peer_entered_with_another_size_died_of_a_desync(
+    op: str, fingerprint: int, words: str
+) -> None:
+    """Rank 1 died inside all_reduce #41 (gloo aborts the rank that receives more than its tensor holds): when rank 0
+    entered #41 with another size or op, ``mismatched`` says so, with both sides' tensors; else None."""
+    beats = [_op(_beat(12, (*DP, 41, 40)), 0, "all_reduce", 256 << 8 | 1), _op(_beat(12, (*DP, 41, 40)), 0, op,
+             fingerprint)]  # fmt: skip
+    members = _members(beats)
+    mine = [position for rank, position in members[DP[0]] if rank == 1]
+    found = summary.mismatched(1, mine, members)
+    if not words:
+        assert found is None
+        return
+    assert found is not None and found.kind == "desync" and found.peers == [0] and found.number == 41, found
+    assert found.theirs.startswith(words), found.theirs
+
+
+def test_a_rank_that_died_inside_a_collective_its_peers_had_not_reached_names_no_desync() -> None:
+    """A peer whose beat still shows #40 (not yet at #41) or that left #41 with the same size is no evidence."""
+    beats = [_beat(12, (*DP, 40, 40)), _beat(12, (*DP, 41, 40))]
+    members = _members(beats)
+    assert summary.mismatched(1, [p for r, p in members[DP[0]] if r == 1], members) is None

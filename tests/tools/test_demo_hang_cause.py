@@ -122,6 +122,45 @@ def test_a_rank_that_skips_its_gradient_all_reduce_is_named_for_a_desync(tmp_pat
     _hung_in_the_step(tmp_path, nproc, nproc - 1, group="default", fault="desync")
 
 
+@pytest.mark.slow  # two or four ranks' start-up; the rank dies at once: 20-40 s a run
+@pytest.mark.sampled("desync")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_rank_that_all_reduces_another_size_is_named_dead_of_the_desync(tmp_path: Path, nproc: int) -> None:
+    """The last rank all_reduces its gradients one element short (``--fault desync-size``): gloo aborts it, and its
+    monitor's verdict names the desync it died of (the data-parallel all_reduce, every peer's size and its own, the
+    call sites); every rank failed within 2 intervals + 2 s of its last record; ``show`` has it inside the
+    collective, not before it."""
+    hung = nproc - 1
+    args = [
+        *("--nproc", str(nproc), "--steps", "200", "--fail-at", "step", "--fault", "desync-size"),
+        *("--fail-rank", str(hung), "--eval-interval", "0", "--journal-dir", str(tmp_path)),
+    ]
+    done = run_demo(*args, timeout=280, cwd=tmp_path)
+    out = done.stdout[-4000:]
+    assert done.returncode != 0, out
+    records = read([tmp_path])
+    verdicts = [r for r in records if isinstance(r, Verdict)]
+    assert verdicts and {v.culprit for v in verdicts} == {hung}, (verdicts, out)
+    facts, note = verdicts[0].evidence, verdicts[0].note
+    assert facts.kind == "died" and facts.group == "the data-parallel group", (facts, out)
+    assert re.fullmatch(r"all_reduce #\d+", facts.collective) and set(facts.peers) == set(range(hung)), (facts, out)
+    peers = ", ".join(map(str, range(hung)))
+    assert re.search(rf"a desync: rank\(s\) {peers} called all_reduce on (\d+) float32 elements, this rank all_reduce "
+                     r"on (\d+) float32 elements", note), note  # fmt: skip
+    assert f"{facts.collective} of the data-parallel group at _training/pretrain.py:" in facts.sites, facts
+    fault_at = max(_when(r) for r in records if r.origin.rank == hung and not isinstance(r, Verdict))
+    ends = {r.origin.rank: r.time for r in records if isinstance(r, Failure)}
+    ends.setdefault(hung, verdicts[0].time)
+    assert sorted(ends) == list(range(nproc)), (ends, out)
+    assert max(ends.values()) - fault_at <= 2 * INTERVAL_S + 2.0, (ends, fault_at, out)
+    last = done.stdout.strip().splitlines()[-1]
+    assert f"rank {hung} died" in last and "(a desync)" in last and "the cause," in last, last
+    stood = f"rank {hung}: in {facts.collective} (died: its verdict)"
+    assert any(line.startswith("  collectives in the data-parallel group: ") and stood in line for line in
+               done.stdout.splitlines()), out  # fmt: skip
+
+
 @pytest.mark.slow  # the group timeout (10 s) and two ranks' start-up: about 40 s here
 @pytest.mark.timeout(240)
 def test_without_liveness_the_hang_in_the_step_names_no_victim_the_cause(tmp_path: Path) -> None:

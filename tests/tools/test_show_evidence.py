@@ -257,7 +257,7 @@ def test_each_fault_flag_names_the_failure_kind_it_is() -> None:
 
     assert {fault.value: fault.failure.value for fault in FaultKind} == {
         "raise": "raised", "crash": "died", "stop": "stopped", "hang": "hang", "spin": "spinning",
-        "save-error": "save_failed", "nan": "nonfinite_loss", "desync": "desync",
+        "save-error": "save_failed", "nan": "nonfinite_loss", "desync": "desync", "desync-size": "died",
     }  # fmt: skip
     assert "waiting" not in {kind.value for kind in Kind} and "is waiting" not in " ".join(WORDS.values())
 

@@ -194,7 +194,8 @@ OPTIONS: tuple[Option, ...] = (
         "stop (SIGSTOP itself), hang (sleep in the phase; at step, inside the model's forward), "
         "spin (C code holding the GIL); "
         "save-error (the rank's write of one save fails with ENOSPC), nan (the rank's loss of one step is NaN), "
-        "desync (the rank skips one step's gradient all_reduce: its peers wait in one it never enters)",
+        "desync (the rank skips one step's gradient all_reduce: its peers wait in one it never enters), "
+        "desync-size (the rank all_reduces one step's gradients one element short; gloo aborts it)",
         "fault.kind",
         type=str,
         metavar="KIND",

@@ -34,7 +34,7 @@ def collective_lines(ranks: Mapping[int, Sequence[Record]]) -> list[str]:
             elif isinstance(record, Verdict) and record.culprit == rank and record.evidence is not None:
                 facts = record.evidence
                 if facts.collective:
-                    said = "in" if Kind.named(facts.kind) is Kind.DESYNC else "before"
+                    said = "in" if Kind.named(facts.kind) in (Kind.DESYNC, Kind.DIED) else "before"
                     verdict = f"{said} {facts.collective} ({facts.kind}: its verdict)"
                     where.setdefault(facts.group, {}).setdefault(verdict, []).append(rank)
     # Only the groups where a rank waited (inside a collective, or stuck before one): a failure between collectives,
