@@ -8,9 +8,10 @@ next step runs (``zlib.crc32`` and ``os.write`` release the GIL); the next copy 
 The loop marks when an update starts and ends (``unsettled``, ``settled``); a call that
 fails outside an update copies the step the last one left (``after_failure``), into a slot
 of its own.
-``resume`` (collective) picks the step to resume from: the newest step every rank holds a
-whole copy of, if no older than the newest committed checkpoint (rank 0's view), else the
-checkpoint (``load_checkpoint``).
+``resume`` (collective) picks the step to resume from: the newest step every rank can load a
+whole copy of (its own, or one a rank of its replica set holds on its node, with its own RNG
+state of that step: a crashed rank resumes from its replica's failure copy), if no older than
+the newest committed checkpoint (rank 0's view), else the checkpoint (``load_checkpoint``).
 
 The interval, unless configured: the first ``WARMUP + MEASURED`` steps of a call are each
 copied, and the cost of the last ``MEASURED`` is measured (the first lay the buffer out and
@@ -57,6 +58,10 @@ _WARNED: set[str] = set()
 
 _HELD = 3
 """How many copies a rank can hold (``lifecycle._training.memory``: two every few steps, one at a failure)."""
+
+_LOADABLE = 2 * _HELD
+"""How many steps a rank says it can resume from: its own copies' and the newest of the copies that ranks of its
+replica set hold on its node (``RankCopies.stand_ins``)."""
 
 _ALIGN = 64
 """Each tensor's bytes start at a multiple of this in the payload: any dtype can be viewed in place."""
@@ -185,14 +190,18 @@ class NodeCopies:
         self.clean: tuple[int, torch.Tensor] | None = None  # ``settled``: the step the model holds, its RNG state
         self.copied: int | None = None  # the step of the newest copy written
 
-    def open(self, rank: int, world_size: int, on_cpu: bool) -> None:
-        """Sweep other runs' unowned folders, open this rank's slots and set the cap (``CheckpointConfig``)."""
+    def open(self, rank: int, world_size: int, on_cpu: bool, replica: str = "") -> None:
+        """Sweep other runs' unowned folders, open this rank's slots and set the cap (``CheckpointConfig``).
+
+        ``replica``: the replica set whose ranks hold this rank's model and optimizer state
+        (``CopyHeader.replica``; "" for none): their copies on this node may stand in for its own.
+        """
         if not self.enabled:
             return
         self.on_cpu = on_cpu
         run = run_id()
         sweep(run)
-        self.slots = RankCopies(run, rank, world_size)
+        self.slots = RankCopies(run, rank, world_size, replica=replica)
         try:
             self.slots.open()
             stats = os.statvfs(self.slots.folder)
@@ -222,37 +231,56 @@ class NodeCopies:
         disk: int | None = None
         if not self.enabled or self.slots is None:
             return load_disk(), "checkpoint", None
-        held = sorted(self.slots.newest())[-_HELD:] if self.fits else []
+        own = set(self.slots.newest()) if self.fits else set()
+        held = sorted(own | set(self.slots.stand_ins()))[-_LOADABLE:] if self.fits else []
         rank, world = dist.get_rank(), dist.get_world_size()
-        mine = torch.full((_HELD + 1,), -1, dtype=torch.int64)
+        mine = torch.full((_LOADABLE + 1,), -1, dtype=torch.int64)
         mine[: len(held)] = torch.tensor(held, dtype=torch.int64)
         if rank == 0:
             try:
                 found = latest_checkpoint(directory)
             except OSError:  # the peers wait in the all_gather: the checkpoint's own load says what is wrong
                 found = None
-            mine[_HELD] = -1 if found is None else found[0]
+            mine[_LOADABLE] = -1 if found is None else found[0]
         device = collective_device()
-        gathered = [torch.zeros(_HELD + 1, dtype=torch.int64, device=device) for _ in range(world)]
+        gathered = [torch.zeros(_LOADABLE + 1, dtype=torch.int64, device=device) for _ in range(world)]
         dist.all_gather(gathered, mine.to(device))
         views = [g.cpu().tolist() for g in gathered]
-        disk = None if views[0][_HELD] < 0 else int(views[0][_HELD])
-        common = set.intersection(*({s for s in v[:_HELD] if s >= 0} for v in views))
+        disk = None if views[0][_LOADABLE] < 0 else int(views[0][_LOADABLE])
+        common = set.intersection(*({s for s in v[:_LOADABLE] if s >= 0} for v in views))
         step = max(common, default=None)
         if step is not None and (disk is None or step >= disk):
             loaded = None
-            payload = self.slots.read(step)
+            payload, stood_in = self.slots.read(step), None
+            if payload is None:
+                found_in = self.slots.read_stand_in(step)
+                if found_in is not None:
+                    stood_in, payload = found_in
             if payload is not None:
                 try:
                     loaded = _unpack(payload)
                 except Exception:  # noqa: BLE001 - unloadable here: every rank falls back together
                     loaded = None
+            if loaded is not None and stood_in is not None:
+                loaded = self._own_rng(loaded, step, stood_in)
             ok = torch.tensor([int(loaded is not None and _fits(state, loaded))], device=device)
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
             if int(ok.item()) and loaded is not None:
                 state.update(loaded)
                 return step, "memory", disk
         return load_disk(), "checkpoint", disk
+
+    def _own_rng(self, loaded: Any, step: int, peer: int) -> Any:
+        """``loaded``, another rank's copy of ``step``, with this rank's RNG state of that step where it was kept
+        (``settled``); else with the peer's, said once in the log."""
+        assert self.slots is not None
+        kept = self.slots.rng(step)
+        if kept is not None and isinstance(loaded, dict):
+            loaded["rng"] = torch.frombuffer(bytearray(kept), dtype=torch.uint8).clone()
+            logger.info("copy in node memory: step %d from rank %d's copy (a replica), this rank's RNG", step, peer)
+        else:
+            logger.warning("copy in node memory: step %d from rank %d's copy, with its RNG state", step, peer)
+        return loaded
 
     def after_step(self, step: int, state: Callable[[int], dict[str, Any]]) -> None:
         """Copy the state of ``step`` if due: every ``interval`` steps, each of the first ``WARMUP + MEASURED``."""
@@ -281,6 +309,8 @@ class NodeCopies:
         the state of ``step``, and this RNG state goes with it (a failure's copy, ``after_failure``)."""
         if self.enabled:
             self.clean = (step, torch.get_rng_state())
+            if self.fits and self.slots is not None and self.slots.replica:
+                self.slots.keep_rng(step, self.clean[1].numpy().tobytes())  # a stand-in's copy lacks it
 
     def unsettled(self) -> None:
         """An update starts: the model and optimizer change in place, and no failure's copy is taken until it ends."""

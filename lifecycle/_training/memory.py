@@ -7,6 +7,9 @@ copies every few steps, ``rank<R>.slot0`` and ``rank<R>.slot1``: a new copy repl
 that does not hold the newer, so a writer killed mid-write leaves the previous copy whole.
 A third, ``rank<R>.slot2``, holds the copy a rank takes when its call fails
 (``FAILURE_SLOT``): it never evicts a copy a peer that died without one may share.
+Ranks of one replica set (``CopyHeader.replica``: data-parallel replicas of a shard) may read
+each other's copies (``stand_ins``); each then keeps its RNG state of its last two steps in
+``rank<R>.rng`` (``keep_rng``), which a replica's copy lacks.
 
 A slot file is ``MAGIC``, a 4-byte little-endian header length, the header (JSON: run id,
 attempt, rank, world size, step, payload length, the payload's CRC-32), then the payload.
@@ -46,6 +49,7 @@ __all__ = [
     "NoRoom",
     "RankCopies",
     "copy_root",
+    "read_header",
     "remove_rank_copies",
     "sweep",
 ]
@@ -57,6 +61,12 @@ _LOCK = ".lock"
 _SLOTS = 3
 FAILURE_SLOT = 2
 """Slots 0 and 1 take turns with the copies every few steps; slot 2 holds the copy taken at a failure."""
+RNG_MAGIC = b"LCMRNG01"
+"""The first bytes of each record of a rank's RNG file (``RankCopies.keep_rng``)."""
+RNG_RECORD = 16384
+"""The bytes each of the two RNG records takes: room for torch's CPU generator state (5 KB) and more."""
+_RNG = struct.Struct("<8sQII")
+"""An RNG record's head: ``RNG_MAGIC``, step, length, CRC-32."""
 _HELD: dict[Path, int] = {}
 """The lock this process holds on each run folder it opened: one per folder, whichever object opened it."""
 
@@ -106,6 +116,10 @@ class CopyHeader:
     step: int
     length: int
     checksum: int
+    replica: str = ""
+    """Which replica set the copy belongs to (``"1x1:0"``: tensor x pipeline sizes, then the shard): ranks whose
+    copies name the same one hold the same model and optimizer state at a step, and may stand in for each other;
+    "" for none (no data parallelism, or a sharded optimizer)."""
 
     def encode(self) -> bytes:
         """``MAGIC``, the header's length and the header: the bytes before the payload."""
@@ -118,6 +132,7 @@ class CopyHeader:
                 "step": self.step,
                 "length": self.length,
                 "checksum": self.checksum,
+                "replica": self.replica,
             }
         ).encode()
         return MAGIC + _LENGTH.pack(len(data)) + data
@@ -139,10 +154,25 @@ class CopyHeader:
                 step=int(data["step"]),
                 length=int(data["length"]),
                 checksum=int(data["checksum"]),
+                replica=str(data.get("replica", "")),
             )
         except (ValueError, KeyError, TypeError):
             return None
         return header, start + size
+
+
+def read_header(path: Path) -> CopyHeader | None:
+    """The header of the slot file ``path`` (its first bytes only; the payload unchecked), None if it has none."""
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(len(MAGIC) + _LENGTH.size)
+            if len(raw) < len(MAGIC) + _LENGTH.size:
+                return None
+            raw += file.read(_LENGTH.unpack_from(raw, len(MAGIC))[0])
+    except OSError:
+        return None
+    found = CopyHeader.decode(raw)
+    return None if found is None else found[0]
 
 
 def read_copy(path: Path, run_id: str, rank: int, world_size: int) -> tuple[CopyHeader, bytes] | None:
@@ -171,10 +201,11 @@ class RankCopies:
     this rank's files (and the run's folder once no process holds its lock).
     """
 
-    def __init__(self, run_id: str, rank: int, world_size: int, root: Path | None = None) -> None:
-        self.run_id, self.rank, self.world_size = run_id, rank, world_size
+    def __init__(self, run_id: str, rank: int, world_size: int, root: Path | None = None, replica: str = "") -> None:
+        self.run_id, self.rank, self.world_size, self.replica = run_id, rank, world_size, replica
         self.folder = (root or copy_root()) / _safe(run_id)
         self._latest: Path | None = None  # the slot this object last published: no file is read to find it again
+        self._rng: int | None = None  # the RNG record file, open (``keep_rng``)
 
     def slot(self, index: int) -> Path:
         """The path of slot ``index`` (0, 1 or ``FAILURE_SLOT``) of this rank."""
@@ -207,6 +238,64 @@ class RankCopies:
         copy = None if path is None else read_copy(path, self.run_id, self.rank, self.world_size)
         return None if copy is None or copy[0].step != step else copy[1]
 
+    def stand_ins(self) -> dict[int, Path]:
+        """The copies of this run's other ranks on this node that may stand in for this rank's, by step (headers
+        read, payloads not): same world size and the same non-empty ``replica`` (``CopyHeader``); none without one.
+        """
+        found: dict[int, Path] = {}
+        if not self.replica:
+            return found
+        for path in sorted(self.folder.glob("rank*.slot[0-9]")):
+            header = read_header(path)
+            if header is None or header.rank == self.rank or path.name != f"rank{header.rank}.{path.suffix[1:]}":
+                continue
+            if (header.run_id, header.world_size, header.replica) == (self.run_id, self.world_size, self.replica):
+                found.setdefault(header.step, path)
+        return found
+
+    def read_stand_in(self, step: int) -> tuple[int, bytes] | None:
+        """The rank and payload of a usable copy of ``step`` another rank of this replica set holds (``stand_ins``),
+        its checksum verified; None if there is none."""
+        path = self.stand_ins().get(step)
+        header = None if path is None else read_header(path)
+        if path is None or header is None:
+            return None
+        copy = read_copy(path, self.run_id, header.rank, self.world_size)
+        if copy is None or copy[0].step != step or copy[0].replica != self.replica:
+            return None
+        return header.rank, copy[1]
+
+    def keep_rng(self, step: int, state: bytes) -> None:
+        """Record this rank's RNG ``state`` at the end of ``step`` (a few KB; never raises): what a copy that
+        another rank stands in with lacks (its RNG is that rank's). Two records in ``rank<R>.rng``, by the step's
+        parity, each with its step and CRC-32, written in place with ``pwrite``: one torn by a kill leaves the
+        other whole."""
+        if len(state) + _RNG.size > RNG_RECORD:
+            return
+        try:
+            if self._rng is None:
+                self._rng = os.open(self.folder / f"rank{self.rank}.rng", os.O_RDWR | os.O_CREAT, 0o600)
+            os.pwrite(self._rng, _RNG.pack(RNG_MAGIC, step, len(state), zlib.crc32(state)) + state,
+                      (step % 2) * RNG_RECORD)  # fmt: skip
+        except OSError:
+            pass  # a full file system: a stand-in copy then keeps its own rank's RNG
+
+    def rng(self, step: int) -> bytes | None:
+        """This rank's RNG state recorded at the end of ``step`` (``keep_rng``), None if none is whole."""
+        try:
+            with open(self.folder / f"rank{self.rank}.rng", "rb") as file:
+                file.seek((step % 2) * RNG_RECORD)
+                raw = file.read(RNG_RECORD)
+        except OSError:
+            return None
+        if len(raw) < _RNG.size:
+            return None
+        magic, found, length, checksum = _RNG.unpack_from(raw)
+        state = raw[_RNG.size : _RNG.size + length]
+        if magic != RNG_MAGIC or found != step or len(state) != length or zlib.crc32(state) != checksum:
+            return None
+        return state
+
     def write(
         self, step: int, attempt: str, payload: Sequence[bytes | memoryview], cap: int | None, *, failure: bool = False
     ) -> Path:
@@ -224,7 +313,9 @@ class RankCopies:
         for part in parts:
             checksum = zlib.crc32(part, checksum)  # releases the GIL on large parts: the training thread runs on
         length = sum(len(part) for part in parts)
-        header = CopyHeader(self.run_id, attempt, self.rank, self.world_size, step, length, checksum).encode()
+        header = CopyHeader(
+            self.run_id, attempt, self.rank, self.world_size, step, length, checksum, self.replica
+        ).encode()
         size = len(header) + length
         if cap is not None and (_SLOTS + 1) * size > cap:
             raise NoRoom(f"three copies of {size} bytes and the spare exceed the cap of {cap} bytes")
@@ -265,7 +356,11 @@ class RankCopies:
 
     def remove(self) -> None:
         """Delete this rank's slots and temporary files, release the lock; the folder too if no process holds it."""
-        for path in self.folder.glob(f"rank{self.rank}.slot*"):
+        if self._rng is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._rng)
+            self._rng = None
+        for path in [*self.folder.glob(f"rank{self.rank}.slot*"), self.folder / f"rank{self.rank}.rng"]:
             with contextlib.suppress(OSError):
                 path.unlink()
         held = _HELD.pop(self.folder, None)

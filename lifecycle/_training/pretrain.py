@@ -379,7 +379,8 @@ class _Run:
                 config.checkpoint.dir, keep_last=config.checkpoint.keep_last, layout=self.layout
             )
             session.track_checkpoints(checkpointer)
-            self.copies.open(self.rank, self.world_size, on_cpu=self.device.type == "cpu")
+            # Adam, unsharded: data-parallel replicas hold the same state, and their copies stand in for each other.
+            self.copies.open(self.rank, self.world_size, on_cpu=self.device.type == "cpu", replica=self.layout.replica)
             if config.checkpoint.resume:
                 start_step = self.load(config.checkpoint.dir)
         self.step = start_step

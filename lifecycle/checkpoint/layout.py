@@ -95,6 +95,13 @@ class ShardLayout:
         return self.pipeline_rank * self.tensor + self.tensor_rank
 
     @property
+    def replica(self) -> str:
+        """The replica set of this rank's shard, when its state is replicated (``"2x1:1"``: tensor x pipeline
+        sizes, then the shard): the ranks with the same one hold the same model state; "" without data
+        parallelism. Only where the optimizer is not sharded across them either does a copy stand in for another."""
+        return f"{self.tensor}x{self.pipeline}:{self.shard}" if self.data > 1 else ""
+
+    @property
     def writes(self) -> bool:
         """True on the rank that writes its slice's shard: data-parallel replica 0."""
         return self.data_rank == 0

@@ -96,3 +96,11 @@ def test_a_layout_that_does_not_fit_the_group_is_refused(tmp_path: Path) -> None
         AsyncCheckpointer(tmp_path / "ckpt", layout=ShardLayout(tensor=2))
     assert not (tmp_path / "ckpt").exists()
     assert describe_layout({"tensor": 2, "pipeline": 1, "data": 2}) == "TP2 PP1 DP2"
+
+
+def test_data_parallel_replicas_of_a_shard_name_one_replica_set_and_no_replication_names_none() -> None:
+    """``replica``: the tensor x pipeline sizes and the shard, the same for every data-parallel rank of it; "" when
+    the data-parallel size is 1 (no rank holds this state but this one)."""
+    ranks = [ShardLayout(tensor=2, pipeline=1, data=2, tensor_rank=t, data_rank=d) for d in (0, 1) for t in (0, 1)]
+    assert [layout.replica for layout in ranks] == ["2x1:0", "2x1:1", "2x1:0", "2x1:1"]
+    assert ShardLayout(tensor=2, tensor_rank=1).replica == ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -184,3 +185,51 @@ def test_without_an_exchange_a_rename_publishes_the_copy(tmp_path: Path, monkeyp
         copies.write(step, "0.0", [f"state {step}".encode()], cap=None)
     assert sorted(copies.newest()) == [2, 3] and copies.read(3) == b"state 3"
     assert not copies.spare().exists()
+
+
+def test_a_copy_of_the_same_replica_set_stands_in_for_a_rank_without_one(tmp_path: Path) -> None:
+    """Rank 1 holds no copy; rank 0's copies name the replica set rank 1 is in: they stand in (checksum verified);
+    a copy of another set, of another world size, or a file without a set never does."""
+    mine = RankCopies("run-1", 1, 2, tmp_path, replica="1x1:0")
+    mine.open()
+    peer = RankCopies("run-1", 0, 2, tmp_path, replica="1x1:0")
+    peer.open()
+    peer.write(7, "0.0", [b"state 7"], cap=None)
+    peer.write(8, "0.0", [b"state 8"], cap=None, failure=True)
+    assert mine.newest() == {} and sorted(mine.stand_ins()) == [7, 8]
+    assert mine.read_stand_in(8) == (0, b"state 8") and mine.read_stand_in(6) is None
+    for rank, world, replica in ((2, 4, "1x1:0"), (3, 2, "1x1:1"), (4, 2, "")):
+        other = RankCopies("run-1", rank, world, tmp_path, replica=replica)
+        other.open()
+        other.write(9, "0.0", [b"state 9"], cap=None)
+    assert sorted(mine.stand_ins()) == [7, 8]
+    assert RankCopies("run-1", 1, 2, tmp_path).stand_ins() == {}  # no replica set: nothing stands in
+    slot = peer.slot(FAILURE_SLOT)
+    slot.write_bytes(slot.read_bytes()[:-1])  # torn: its header still says step 8, its checksum fails
+    assert mine.read_stand_in(8) is None
+
+
+def test_a_header_without_a_replica_set_reads_as_none() -> None:
+    """A copy written before replica sets existed decodes with ``replica`` "" (it never stands in)."""
+    fields = {"run_id": "r", "attempt": "0.0", "rank": 0, "world_size": 2, "step": 3, "length": 1, "checksum": 0}
+    data = json.dumps(fields).encode()
+    found = CopyHeader.decode(MAGIC + len(data).to_bytes(4, "little") + data + b"x")
+    assert found is not None and found[0].replica == "" and found[0].step == 3
+
+
+def test_the_rng_kept_at_each_step_reads_back_and_a_torn_record_is_none(tmp_path: Path) -> None:
+    """``keep_rng`` keeps the last two steps' RNG states (by parity): each reads back; an older step, another
+    step's record or a torn record is None; ``remove`` takes the file too."""
+    copies = RankCopies("run-1", 1, 2, tmp_path, replica="1x1:0")
+    copies.open()
+    for step in (4, 5, 6):
+        copies.keep_rng(step, bytes([step]) * 5056)
+    assert copies.rng(6) == bytes([6]) * 5056 and copies.rng(5) == bytes([5]) * 5056
+    assert copies.rng(4) is None and copies.rng(7) is None
+    path = copies.folder / "rank1.rng"
+    raw = bytearray(path.read_bytes())
+    raw[memory.RNG_RECORD + 100] ^= 0xFF  # step 5's record (odd), damaged
+    path.write_bytes(bytes(raw))
+    assert copies.rng(5) is None and copies.rng(6) is not None
+    copies.remove()
+    assert not path.exists()

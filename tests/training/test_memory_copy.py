@@ -47,9 +47,10 @@ def resumes(out: Path) -> list[Resumed]:
     return [r for r in read([out / "journal"]) if isinstance(r, Resumed)]
 
 
-def crashed(tmp_path: Path, run: str) -> tuple[Path, dict[str, str]]:
-    """A run whose rank 1 was SIGKILLed at ``FAULT_STEP``: its folder and environment."""
-    out, env = tmp_path / "run", env_of(tmp_path, run)
+def crashed(tmp_path: Path, run: str, **extra: str) -> tuple[Path, dict[str, str]]:
+    """A run whose rank 1 was SIGKILLed at ``FAULT_STEP`` (``extra`` in the workers' environment): its folder and
+    environment."""
+    out, env = tmp_path / "run", {**env_of(tmp_path, run), **extra}
     out.mkdir()
     results = launch("crash", out, env)
     assert results[1].returncode == -9, results[1].output[-2000:]
@@ -184,7 +185,8 @@ def test_copies_of_different_steps_on_different_ranks_fall_back_to_the_checkpoin
     """Rank 1's copies say steps no rank 0 copy has: the ranks resume together from the committed checkpoint."""
     out, env = crashed(tmp_path, "diverge")
     held = {r["step"] for r in records(out, 1) if r["event"] == "step"}
-    rewrite(out, tmp_path, "diverge", 1, step=max(held) + 100)
+    rewrite(out, tmp_path, "diverge", 1, step=max(held) + 100, replica="")  # no replica: neither stands in for the
+    rewrite(out, tmp_path, "diverge", 0, replica="")  # other (the next test has them stand in)
     committed = latest_checkpoint(out / "ckpt")
     assert committed is not None
     results = launch("resume", out, env)
@@ -214,9 +216,10 @@ def test_another_runs_copy_is_never_used_and_is_swept(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_torn_copy_is_never_used(tmp_path: Path) -> None:
-    """Rank 0's newest copy cut short (a writer killed mid-write) and a stray temporary file: the ranks resume from
-    the newest step both still hold whole, never from the torn one."""
-    out, env = crashed(tmp_path, "torn")
+    """Rank 0's newest copy cut short (a writer killed mid-write) and a stray temporary file: the torn one is never
+    used; the ranks resume from the newest step all the same, rank 0 from rank 1's whole copy of it (its data-parallel
+    replica), with its own RNG state of that step."""
+    out, env = crashed(tmp_path, "torn", APART_RNG="1")
     folder = tmp_path / "shm" / "torn"
     slots = {CopyHeader.decode(p.read_bytes())[0].step: p for p in folder.glob("rank0.slot?")}  # type: ignore[index]
     newest = max(slots)
@@ -225,8 +228,26 @@ def test_a_torn_copy_is_never_used(tmp_path: Path) -> None:
     results = launch("resume", out, env)
     assert all(r.ok for r in results), [r.output[-2000:] for r in results]
     found = resumes(out)
-    assert {r.step for r in found} == {found[0].step} and found[0].step < newest
-    check_restored(out, found[0].step)
+    assert {(r.source, r.step) for r in found} == {("memory", newest)}
+    check_restored(out, newest)
+    nothing_left(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_crashed_rank_without_a_copy_resumes_from_its_replicas_copy_at_the_failure(tmp_path: Path) -> None:
+    """No copy every few steps (an interval past the run): rank 1, SIGKILLed at a seeded step, holds none; rank 0's
+    copy taken on its failure path stands in for it (its data-parallel replica), with the RNG state rank 1 kept at
+    each step: both resume at the step before the fault, no step lost, hashing as rank 1's own state did."""
+    out, env = tmp_path / "run", {**env_of(tmp_path, "stand-in"), "MEMORY_INTERVAL": "1000", "APART_RNG": "1"}
+    out.mkdir()
+    results = launch("crash", out, env)
+    assert results[1].returncode == -9 and results[0].returncode == 1, [r.output[-2000:] for r in results]
+    assert not list((tmp_path / "shm" / "stand-in").glob("rank1.slot?"))  # rank 1 never copied
+    results = launch("resume", out, env)
+    assert all(r.ok for r in results), [r.output[-2000:] for r in results]
+    assert {(r.source, r.step) for r in resumes(out)} == {("memory", FAULT_STEP - 1)}  # was the checkpoint's
+    check_restored(out, FAULT_STEP - 1)
     nothing_left(tmp_path)
 
 

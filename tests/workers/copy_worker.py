@@ -8,8 +8,9 @@ retry), ``kill`` (every rank SIGKILLs itself at the end of ``FAULT_STEP``: a who
 environment). ``MEMORY_INTERVAL`` in the environment sets the copy's interval (default 1: every
 step). Every call appends to ``OUT_DIR/rank<R>.jsonl``: at each step's end the hashes of the model,
 optimizer and RNG and the data position (train micro-batches consumed); at the start of training the same of the
-restored state (the position read off the first batch it asks for). Checkpoints are in ``OUT_DIR/ckpt``, journals
-in ``OUT_DIR/journal``.
+restored state (the position read off the first batch it asks for). With ``APART_RNG=1`` rank 1 draws a random
+number for each batch it reads in training, so its RNG state differs from rank 0's. Checkpoints are in
+``OUT_DIR/ckpt``, journals in ``OUT_DIR/journal``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from lifecycle import (
 ITERATIONS = 12
 INTERVAL = 4
 RANK = int(os.environ["RANK"])
+APART = os.environ.get("APART_RNG") == "1"
 
 
 def digest(value: Any) -> str:
@@ -79,6 +81,8 @@ class Record(Callback):
         self.started = False
 
     def batch(self, split: str, index: int) -> Any:
+        if APART and RANK == 1 and self.started:  # (not setup's probe, which follows the restore)
+            torch.rand(1)  # rank 1's RNG runs apart from rank 0's: a copy standing in must not bring rank 0's
         if split == "train":
             if self.started and self.first is None:
                 self.first = index
