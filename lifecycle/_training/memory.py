@@ -242,7 +242,11 @@ class RankCopies:
         """The copies of this run's other ranks on this node that may stand in for this rank's, by step (headers
         read, payloads not): same world size and the same non-empty ``replica`` (``CopyHeader``); none without one.
         """
-        found: dict[int, Path] = {}
+        return {step: path for step, _, path in reversed(self._stand_ins())}  # the first path of each step
+
+    def _stand_ins(self) -> list[tuple[int, int, Path]]:
+        """Every copy that may stand in for this rank's (``stand_ins``): (step, rank, path), by path."""
+        found: list[tuple[int, int, Path]] = []
         if not self.replica:
             return found
         for path in sorted(self.folder.glob("rank*.slot[0-9]")):
@@ -250,20 +254,17 @@ class RankCopies:
             if header is None or header.rank == self.rank or path.name != f"rank{header.rank}.{path.suffix[1:]}":
                 continue
             if (header.run_id, header.world_size, header.replica) == (self.run_id, self.world_size, self.replica):
-                found.setdefault(header.step, path)
+                found.append((header.step, header.rank, path))
         return found
 
     def read_stand_in(self, step: int) -> tuple[int, bytes] | None:
         """The rank and payload of a usable copy of ``step`` another rank of this replica set holds (``stand_ins``),
-        its checksum verified; None if there is none."""
-        path = self.stand_ins().get(step)
-        header = None if path is None else read_header(path)
-        if path is None or header is None:
-            return None
-        copy = read_copy(path, self.run_id, header.rank, self.world_size)
-        if copy is None or copy[0].step != step or copy[0].replica != self.replica:
-            return None
-        return header.rank, copy[1]
+        its checksum verified (a torn one passed over for the next); None if there is none."""
+        for found, rank, path in self._stand_ins():
+            copy = read_copy(path, self.run_id, rank, self.world_size) if found == step else None
+            if copy is not None and copy[0].step == step and copy[0].replica == self.replica:
+                return rank, copy[1]
+        return None
 
     def keep_rng(self, step: int, state: bytes) -> None:
         """Record this rank's RNG ``state`` at the end of ``step`` (a few KB; never raises): what a copy that

@@ -204,8 +204,13 @@ def test_a_copy_of_the_same_replica_set_stands_in_for_a_rank_without_one(tmp_pat
         other.write(9, "0.0", [b"state 9"], cap=None)
     assert sorted(mine.stand_ins()) == [7, 8]
     assert RankCopies("run-1", 1, 2, tmp_path).stand_ins() == {}  # no replica set: nothing stands in
+    other = RankCopies("run-1", 5, 2, tmp_path, replica="1x1:0")  # a second replica of the set, with step 8 too
+    other.open()
+    other.write(8, "0.0", [b"state 8"], cap=None)
     slot = peer.slot(FAILURE_SLOT)
     slot.write_bytes(slot.read_bytes()[:-1])  # torn: its header still says step 8, its checksum fails
+    assert mine.read_stand_in(8) == (5, b"state 8")  # the next one stands in
+    other.slot(0).write_bytes(b"")
     assert mine.read_stand_in(8) is None
 
 
