@@ -271,8 +271,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--memory-copy",
         "also keep each rank's training state in node memory, every few steps (as many as keep its cost under a "
-        "hundredth of a step's), and resume from it when every rank holds the same step: a restart then retrains "
-        "fewer steps than since the last checkpoint",
+        "hundredth of a step's) and when a call fails, and resume from it when every rank can load the same step "
+        "(a data-parallel replica's copy stands in for a crashed rank's): a restart then retrains fewer steps than "
+        "since the last checkpoint, none after a raise or a crash here",
         "checkpoint.memory_copy",
         type=None,
     ),
