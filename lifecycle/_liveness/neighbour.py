@@ -118,8 +118,8 @@ def died_inside(monitor: Any) -> Outside | None:
     with another op or size (``summary.mismatched``; gloo aborts the rank that receives more than its tensor holds);
     None otherwise. Sets ``monitor.about`` (group, collective, peers, call sites) when found.
 
-    Read from the peers' beats: until each shows #k entered, or its rank done (its last
-    beat keeps its positions), or two intervals passed. Only a rank that died inside a
+    Read from the peers' beats: until each peer in the group shows #k entered, or its rank
+    done (its last beat keeps its positions), or two intervals passed. Only a rank that died inside a
     collective waits; one that died anywhere else is named at once.
     """
     inside = [c for c in read_collectives(monitor.page) if c.inside]
@@ -143,7 +143,7 @@ def died_inside(monitor: Any) -> Outside | None:
                 if seen.key in members:
                     members[seen.key].append((rank, seen))
             shown = {p.key: p.entered for p in collectives(fields)}
-            settled &= done(fields) or all(shown.get(p.key, -1) >= p.entered for p in mine)
+            settled &= done(fields) or all(shown[p.key] >= p.entered for p in mine if p.key in shown)  # its groups
         found = mismatched(monitor.s.rank, mine, members)
         if found is not None or settled or time.monotonic() >= deadline:
             break

@@ -395,3 +395,47 @@ def test_a_rank_that_died_inside_a_collective_its_peers_had_not_reached_names_no
     beats = [_beat(12, (*DP, 40, 40)), _beat(12, (*DP, 41, 40))]
     members = _members(beats)
     assert summary.mismatched(1, [p for r, p in members[DP[0]] if r == 1], members) is None
+
+
+class _Beats:
+    """A recording double of the monitor's store client: ``multi_get`` returns fixed beats, and counts its calls."""
+
+    def __init__(self, beats: list[bytes | None]) -> None:
+        self.beats, self.reads = beats, 0
+
+    def multi_get(self, keys: list[str]) -> list[bytes | None]:
+        self.reads += 1
+        return self.beats[: len(keys)]
+
+
+@pytest.mark.parametrize(("fingerprint", "desync"), [(256 << 8 | 1, True), (255 << 8 | 1, False)])
+def test_a_rank_dead_inside_a_collective_is_judged_once_its_groups_peers_show_it(
+    fingerprint: int, desync: bool
+) -> None:
+    """Rank 1 died inside all_reduce #41 of a group it shares with rank 0 only; rank 2's beat has no such group.
+    ``died_inside`` names the desync when rank 0 entered #41 with another size, None when with the same, and in
+    both cases returns on its first read: rank 2 is not awaited (the interval is 5 s)."""
+    from types import SimpleNamespace
+
+    from lifecycle._liveness import neighbour
+
+    marks = Marks()
+    try:
+        slot = marks.slot("1", "data-parallel", 40)
+        marks.collective(slot, 41, 40, 255 << 8 | 1, 1)  # all_reduce (code 1) on 255 float32
+        with open(marks.path, "r+b") as file:
+            page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
+        peer = [[1, 12, 0, 30, "step", "", [["1", "data-parallel", 41, 40, "all_reduce", fingerprint, False, 1.0]]]]
+        other = [[1, 12, 0, 30, "step", "", [["7", "tensor-parallel", 3, 3, "all_reduce", 256, False, 1.0]]]]
+        store = _Beats([json.dumps(peer[0]).encode(), None, json.dumps(other[0]).encode()])
+        settings = SimpleNamespace(world_size=3, rank=1, prefix="p", interval_s=5.0)
+        watcher = SimpleNamespace(page=page, entered_at={}, s=settings, store=store, about={})
+        started = time.monotonic()
+        found = neighbour.died_inside(watcher)
+        assert store.reads == 1 and time.monotonic() - started < 2.0
+        assert (found is not None) == desync, found
+        if desync:
+            assert found is not None and found.peers == [0] and watcher.about["collective"] == "all_reduce #41"
+        page.close()
+    finally:
+        marks.close()
