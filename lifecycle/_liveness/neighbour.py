@@ -118,15 +118,19 @@ def died_inside(monitor: Any) -> Outside | None:
     with another op or size (``summary.mismatched``; gloo aborts the rank that receives more than its tensor holds);
     None otherwise. Sets ``monitor.about`` (group, collective, peers, call sites) when found.
 
-    Read from the peers' beats: until each peer in the group shows #k entered, or its rank
-    done (its last beat keeps its positions), or two intervals passed. Only a rank that died inside a
-    collective waits; one that died anywhere else is named at once.
+    Read from the peers' beats: until each shows #k entered, or its rank done (its last
+    beat keeps its positions), or its beat is at this rank's step or past it without the
+    group (not a member: another tensor-parallel pair), or two intervals passed. A beat from
+    before (setup, an earlier step) may lack a group its rank has joined since: waited on.
+    Only a rank that died inside a collective waits; one that died anywhere else is named at
+    once.
     """
     inside = [c for c in read_collectives(monitor.page) if c.inside]
     if not inside or monitor.s.world_size < 2:
         return None
     mine = collectives([*[None] * 6, beat_positions(inside, monitor.entered_at)])  # as a beat would carry them
     keys = [f"{monitor.s.prefix}/liveness/hb/{rank}" for rank in range(monitor.s.world_size)]
+    step = monitor.last.step if monitor.last is not None else None
     deadline = time.monotonic() + 2 * monitor.s.interval_s
     while True:
         try:
@@ -143,7 +147,10 @@ def died_inside(monitor: Any) -> Outside | None:
                 if seen.key in members:
                     members[seen.key].append((rank, seen))
             shown = {p.key: p.entered for p in collectives(fields)}
-            settled &= done(fields) or all(shown[p.key] >= p.entered for p in mine if p.key in shown)  # its groups
+            level = step is not None and isinstance(fields[3], int) and fields[3] >= step  # not a beat from before
+            settled &= done(fields) or all(
+                shown[p.key] >= p.entered if p.key in shown else level for p in mine
+            )  # a group a beat as far on as this rank lacks: the peer is not in it
         found = mismatched(monitor.s.rank, mine, members)
         if found is not None or settled or time.monotonic() >= deadline:
             break

@@ -429,13 +429,38 @@ def test_a_rank_dead_inside_a_collective_is_judged_once_its_groups_peers_show_it
         other = [[1, 12, 0, 30, "step", "", [["7", "tensor-parallel", 3, 3, "all_reduce", 256, False, 1.0]]]]
         store = _Beats([json.dumps(peer[0]).encode(), None, json.dumps(other[0]).encode()])
         settings = SimpleNamespace(world_size=3, rank=1, prefix="p", interval_s=5.0)
-        watcher = SimpleNamespace(page=page, entered_at={}, s=settings, store=store, about={})
+        last = monitor.Position(12, 0, 30, "step")
+        watcher = SimpleNamespace(page=page, entered_at={}, s=settings, store=store, about={}, last=last)
         started = time.monotonic()
         found = neighbour.died_inside(watcher)
         assert store.reads == 1 and time.monotonic() - started < 2.0
         assert (found is not None) == desync, found
         if desync:
             assert found is not None and found.peers == [0] and watcher.about["collective"] == "all_reduce #41"
+        page.close()
+    finally:
+        marks.close()
+
+
+def test_a_rank_dead_inside_a_collective_waits_for_a_peer_whose_beat_is_from_before() -> None:
+    """Rank 0's beat is from its setup (no group yet: its monitor beats once a second, the demo's steps take
+    milliseconds): rank 1's monitor reads again until the two intervals pass, and names no desync on that beat."""
+    from types import SimpleNamespace
+
+    from lifecycle._liveness import neighbour
+
+    marks = Marks()
+    try:
+        slot = marks.slot("1", "data-parallel", 40)
+        marks.collective(slot, 41, 40, 255 << 8 | 1, 1)
+        with open(marks.path, "r+b") as file:
+            page = mmap.mmap(file.fileno(), monitor.PAGE_SIZE)
+        setup = [1, 4, 0, None, "setup", "", [["0", "default", 0, 0, "", 0, False, 1.0]]]
+        store = _Beats([json.dumps(setup).encode(), None])
+        settings = SimpleNamespace(world_size=2, rank=1, prefix="p", interval_s=0.1)
+        last = monitor.Position(404, 0, 100, "step")
+        watcher = SimpleNamespace(page=page, entered_at={}, s=settings, store=store, about={}, last=last)
+        assert neighbour.died_inside(watcher) is None and store.reads > 1
         page.close()
     finally:
         marks.close()
