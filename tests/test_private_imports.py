@@ -51,6 +51,7 @@ UNIT_TESTS: dict[str, frozenset[str]] = {
     "liveness/test_positions.py": frozenset(
         {
             "lifecycle._liveness.monitor",
+            "lifecycle._liveness.neighbour",
             "lifecycle._liveness.page",
             "lifecycle._liveness.rank",
             "lifecycle._liveness.settings",
