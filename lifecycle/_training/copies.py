@@ -83,20 +83,7 @@ class _Packer:
     def pack(self, state: dict[str, Any]) -> list[bytes | memoryview]:
         """The payload's parts: the structure's bytes and a view of the buffer (valid until the next ``pack``)."""
         tensors: list[torch.Tensor] = []
-
-        def walk(value: Any) -> dict[str, Any]:
-            if isinstance(value, torch.Tensor):
-                tensors.append(value)
-                return {"t": len(tensors) - 1}
-            if isinstance(value, dict):
-                return {"m": [[k, walk(v)] for k, v in value.items()]}
-            if isinstance(value, (list, tuple)):
-                return {"l" if isinstance(value, list) else "u": [walk(v) for v in value]}
-            if value is None or isinstance(value, (bool, int, float, str)):
-                return {"s": value}
-            raise TypeError(f"a {type(value).__name__} in the training state cannot be copied")
-
-        tree = walk(state)
+        tree = _walk(state, tensors)
         metas: list[tuple[str, list[int], int, int]] = []
         offset = 0
         for tensor in tensors:
@@ -115,6 +102,24 @@ class _Packer:
             torch._foreach_copy_(self._targets, tensors)  # one call for every tensor (121 on the demo model)
         structure = json.dumps({"tree": tree, "tensors": metas}).encode()
         return [len(structure).to_bytes(8, "little") + structure, memoryview(self.buffer)]
+
+
+def _walk(value: Any, tensors: list[torch.Tensor]) -> dict[str, Any]:
+    """``value``'s structure for ``_Packer.pack``, each tensor appended to ``tensors`` and named by its index.
+
+    A function of the module, not a closure that calls itself: such a closure is a reference cycle, and its
+    cycle kept every tensor of the state alive until a full garbage collection (after a failed call, the
+    failed model's and optimizer's tensors)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return {"t": len(tensors) - 1}
+    if isinstance(value, dict):
+        return {"m": [[k, _walk(v, tensors)] for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        return {"l" if isinstance(value, list) else "u": [_walk(v, tensors) for v in value]}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"s": value}
+    raise TypeError(f"a {type(value).__name__} in the training state cannot be copied")
 
 
 def _unpack(payload: bytes) -> Any:

@@ -170,9 +170,8 @@ def pretrain(
         failure = exc
         raise
     finally:
-        # Megatron's layers keep their tensor-parallel group: dropped here, the aborted
-        # group is freed now, not when the caller drops the traceback (gloo closes a
-        # group's connections only then; a peer blocked on it would wait for the timeout).
+        # Megatron's layers keep their tensor-parallel group (drop_model): the aborted group is freed now, not when the
+        # caller drops the traceback (gloo closes its connections only then; a blocked peer would wait the timeout).
         if run.monitor is not None:
             run.monitor.stop()
         run.stops.close(failure)
@@ -195,6 +194,7 @@ def pretrain(
         )
         run.journal.write(end)
         run.journal.close()
+        failure = None  # the exception's traceback holds this frame: no cycle keeps it, or the run, alive
 
 
 class _FaultCallback(Callback):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,36 @@ def test_a_failure_at_each_phase_leaves_nothing_live_and_a_retry_succeeds(tmp_pa
     result = pretrain(config_of_one(tmp_path))
     assert (result.final_step, result.exit_reason) == (3, ExitReason.ITERATIONS)
     assert result.journal[-1].dest is State.CLOSED
+    assert alive() == NOTHING_LIVE
+
+
+@pytest.mark.parametrize("memory_copy", [False, True], ids=["checkpoints", "memory-copy"])
+def test_a_failed_calls_model_is_freed_once_the_caller_drops_its_error(tmp_path: Path, memory_copy: bool) -> None:
+    """Once the caller drops a failed call's exception, its model's parameters (and the optimizer holding them) are
+    freed at once, by reference counts, with the garbage collector off: a retry never holds two models."""
+    parameters: list[weakref.ref[torch.Tensor]] = []
+
+    def provider(config: Any) -> torch.nn.Module:
+        model = default_model_provider(config)
+        parameters.extend(weakref.ref(p) for p in model.parameters())
+        return model
+
+    checkpoint = CheckpointConfig(
+        dir=str(tmp_path / "ckpt"), interval=2, resume=True, memory_copy=memory_copy, memory_interval=1
+    )
+    config = config_of_one(tmp_path, iterations=6, checkpoint=checkpoint, fault=FaultInjection(Phase.STEP, step=4))
+    gc.collect()
+    gc.disable()
+    try:
+        try:
+            pretrain(config, model_provider=provider)
+        except InjectedFault:
+            pass  # the error dropped here, at the end of this block
+        kept = [ref for ref in parameters if ref() is not None]
+    finally:
+        gc.enable()
+    assert parameters
+    assert not kept, f"{len(kept)} of {len(parameters)} parameters of the failed call's model are still alive"
     assert alive() == NOTHING_LIVE
 
 
