@@ -233,10 +233,17 @@ class RankCopies:
         return found
 
     def read(self, step: int) -> bytes | None:
-        """The payload of this rank's usable copy of ``step``; None if there is none (any more)."""
-        path = self.newest().get(step)
-        copy = None if path is None else read_copy(path, self.run_id, self.rank, self.world_size)
-        return None if copy is None or copy[0].step != step else copy[1]
+        """The payload of this rank's usable copy of ``step``; None if there is none (any more).
+
+        Only the slots whose header says ``step`` are read whole (and checked)."""
+        for index in range(_SLOTS):
+            header = read_header(self.slot(index))
+            if header is None or header.step != step:
+                continue
+            copy = read_copy(self.slot(index), self.run_id, self.rank, self.world_size)
+            if copy is not None and copy[0].step == step:
+                return copy[1]
+        return None
 
     def stand_ins(self) -> dict[int, Path]:
         """The copies of this run's other ranks on this node that may stand in for this rank's, by step (headers

@@ -63,6 +63,8 @@ CAUSE_WAIT_S = 10.0
 """The most a rank waits for the cause's rank (still tearing down) to record the decision."""
 
 _POLL_S = 0.02
+"""The longest pause between two reads of the cause's record: the first come 1 ms apart, each pause doubling up to
+it (a retry's peers find a decision made within milliseconds at once, not at the next 20 ms tick)."""
 logger = logging.getLogger("lifecycle.retry")
 _LIBRARIES = ("torch", "megatron", "nvidia_resiliency_ext", "transitions")
 
@@ -347,6 +349,7 @@ def _wait_for_cause(
     start = time.monotonic()
     deadline, checked = start + wait_s, 0.0
     running = facts.rank is not None and journal_dir is not None and journal_path(journal_dir, facts.rank).exists()
+    pause = 0.001
     while True:
         found = ledger.read(name)
         now = time.monotonic()
@@ -356,7 +359,8 @@ def _wait_for_cause(
             checked = now
             if _ended(journal_dir, facts.rank, name):
                 running, deadline = False, now + wait_s
-        time.sleep(_POLL_S)
+        time.sleep(pause)
+        pause = min(2 * pause, _POLL_S)
 
 
 def _ended(journal_dir: Path, rank: int, name: str) -> bool:
