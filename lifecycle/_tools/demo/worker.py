@@ -117,6 +117,10 @@ def _run_attempts(
     # Imported here, after the warning filters: this loads torch and megatron-core.
     from lifecycle._training.pretrain import pretrain
 
+    # What the imports made (some 400,000 objects) goes to the permanent generation: a full
+    # collection no longer walks it, 200 ms that could fall on any step, set-up or retry
+    # (docs/recovery.md, "Measured here").
+    gc.freeze()
     code = ExitCode.RESTART
     for attempt, config in enumerate(attempts):
         try:
