@@ -48,7 +48,6 @@ the side file, and kills it (SIGCONT, SIGKILL), so its gloo peers get a connecti
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import mmap
 import os
@@ -70,6 +69,7 @@ if __package__:
         read_marks,
         write_verdict,
     )
+    from lifecycle._liveness.parking import next_attempt, start_watching
     from lifecycle._liveness.settings import Settings
     from lifecycle._liveness.summary import Outside, Summary, beat_positions, summarize
     from lifecycle._liveness.wire import StoreClient, StoreError
@@ -91,6 +91,7 @@ else:  # run as a script (python -S -E -s monitor.py): its folder is on the path
         read_marks,
         write_verdict,
     )
+    from parking import next_attempt, start_watching  # type: ignore[import-not-found,no-redef]
     from settings import Settings  # type: ignore[import-not-found,no-redef]
     from summary import Outside, Summary, beat_positions, summarize  # type: ignore[import-not-found,no-redef]
     from wire import StoreClient, StoreError  # type: ignore[import-not-found,no-redef]
@@ -100,7 +101,6 @@ JOURNAL_VERSION = 4
 
 # -- the monitor -------------------------------------------------------------------------
 
-PR_SET_PDEATHSIG = 1
 NO_VERDICT = b"-"
 """What ``<prefix>/liveness/verdict/1`` holds until the attempt's first verdict is published."""
 _log = judgement.log
@@ -153,6 +153,13 @@ class Monitor:
         self.entered_at: dict[str, tuple[int, float]] = {}  # per group: the entered number, first seen when (wall)
         self.about: dict[str, Any] = {}  # the group, collective and peers of an INSIDE suspicion (behind)
         self.outside: Outside | None = None  # and what the summary said of it
+
+    def close(self) -> None:
+        """Release what this attempt's watch holds: the store connection, the pidfd, the marks page."""
+        self.store.close()
+        with contextlib.suppress(OSError):  # -1 (no pidfd here): EBADF
+            os.close(self.pidfd)
+        self.page.close()
 
     def run(self) -> int:
         """The loop; returns the exit code."""
@@ -549,25 +556,22 @@ class Monitor:
 
 
 def main(argv: list[str]) -> int:
-    """Run the monitor with the JSON settings in ``argv[1]`` on the marks page ``argv[2]``; exit code 0.
-
-    The page has no name to remove (``lifecycle._liveness.rank.Marks``): ``argv[2]`` is
-    the descriptor the rank passed, as ``/proc/self/fd/<n>``.
-    """
+    """Run the monitor with the JSON settings in ``argv[1]`` on the marks page ``argv[2]`` (the descriptor the rank
+    passed, as ``/proc/self/fd/<n>``: the page has no name to remove), then each next attempt its rank parks it for
+    (``parking.next_attempt``); exit code 0."""
     settings, marks = Settings.from_json(argv[1]), argv[2]
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
-    if os.getppid() != settings.pid:  # the rank died before prctl took effect
-        return 0
-    return _watch(settings, marks)
+    wake_read = start_watching()
+    while os.getppid() == settings.pid:  # else the rank died (before prctl took effect, or while parked)
+        code = _watch(settings, marks, wake_read)
+        told = next_attempt(settings.pid)
+        if told is None:
+            return code
+        settings, marks = Settings.from_json(told[0]), told[1]
+    return 0
 
 
-def _watch(settings: Settings, marks: str) -> int:
-    """Watch the rank until it is done or gone (``Monitor.run``); its exit code."""
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_read, False)
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
+def _watch(settings: Settings, marks: str, wake_read: int) -> int:
+    """Watch the rank's attempt until it is done or gone (``Monitor.run``); its exit code."""
     monitor: Monitor | None = None
 
     def parent_died(signum: int, frame: object) -> None:
@@ -581,11 +585,12 @@ def _watch(settings: Settings, marks: str) -> int:
     with open(marks, "r+b") as file:
         page = mmap.mmap(file.fileno(), PAGE_SIZE)
     monitor = Monitor(settings, page, wake_read)
-    if os.getppid() != settings.pid:
-        monitor.parent_died = True
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    return monitor.run()
+    try:
+        if os.getppid() != settings.pid:
+            monitor.parent_died = True
+        return monitor.run()
+    finally:
+        monitor.close()
 
 
 if __name__ == "__main__":

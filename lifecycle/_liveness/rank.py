@@ -26,6 +26,7 @@ import json
 import logging
 import mmap
 import os
+import select
 import signal
 import struct
 import subprocess
@@ -41,6 +42,7 @@ from lifecycle import journal as _journal
 from lifecycle._liveness import judgement
 from lifecycle._liveness import monitor as _monitor
 from lifecycle._liveness import page as _page
+from lifecycle._liveness import parking as _parking
 from lifecycle._liveness.deadlines import LOOP_PHASES
 from lifecycle._liveness.settings import Settings
 
@@ -230,6 +232,10 @@ class RankMonitor:
         fails the rank (``pretrain``'s raises ``MonitorLost`` into the training thread), False if it cannot."""
         self.losses = 0
         """How many times the monitor was lost (the first is started again, not the second)."""
+        self.thread = threading.get_ident()
+        """The thread that started ``process``: the monitor dies with it (``PR_SET_PDEATHSIG``)."""
+        self.parked = False
+        """Whether the monitor was asked to wait for this process's next attempt (``park``)."""
         self._lock = threading.Lock()
         self._stopping = False
 
@@ -246,6 +252,7 @@ class RankMonitor:
         process = self.process
         while True:
             process.wait()
+            _close_pipes(process)
             with self._lock:
                 if self._stopping or self.marks.is_done:
                     return
@@ -257,7 +264,7 @@ class RankMonitor:
                 if self.losses == 1:
                     try:
                         replacement = _spawn(self.settings, self.marks)
-                        self.process = replacement
+                        self.process, self.thread, self.parked = replacement, threading.get_ident(), False
                     except OSError as exc:
                         failed = f"; starting another failed: {exc}"
             where = position.where() if position is not None else "its last position"
@@ -305,6 +312,27 @@ class RankMonitor:
             new_pid=replacement.pid if replacement is not None else None,
         )
         _append(self.settings.journal, (json.dumps(record.to_json()) + "\n").encode())
+
+    def park(self) -> None:
+        """Have the monitor wait for this process's next attempt once it has seen this one end (``monitor.PARK``),
+        rather than exit; never raises.
+
+        The next ``start_monitor`` on the thread that started it hands it that attempt's
+        settings (``_take_parked``): no new interpreter and imports, about 40 ms of CPU that
+        a retry's set-up otherwise shares the node with (docs/recovery.md, "Measured
+        here"). ``pretrain`` parks its monitor on the failure edge, before it marks the rank
+        done; one no attempt takes ends at interpreter exit (``reap``), or with the rank.
+        """
+        with self._lock:
+            stdin = self.process.stdin
+            if self._stopping or self.parked or stdin is None or self.process.poll() is not None:
+                return
+            try:
+                stdin.write(_parking.PARK)
+                stdin.flush()
+            except (OSError, ValueError):  # it exited meanwhile: the watch sees it
+                return
+            self.parked = True
 
     def stop(self) -> None:
         """Tell the monitor the rank is done and to end (SIGTERM); idempotent. Returns at once.
@@ -375,6 +403,8 @@ _EXITING: list[RankMonitor] = []
 @atexit.register
 def reap(wait_s: float = STOP_WAIT_S) -> None:
     """Reap the monitors told to stop: each gets what is left of ``wait_s`` to exit, then is killed; then released."""
+    for monitor in _EXITING:  # a parked one exits at the end of its stdin; the others do not read it
+        _close_pipes(monitor.process, stdout=False)
     deadline = time.monotonic() + wait_s
     while _EXITING:
         monitor = _EXITING.pop()
@@ -414,16 +444,68 @@ def start_monitor(settings: Settings) -> RankMonitor:
     Path(settings.stacks).parent.mkdir(parents=True, exist_ok=True)
     dump = open(settings.stacks, "a")  # noqa: SIM115 - kept open for faulthandler until release()
     faulthandler.register(settings.dump_signal, file=dump, all_threads=True, chain=False)
-    process = _spawn(settings, marks)
+    process = _take_parked(settings, marks) or _spawn(settings, marks)
     _CURRENT = _REGISTERED = RankMonitor(marks, process, dump, settings)
     threading.Thread(target=_CURRENT.watch, name=f"lifecycle monitor watch (rank {settings.rank})", daemon=True).start()
     return _CURRENT
 
 
 def _spawn(settings: Settings, marks: Marks) -> subprocess.Popen[bytes]:
-    """Start a monitor process with ``settings`` on ``marks`` (its descriptor passed as ``/proc/self/fd/<n>``)."""
+    """Start a monitor process with ``settings`` on ``marks`` (its descriptor passed as ``/proc/self/fd/<n>``); its
+    stdin and stdout pipes to this process, for ``park``."""
     command = [sys.executable, "-S", "-E", "-s", _monitor.__file__, settings.to_json(), f"/proc/self/fd/{marks.fd}"]
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(marks.fd,))
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(marks.fd,))
+
+
+def _take_parked(settings: Settings, marks: Marks) -> subprocess.Popen[bytes] | None:
+    """The monitor an earlier attempt parked (``RankMonitor.park``), told ``settings`` and ``marks``; None if none
+    this thread may take (the one that started it: it dies with that thread) or it did not say its watch ended
+    within ``STOP_WAIT_S`` (it is then ended, and reaped like a stopped one)."""
+    me = threading.get_ident()
+    old = next((m for m in reversed(_EXITING) if m.parked and m.thread == me and m.process.poll() is None), None)
+    if old is None:
+        return None
+    process = old.process
+    told = (json.dumps([settings.to_json(), marks.path]) + "\n").encode()
+    if _ended(process, STOP_WAIT_S) and process.stdin is not None:
+        try:
+            process.stdin.write(told)
+            process.stdin.flush()
+        except (OSError, ValueError):  # it exited meanwhile
+            pass
+        else:
+            _EXITING.remove(old)
+            old.release()
+            return process
+    old.parked = False
+    _close_pipes(process, stdout=False)  # it exits at the end of its stdin
+    return None
+
+
+def _ended(process: subprocess.Popen[bytes], wait_s: float) -> bool:
+    """Whether a parked monitor says (``monitor.ENDED``) within ``wait_s`` that it saw its attempt end."""
+    if process.stdout is None:
+        return False
+    deadline, said = time.monotonic() + wait_s, b""
+    with contextlib.suppress(OSError, ValueError):
+        while not said.endswith(_parking.ENDED):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([process.stdout], [], [], left)[0]:
+                return False
+            chunk = os.read(process.stdout.fileno(), 64)
+            if not chunk:
+                return False
+            said += chunk
+        return True
+    return False
+
+
+def _close_pipes(process: subprocess.Popen[bytes], stdout: bool = True) -> None:
+    """Close this process's ends of the monitor's stdin (and stdout) pipes; never raises."""
+    for pipe in (process.stdin, process.stdout if stdout else None):
+        if pipe is not None:
+            with contextlib.suppress(OSError, ValueError):
+                pipe.close()
 
 
 def _how(returncode: int) -> str:

@@ -107,6 +107,7 @@ def start_liveness(
 
     def failing(event: object) -> None:
         if isinstance(event, FailureEvent):
+            monitor.park()  # a retry in this process takes it over (first: before the monitor sees the rank done)
             monitor.marks.done()
             groups, at = positions.snapshot(), monitor.marks.position()
             positions.uninstall()

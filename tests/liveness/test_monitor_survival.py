@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -223,3 +224,78 @@ def test_a_monitor_that_exits_after_stop_or_once_its_rank_is_done_is_not_lost(tm
     rank.reap()
     assert stopped.process.returncode is not None
     assert not path.exists() or not [r for r in journal.read([path]) if isinstance(r, journal.MonitorLost)]
+
+
+def _settings(tmp_path: Path, attempt: int) -> Settings:
+    """A world-of-one ``report`` monitor's settings, its store unreachable, for ``attempt``."""
+    return Settings(
+        rank=0, world_size=1, host="127.0.0.1", port=1, prefix=f"p{attempt}", mode="report", interval_s=0.05,
+        floor_s=1.0, default_deadline_s=600.0, stacks=str(tmp_path / "stacks.txt"), store_timeout_s=0.02,
+        attempt=attempt,
+    )  # fmt: skip
+
+
+def _pages(pid: int) -> list[str]:
+    """The marks pages process ``pid`` has mapped (their lines in ``/proc/<pid>/maps``)."""
+    return [line for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if "lifecycle-marks" in line]
+
+
+def _watching(monitor: rank.RankMonitor) -> None:
+    """Return once ``monitor``'s process has mapped its page (its signal handlers are in place by then)."""
+    deadline = time.monotonic() + 20
+    while not _mapped(monitor.process.pid):
+        assert time.monotonic() < deadline, "the monitor never mapped its page"
+        time.sleep(0.005)
+
+
+@pytest.mark.timeout(60)
+def test_a_parked_monitor_watches_the_next_attempt_of_the_thread_that_started_it(tmp_path: Path) -> None:
+    """A monitor parked on a failed attempt (``park``, then ``stop``) is the next attempt's, same process: it maps
+    the new page alone and ends when that attempt is done; one started by another thread is not taken but ended."""
+    first = rank.start_monitor(_settings(tmp_path, 0))
+    pid = first.process.pid
+    _watching(first)
+    first.park()
+    first.stop()
+    second = rank.start_monitor(_settings(tmp_path, 1))
+    try:
+        assert second.process.pid == pid
+        new_page = str(os.fstat(second.marks.fd).st_ino)
+        deadline = time.monotonic() + 10
+        while not (len(_pages(pid)) == 1 and new_page in _pages(pid)[0]):  # the old page unmapped, the new mapped
+            assert time.monotonic() < deadline, _pages(pid)
+            time.sleep(0.005)
+        time.sleep(0.3)
+        assert second.process.poll() is None  # watching: not done yet
+        second.marks.done()  # not parked: it exits once it sees this attempt done
+        second.process.wait(10)
+    finally:
+        second.stop()
+        rank.reap()
+    started: list[rank.RankMonitor] = []
+    elsewhere = threading.Thread(target=lambda: started.append(rank.start_monitor(_settings(tmp_path, 2))))
+    elsewhere.start()
+    elsewhere.join()
+    _watching(started[0])
+    started[0].park()
+    started[0].stop()
+    third = rank.start_monitor(_settings(tmp_path, 3))
+    try:
+        assert third.process.pid != started[0].process.pid
+    finally:
+        third.stop()
+        rank.reap()
+    assert started[0].process.returncode is not None
+
+
+@pytest.mark.timeout(60)
+def test_a_parked_monitor_no_attempt_takes_ends_at_exit(tmp_path: Path) -> None:
+    """``reap`` (at interpreter exit) ends a parked monitor: the end of its stdin, within ``STOP_WAIT_S``, unkilled."""
+    parked = rank.start_monitor(_settings(tmp_path, 0))
+    _watching(parked)
+    parked.park()
+    parked.stop()
+    time.sleep(0.3)
+    assert parked.process.poll() is None  # parked, waiting for the next attempt
+    rank.reap()
+    assert parked.process.returncode == 0
