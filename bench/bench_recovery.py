@@ -33,7 +33,10 @@ group on a new TCPStore and passing a barrier; then Megatron-core's groups, the 
 model and optimizer, its parameters broadcast and the bytes of the checkpoint the run
 resumed from read (what any restart must do, without lifecycle); and the median step of
 the first attempt. The ratio is the part's sum
-over the floors' (a retry has no import floor: its processes live on). The third table
+over the floors' (a retry has no import floor: its processes live on). Two more rows: the
+retry resuming from the copy in node memory (``--memory-copy``), and the same with
+``--liveness off``: a rank's monitor is a new process each attempt, and its start (an
+interpreter and its imports, about 40 ms of CPU) competes with the set-up for two cores. The third table
 is the same kinds with ``--memory-copy``: the steps lost when a copy in node memory
 survives (its interval comes from a 1% budget of the step, so a copy is some steps old).
 """
@@ -79,17 +82,24 @@ SHOWS = (
     "spinning rank is suspected past the loop's 2 s floor deadline and convicted at the conviction deadline "
     "(10 s, a third of the demo's 30 s group timeout: issue 38's rule, so that a slow healthy rank is never "
     "killed), killed, which resets the survivor; torchrun then restarts both. Steps lost without the copy: the "
-    "9 trained since the checkpoint at step 30. Table 2: from the verdict on, a torchrun restart is 1.2-1.3x "
-    "its floor, and the new processes' imports are nearly all of it (Megatron-core's import pulls in "
-    "torch._inductor for its fused kernels); the retry in the same processes is 2.3-3x its floor (was 34x), the "
-    "rest in setting up again (Megatron-core's groups, the model, the load and its agreement: 0.08-0.09 s "
-    "against 0.02 s bare). Table 3: a failed call copies the step its last update left, so the retry after a "
-    "raise resumes from step 39 and loses none (was 7); a rank that crashed takes no copy, but its data-parallel "
-    "replica's copy at the failure stands in for it (with the crashed rank's own RNG state, kept each step), so "
-    "the restart resumes from step 39 too and loses none (was 9: the copies every few steps, at an interval "
+    "9 trained since the checkpoint at step 30. Table 2 (each floor timed once both ranks have imported: until "
+    "2026-12-06 the rendezvous floor counted one rank waiting for the other's imports, 0.02-0.06 s, and the retry "
+    "read 2.3x): from the verdict on, a torchrun restart is 1.2-1.3x its floor, and the new processes' imports are "
+    "nearly all of it (Megatron-core's import pulls in torch._inductor for its fused kernels). The retry in the "
+    "same processes takes 0.07-0.09 s, 2.2-2.9x a floor of 0.03 s (0.12-0.14 s, 4-4.6x, before the monitor was "
+    "kept across it): what is left is the failed attempt's teardown, whose gloo groups are freed in parallel but "
+    "wait out one or two ticks of gloo's 10 ms socket loop (about 0.02 s), the job's decision (a few ms), and "
+    "setting up again, 0.03 s against 0.02 s bare from the copy (0.05 s from the checkpoint, each of whose "
+    "tensors is a zip read and checked). The monitor parked across the retry costs it nothing now (the row with "
+    "--liveness off is within 0.01 s); a new monitor each attempt, an interpreter and its imports sharing two "
+    "cores with the set-up, cost 0.03-0.04 s. Table 3: a failed call copies the step its last update left, so "
+    "the retry after a raise resumes from step 39 and loses none (was 7); a rank that crashed takes no copy, but "
+    "its data-parallel replica's copy at the failure stands in for it (with the crashed rank's own RNG state, kept "
+    "each step), so the restart resumes from step 39 too and loses none (was 9: the copies every few steps, at an "
+    "interval "
     "from a 1% budget of the step, about 20 here, were older than the checkpoint)."
 )
-"""What the three tables show (written from the last run, 2026-12-05, session 8: re-read it when the numbers move)."""
+"""What the three tables show (written from the last run, 2026-12-06: re-read it when the numbers move)."""
 
 
 def run_once(kind: str, folder: Path, *extra: str) -> dict[str, float]:
@@ -149,6 +159,8 @@ from lifecycle._tools.demo.options import demo_config, parser
 from lifecycle._training.model import TinyCausalLM
 rank, port, checkpoint = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 config = demo_config(parser().parse_args(["--journal-dir", str(checkpoint.parent.parent)]))
+print("imported", flush=True)
+sys.stdin.readline()  # both ranks' imports done: neither waits on the other's
 began = time.perf_counter()
 store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
 dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
@@ -178,8 +190,9 @@ def _free_port() -> int:
 
 
 def floors(checkpoint: Path) -> dict[str, float]:
-    """Each part's floor, bare, the fastest of ``FLOOR_RUNS`` (the slower rank of two each time; ``_FLOOR_RANK``):
-    a floor is what the machine can do, and a new store's client sometimes waits out a connect retry.
+    """Each part's floor, bare, the fastest of ``FLOOR_RUNS`` (the slower rank of two each time; ``_FLOOR_RANK``,
+    timed once both ranks have imported): a floor is what the machine can do, and a new store's client sometimes
+    waits out a connect retry.
 
     To pretrain again: a fresh interpreter's start until it imported ``IMPORTS`` (not its
     exit; a retry has none: its processes live on); rendezvous: a gloo group on a new
@@ -197,12 +210,22 @@ def floors(checkpoint: Path) -> dict[str, float]:
         ranks = [
             subprocess.Popen(
                 [sys.executable, "-W", "ignore", "-c", _FLOOR_RANK, str(rank), str(port), str(checkpoint)],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
             )
             for rank in (0, 1)
         ]
-        times = [[float(t) for t in rank.communicate(timeout=300)[0].split()[-2:]] for rank in ranks]
+        for rank in ranks:  # each has imported (a rank that failed says nothing: its output below tells)
+            assert rank.stdout is not None
+            rank.stdout.readline()
+        for rank in ranks:
+            assert rank.stdin is not None
+            rank.stdin.write("go\n")
+            rank.stdin.close()
+        times = [[float(t) for t in rank.stdout.read().split()[-2:]] for rank in ranks if rank.stdout is not None]
+        for rank in ranks:
+            rank.wait(timeout=300)
         rendezvous.append(max(t[0] for t in times))
         setup.append(max(t[1] for t in times))
     return {"to pretrain again": min(imports), "rendezvous": min(rendezvous), "setup and load": min(setup)}
@@ -212,24 +235,33 @@ def main() -> str:
     """Run every kind ``ROUNDS`` times, rotating, without and with the copy; the tables (median of the rounds)."""
     results: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
     copied: dict[str, list[dict[str, float]]] = {kind: [] for kind in COPY_KINDS}
+    unwatched: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         for round_ in range(ROUNDS):
             for kind in KINDS:
                 results[kind].append(run_once(kind, Path(tmp) / f"{kind}-{round_}"))
             for kind in COPY_KINDS:
                 copied[kind].append(run_once(kind, Path(tmp) / f"{kind}-copy-{round_}", "--memory-copy"))
+            unwatched.append(run_once("raise", Path(tmp) / f"unwatched-{round_}", "--memory-copy", "--liveness", "off"))
         resumed = int(results["raise"][0]["resumed_from"])
         floor = floors(Path(tmp) / "raise-0" / "checkpoints" / f"step_{resumed:010d}")
-    return "\n".join((_table(results), _parts_table(results, floor), _copy_table(copied), SHOWS, ""))
+    rows = {**results, RETRY_COPY: copied["raise"], RETRY_UNWATCHED: unwatched}
+    return "\n".join((_table(results), _parts_table(rows, floor), _copy_table(copied), SHOWS, ""))
+
+
+RETRY_COPY = "raise, --memory-copy"
+RETRY_UNWATCHED = "raise, --memory-copy, --liveness off"
+"""Table 2's extra rows: the retry resuming from the copy, with and without the ranks' liveness monitors (whose
+restart, a new process per rank per attempt, competes with the set-up for this machine's two cores)."""
 
 
 def _parts_table(results: dict[str, list[dict[str, float]]], floor: dict[str, float]) -> str:
     """Table 2: verdict → training again, part by part, next to each part's floor; the ratio of the sums."""
     rows = []
-    for kind in KINDS:
-        runs = results[kind]
+    for kind, runs in results.items():
         parts = [statistics.median(r[part] for r in runs) for part in PARTS]
-        floors_ = [0.0 if kind == "raise" and part == "to pretrain again" else floor.get(part, 0.0) for part in PARTS]
+        retry = kind.startswith("raise")
+        floors_ = [0.0 if retry and part == "to pretrain again" else floor.get(part, 0.0) for part in PARTS]
         floors_[-1] = statistics.median(r["step"] for r in runs)
         cells = [f"{p:.2f} ({f:.2f})" for p, f in zip(parts, floors_, strict=True)]
         rows.append([kind, *cells, f"{sum(parts):.2f}", f"{sum(floors_):.2f}", f"{sum(parts) / sum(floors_):.1f}x"])
