@@ -314,7 +314,7 @@ class RankMonitor:
         _append(self.settings.journal, (json.dumps(record.to_json()) + "\n").encode())
 
     def park(self) -> None:
-        """Have the monitor wait for this process's next attempt once it has seen this one end (``monitor.PARK``),
+        """Have the monitor wait for this process's next attempt once it has seen this one end (``parking.PARK``),
         rather than exit; never raises.
 
         The next ``start_monitor`` on the thread that started it hands it that attempt's
@@ -483,7 +483,7 @@ def _take_parked(settings: Settings, marks: Marks) -> subprocess.Popen[bytes] | 
 
 
 def _ended(process: subprocess.Popen[bytes], wait_s: float) -> bool:
-    """Whether a parked monitor says (``monitor.ENDED``) within ``wait_s`` that it saw its attempt end."""
+    """Whether a parked monitor says (``parking.ENDED``) within ``wait_s`` that it saw its attempt end."""
     if process.stdout is None:
         return False
     deadline, said = time.monotonic() + wait_s, b""
