@@ -207,6 +207,8 @@ class NodeCopies:
         run = run_id()
         sweep(run)
         self.slots = RankCopies(run, rank, world_size, replica=replica)
+        if run == run_id({}):  # a run id of this process's own: no later process can resume from these copies
+            self.slots.remove_at_exit()
         try:
             self.slots.open()
             stats = os.statvfs(self.slots.folder)

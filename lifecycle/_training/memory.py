@@ -24,10 +24,12 @@ size's, or whose length or checksum does not match (a torn write), is never used
 Each process of the run holds a shared ``flock`` on ``<root>/<run>/.lock`` while it may use
 the copies; the kernel drops it when the process dies, even by SIGKILL. ``sweep`` removes
 the folders of other runs whose lock nobody holds: the files a whole job killed at once left.
+A run whose id is the process's own (``remove_at_exit``) has its files removed when the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import fcntl
@@ -69,6 +71,8 @@ _RNG = struct.Struct("<8sQII")
 """An RNG record's head: ``RNG_MAGIC``, step, length, CRC-32."""
 _HELD: dict[Path, int] = {}
 """The lock this process holds on each run folder it opened: one per folder, whichever object opened it."""
+_AT_EXIT: dict[tuple[Path, int], RankCopies] = {}
+"""The ranks' copies ``remove_at_exit`` deletes when the interpreter exits, by folder and rank."""
 
 
 _RENAME_EXCHANGE = 2
@@ -221,6 +225,11 @@ class RankCopies:
         for stale in self.folder.glob(f"rank{self.rank}.slot*-*"):  # spares, and an older version's <slot>.tmp-<pid>
             with contextlib.suppress(OSError):
                 stale.unlink()
+
+    def remove_at_exit(self) -> None:
+        """Delete this rank's files (``remove``) when the interpreter exits normally: for a run no other process
+        can resume, whose run id is this process's own. A process killed leaves them to the next run's ``sweep``."""
+        _AT_EXIT.setdefault((self.folder, self.rank), self)
 
     def newest(self, slots: Sequence[int] = range(_SLOTS)) -> dict[int, Path]:
         """This rank's usable copies in ``slots`` (default all three) by step; unusable files are left alone, never
@@ -396,6 +405,14 @@ def _remove_if_free(folder: Path) -> bool:
     finally:
         os.close(fd)
     return not folder.exists()
+
+
+@atexit.register
+def _remove_at_exit() -> None:
+    for copies in _AT_EXIT.values():
+        with contextlib.suppress(OSError):
+            copies.remove()
+    _AT_EXIT.clear()
 
 
 def sweep(run_id: str, root: Path | None = None) -> list[Path]:

@@ -146,6 +146,29 @@ def test_removing_a_ranks_copies_removes_the_folder_once_no_process_holds_it(tmp
     assert not copies.folder.exists()
 
 
+@pytest.mark.parametrize("at_exit", [True, False], ids=["removed-at-exit", "kept"])
+def test_copies_marked_remove_at_exit_are_gone_when_the_process_exits(tmp_path: Path, at_exit: bool) -> None:
+    """A process that marked its rank's copies ``remove_at_exit`` (a run id its own) leaves no file when it exits,
+    failed or not; unmarked (a job's run id: a restart resumes from them) they stay."""
+    code = (
+        "import sys; from pathlib import Path; from lifecycle._training.memory import RankCopies\n"
+        "copies = RankCopies('local-1', 0, 1, Path(sys.argv[1])); copies.open()\n"
+        "copies.write(1, '0.0', [b'p'], cap=None)\n"
+        "if sys.argv[2] == 'yes': copies.remove_at_exit()\n"
+        "raise SystemExit('the call failed')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), "yes" if at_exit else "no"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and "the call failed" in done.stderr, done.stderr
+    left = sorted(p.name for p in tmp_path.rglob("*"))
+    assert left == ([] if at_exit else [".lock", "local-1", "rank0.slot0"]), left
+
+
 def test_a_failures_copy_goes_to_its_own_slot_and_evicts_neither_of_the_others(tmp_path: Path) -> None:
     """Copies of steps 4 and 5, then a failure's copy of 6: all three are held (a peer that died holds 4 and 5);
     the next copies go on taking turns in slots 0 and 1."""

@@ -18,7 +18,8 @@ import pytest
 import torch
 from support.launch import run_workers
 
-from lifecycle._training.copies import _Packer, _unpack
+from lifecycle._training import memory
+from lifecycle._training.copies import NodeCopies, _Packer, _unpack
 from lifecycle._training.memory import CopyHeader
 from lifecycle.checkpoint import latest_checkpoint
 from lifecycle.journal import Resumed, read
@@ -87,6 +88,27 @@ def rewrite(out: Path, tmp_path: Path, run: str, rank: int, **fields: Any) -> No
         header, offset = found
         changed = CopyHeader(**{**{f: getattr(header, f) for f in CopyHeader.__slots__}, **fields})
         path.write_bytes(changed.encode() + raw[offset:])
+
+
+@pytest.mark.parametrize("run", [None, "job-1"], ids=["process-local-id", "job-id"])
+def test_only_a_process_local_runs_copies_are_removed_at_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: str | None
+) -> None:
+    """Opened under a run id of the process's own (no LIFECYCLE_RUN_ID, no torchrun) a rank's copies are removed when
+    the process exits (nobody else can resume from them); under a job's run id they stay for its restart."""
+    for name in ("LIFECYCLE_RUN_ID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    if run is not None:
+        monkeypatch.setenv("LIFECYCLE_RUN_ID", run)
+    monkeypatch.setenv("LIFECYCLE_COPY_ROOT", str(tmp_path / "shm"))
+    copies = NodeCopies(True, 1, 0.01, None, "0.0")
+    copies.open(0, 1, on_cpu=True)
+    assert copies.slots is not None
+    try:
+        assert ((copies.slots.folder, 0) in memory._AT_EXIT) is (run is None)
+    finally:
+        memory._AT_EXIT.pop((copies.slots.folder, 0), None)
+        copies.slots.remove()
 
 
 @pytest.mark.timeout(30)

@@ -87,9 +87,12 @@ def test_a_failure_at_each_phase_leaves_nothing_live_and_a_retry_succeeds(tmp_pa
 
 
 @pytest.mark.parametrize("memory_copy", [False, True], ids=["checkpoints", "memory-copy"])
-def test_a_failed_calls_model_is_freed_once_the_caller_drops_its_error(tmp_path: Path, memory_copy: bool) -> None:
+def test_a_failed_calls_model_is_freed_once_the_caller_drops_its_error(
+    tmp_path: Path, memory_copy: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Once the caller drops a failed call's exception, its model's parameters (and the optimizer holding them) are
     freed at once, by reference counts, with the garbage collector off: a retry never holds two models."""
+    monkeypatch.setenv("LIFECYCLE_COPY_ROOT", str(tmp_path / "shm"))  # the failed call's copy stays for a retry
     parameters: list[weakref.ref[torch.Tensor]] = []
 
     def provider(config: Any) -> torch.nn.Module:
