@@ -35,6 +35,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -64,7 +65,10 @@ CAUSE_WAIT_S = 10.0
 
 _POLL_S = 0.02
 """The longest pause between two reads of the cause's record: the first come 1 ms apart, each pause doubling up to
-it (a retry's peers find a decision made within milliseconds at once, not at the next 20 ms tick)."""
+it (a retry's peers find a decision made within milliseconds at once, not at the next 20 ms tick). Where the store
+has ``wait`` (torch's), a peer waits on it instead and is woken as the record is made."""
+_CHECK_S = 0.1
+"""How often a rank waiting for the cause's record looks whether the cause's rank has ended (its journal)."""
 logger = logging.getLogger("lifecycle.retry")
 _LIBRARIES = ("torch", "megatron", "nvidia_resiliency_ext", "transitions")
 
@@ -214,6 +218,19 @@ class _Ledger:
             self.store = None
             return self.read(name)
 
+    def wait(self, name: str, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the record of ``name``, woken as it is made, where the store can (torch's
+        ``Store.wait``); False where it cannot (no store, or one without ``wait``): nothing waited."""
+        waiter = getattr(self.store, "wait", None)
+        if waiter is None:
+            return False
+        began = time.monotonic()
+        try:
+            waiter([self._key(name)], timedelta(seconds=seconds))
+        except Exception:  # noqa: BLE001 - timed out, or the store is gone (``read`` tells): never sooner than asked
+            time.sleep(max(0.0, seconds - (time.monotonic() - began)))
+        return True
+
     def history(self, name: str) -> list[Attempt]:
         """The job's attempts recorded before ``name``, oldest first."""
         if self.store is None:
@@ -355,12 +372,14 @@ def _wait_for_cause(
         now = time.monotonic()
         if found is not None or now >= start + CAUSE_WAIT_S or (now >= deadline and not running):
             return found
-        if running and now - checked >= 0.1 and facts.rank is not None and journal_dir is not None:
+        if running and now - checked >= _CHECK_S and facts.rank is not None and journal_dir is not None:
             checked = now
             if _ended(journal_dir, facts.rank, name):
                 running, deadline = False, now + wait_s
-        time.sleep(pause)
-        pause = min(2 * pause, _POLL_S)
+        limit = min(start + CAUSE_WAIT_S, deadline if not running else now + _CHECK_S)
+        if not ledger.wait(name, max(0.001, min(_CHECK_S, limit - now))):
+            time.sleep(pause)
+            pause = min(2 * pause, _POLL_S)
 
 
 def _ended(journal_dir: Path, rank: int, name: str) -> bool:

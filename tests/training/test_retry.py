@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,7 @@ class DictStore:
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
         self.lock = threading.Lock()
+        self.checks: dict[int, int] = {}  # by thread
 
     def set(self, key: str, value: str) -> None:
         with self.lock:
@@ -296,6 +298,7 @@ class DictStore:
 
     def check(self, keys: list[str]) -> bool:
         with self.lock:
+            self.checks[threading.get_ident()] = self.checks.get(threading.get_ident(), 0) + 1
             return all(key in self.data for key in keys)
 
     def add(self, key: str, value: int) -> int:
@@ -309,6 +312,54 @@ class DictStore:
             if self.data.get(key, b"") == expected.encode():
                 self.data[key] = desired.encode()
             return self.data[key]
+
+
+class WaitingStore(DictStore):
+    """``DictStore`` with torch's ``Store.wait``: woken as the keys are set, ``RuntimeError`` at the timeout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = threading.Condition(self.lock)
+
+    def set(self, key: str, value: str) -> None:
+        with self.changed:
+            self.data[key] = value.encode()
+            self.changed.notify_all()
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        with self.changed:
+            if self.data.get(key, b"") == expected.encode():
+                self.data[key] = desired.encode()
+                self.changed.notify_all()
+            return self.data[key]
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        with self.changed:
+            if not self.changed.wait_for(lambda: all(k in self.data for k in keys), timeout.total_seconds()):
+                raise RuntimeError("Socket Timeout")
+
+
+def test_a_victim_waits_on_the_store_for_the_causes_decision_not_polling_it(tmp_path: Path) -> None:
+    """A victim whose store can ``wait`` is woken by the cause's record: a read per 0.1 s at most, not one per
+    20 ms (and the decision is the cause's)."""
+    store = WaitingStore()
+    journal(tmp_path, 1, 0)
+    journal(tmp_path, 0, 0)
+    seen: dict[int, Decision] = {}
+
+    def victim() -> None:
+        seen[0] = decide_after(ConnectionError("Connection reset by peer"), tmp_path, rank=0, store=store, wait_s=30)
+
+    thread = threading.Thread(target=victim)
+    began = time.monotonic()
+    thread.start()
+    time.sleep(0.4)
+    seen[1] = decide_after(boom(), tmp_path, rank=1, store=store)
+    thread.join(30)
+    waited = time.monotonic() - began
+    assert seen[0] == seen[1] and seen[0].cause == "raised", seen
+    assert thread.ident is not None
+    assert store.checks[thread.ident] <= waited / 0.1 + 4, (store.checks, waited)
 
 
 def test_two_nodes_share_the_decision_through_the_store(tmp_path: Path) -> None:
