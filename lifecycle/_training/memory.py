@@ -165,18 +165,23 @@ class CopyHeader:
         return header, start + size
 
 
-def read_header(path: Path) -> CopyHeader | None:
-    """The header of the slot file ``path`` (its first bytes only; the payload unchecked), None if it has none."""
+def read_header(path: Path, whole: bool = False) -> CopyHeader | None:
+    """The header of the slot file ``path`` (its first bytes only; the payload unchecked), None if it has none.
+
+    ``whole``: None too unless the file is as long as its header says (not cut short); its checksum is not read."""
     try:
         with open(path, "rb") as file:
             raw = file.read(len(MAGIC) + _LENGTH.size)
             if len(raw) < len(MAGIC) + _LENGTH.size:
                 return None
             raw += file.read(_LENGTH.unpack_from(raw, len(MAGIC))[0])
+            size = os.fstat(file.fileno()).st_size
     except OSError:
         return None
     found = CopyHeader.decode(raw)
-    return None if found is None else found[0]
+    if found is None or (whole and found[1] + found[0].length != size):
+        return None
+    return found[0]
 
 
 def read_copy(path: Path, run_id: str, rank: int, world_size: int) -> tuple[CopyHeader, bytes] | None:
@@ -232,13 +237,18 @@ class RankCopies:
         _AT_EXIT.setdefault((self.folder, self.rank), self)
 
     def newest(self, slots: Sequence[int] = range(_SLOTS)) -> dict[int, Path]:
-        """This rank's usable copies in ``slots`` (default all three) by step; unusable files are left alone, never
-        read as copies."""
+        """This rank's copies in ``slots`` (default all three) by step: each this run's, rank's and world size's,
+        and as long as its header says. Headers only: the payload's checksum is verified by ``read``, which returns
+        None for a damaged one (``resume`` then falls back on every rank). Other files are left alone."""
         found: dict[int, Path] = {}
         for index in slots:
-            copy = read_copy(self.slot(index), self.run_id, self.rank, self.world_size)
-            if copy is not None:
-                found[copy[0].step] = self.slot(index)
+            header = read_header(self.slot(index), whole=True)
+            if header is not None and (header.run_id, header.rank, header.world_size) == (
+                self.run_id,
+                self.rank,
+                self.world_size,
+            ):
+                found[header.step] = self.slot(index)
         return found
 
     def read(self, step: int) -> bytes | None:

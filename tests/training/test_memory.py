@@ -52,16 +52,17 @@ def test_copies_alternate_between_two_slots_and_the_newest_two_are_kept(tmp_path
 
 
 def test_a_torn_copy_is_never_read(tmp_path: Path) -> None:
-    """A slot cut short, or with a changed byte, fails its length or checksum: not a copy."""
+    """A slot cut short is not listed (its length); one with a changed byte is listed from its header, but never
+    read (its checksum): ``read`` gives None."""
     copies = slots(tmp_path)
     path = copies.write(5, "0.0", [b"x" * 1000], cap=None)
     whole = path.read_bytes()
     path.write_bytes(whole[:-1])
-    assert copies.newest() == {}
+    assert copies.newest() == {} and copies.read(5) is None
     path.write_bytes(whole[:-1] + b"y")
-    assert copies.newest() == {}
+    assert list(copies.newest()) == [5] and copies.read(5) is None
     path.write_bytes(whole)
-    assert list(copies.newest()) == [5]
+    assert list(copies.newest()) == [5] and copies.read(5) == b"x" * 1000
 
 
 def test_a_copy_of_another_run_rank_or_world_size_is_never_read(tmp_path: Path) -> None:
