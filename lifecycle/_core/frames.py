@@ -4,10 +4,17 @@ A gloo group or a rendezvous store is freed (its sockets closed, its server stop
 only when its last reference goes, and the frames of a failure's traceback keep their
 locals alive for as long as the caller keeps the exception (a notebook keeps
 ``sys.last_traceback``). lifecycle never clears the caller's frames (debuggers and error
-reporters read their locals) nor its own (they hold groups and stores only through
-containers that teardown empties); it clears only the frames of the packages a resource
-kind declares as holders (``Resource.held_in_frames_of``: torch's own functions, which
-take a group or a store as an argument), and says so in a note.
+reporters read their locals); it clears the frames of the packages a resource kind
+declares as holders (``Resource.held_in_frames_of``: torch's and megatron-core's own
+functions, which take a group or a store as an argument), and says so in a note, and its
+own finished frames, silently: a failed step's loss holds its autograd graph, whose
+megatron-core nodes hold the tensor-parallel group, and a failed collective's wrapper
+holds its ``Work``.
+
+The session clears them before its teardown aborts the groups: the groups are still
+registered then, so nothing is freed here, and the teardown's threads hold the last
+references (``lifecycle._torch.groups``: gloo's destructor waits a tick of its socket
+loop; one after the other on this thread they cost a tick each).
 """
 
 from __future__ import annotations
@@ -24,16 +31,19 @@ def _package_dir(package: str) -> str | None:
     return None if path is None else os.path.dirname(os.path.abspath(path)) + os.sep
 
 
-def clear_frames_of(error: BaseException, packages: tuple[str, ...]) -> int:
-    """Clear the locals of the finished frames of ``packages`` in the tracebacks of ``error`` and of its chain.
+def clear_frames_of(error: BaseException, packages: tuple[str, ...], quietly: tuple[str, ...] = ()) -> int:
+    """Clear the locals of the finished frames of ``packages`` and ``quietly`` in the tracebacks of ``error`` and
+    of its chain.
 
     The chain is ``error``'s ``__cause__`` and ``__context__``, theirs, and so on (a
     ``CheckpointError`` raised from gloo's ``RuntimeError`` keeps torch's frames in its
     cause). Frames still executing are skipped; frames of every other module (the
-    caller's, lifecycle's) are left as they are. The tracebacks' lines stay printable.
-    Returns how many frames were cleared; if any, a note on ``error`` says how many and why.
+    caller's) are left as they are. The tracebacks' lines stay printable. Returns how
+    many frames of ``packages`` were cleared; if any, a note on ``error`` says how many
+    and why (those of ``quietly`` are not counted).
     """
-    dirs = tuple(d for d in map(_package_dir, packages) if d is not None)
+    loud = tuple(d for d in map(_package_dir, packages) if d is not None)
+    dirs = loud + tuple(d for d in map(_package_dir, quietly) if d is not None)
     cleared = 0
     seen: set[int] = set()
     pending: list[BaseException] = [error]
@@ -46,13 +56,14 @@ def clear_frames_of(error: BaseException, packages: tuple[str, ...]) -> int:
         tb: TracebackType | None = current.__traceback__
         while tb is not None:
             frame = tb.tb_frame
-            if os.path.abspath(frame.f_code.co_filename).startswith(dirs):
+            path = os.path.abspath(frame.f_code.co_filename)
+            if path.startswith(dirs):
                 try:
                     frame.clear()
                 except RuntimeError:  # still executing
                     pass
                 else:
-                    cleared += 1
+                    cleared += path.startswith(loud) if loud else 0
             tb = tb.tb_next
     if cleared:
         names = ", ".join(packages)

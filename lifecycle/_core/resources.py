@@ -130,7 +130,7 @@ class Resource:
     None), so that what an earlier session left is told apart from what the caller
     created since (held only weakly). ``held_in_frames_of``: packages whose functions
     take it as an argument, so that the frames of a failure's traceback in them keep
-    it alive; a failure teardown clears their locals (``lifecycle._core.frames``).
+    it alive; a failure clears their locals before its teardown (``lifecycle._core.frames``).
     ``retry_release``: a release that raised
     may run again in a later plan (the library's own releases tolerate partial state);
     False: it runs at most once per session, and a failure leaves the resource alone.

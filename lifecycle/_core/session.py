@@ -314,9 +314,9 @@ class Session:
         def log_first() -> None:  # once the machine accepted the trigger, before any release
             logger.error("%s failed in state %s: %s; releasing what it owns", self.label, state, text)
 
-        report = self._fail_teardown(start, text, error, log_first)
         holders = tuple(dict.fromkeys(p for e in self.ledger.entries for p in e.resource.held_in_frames_of))
-        clear_frames_of(error, holders)  # only torch's own frames: never the caller's, never ours
+        clear_frames_of(error, holders, quietly=("lifecycle",))  # never the caller's; before the groups are aborted
+        report = self._fail_teardown(start, text, error, log_first)
         for failure in report.failed:
             error.add_note(f"lifecycle: teardown step {failure.step} also failed: {describe(failure.error)}")
         if self._exit_request is not None:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from lifecycle._training.callbacks import Callback, SessionHandle
 from lifecycle._training.config import FaultKind, InjectedFault, Phase
 
 logger = logging.getLogger("lifecycle.pretrain")
@@ -74,3 +75,15 @@ def enospc_once(rank: int, step: int) -> Callable[[], None]:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "injected")
 
     return fail
+
+
+class CallbackFault(Callback):
+    """Calls ``inject(Phase.CALLBACK, step)`` from ``on_step_end``: the configured ``callback`` fault, a failure
+    inside a callback."""
+
+    def __init__(self, inject: Callable[[Phase, int | None], None]) -> None:
+        self.inject = inject
+
+    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
+        """Inject the fault if it is due at ``step``."""
+        self.inject(Phase.CALLBACK, step)

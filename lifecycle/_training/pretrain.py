@@ -32,7 +32,7 @@ from lifecycle._training.callbacks import Callback, ExitReason, ProgressLog, Ses
 from lifecycle._training.config import DATA_FAULTS, STEPPED_PHASES, FaultKind, Phase, PretrainConfig
 from lifecycle._training.copies import NodeCopies
 from lifecycle._training.exits import STOPPED_BY_LAUNCHER
-from lifecycle._training.faults import enospc_once, fire, hang_in_forward
+from lifecycle._training.faults import CallbackFault, enospc_once, fire, hang_in_forward
 from lifecycle._training.journaling import RunJournal
 from lifecycle._training.liveness import in_force, start_liveness
 from lifecycle._training.model import SyntheticTokens, default_forward_step, default_model_provider
@@ -157,12 +157,13 @@ def pretrain(
             run.hooks.append(ProgressLog(config.training.log_interval))
         run.hooks += list(callbacks or ())
         if config.fault is not None and config.fault.phase is Phase.CALLBACK:
-            run.hooks.append(_FaultCallback(run))
+            run.hooks.append(CallbackFault(run.inject))
         with session:
             try:
                 result = run.execute()
             except BaseException as exc:
                 run.stops.failed(exc)  # before the failure edge: was a SIGTERM the launcher's?
+                run.drop_groups()
                 raise
         exit_reason = result.exit_reason.value
         return result
@@ -170,8 +171,6 @@ def pretrain(
         failure = exc
         raise
     finally:
-        # Megatron's layers keep their tensor-parallel group (drop_model): the aborted group is freed now, not when the
-        # caller drops the traceback (gloo closes its connections only then; a blocked peer would wait the timeout).
         if run.monitor is not None:
             run.monitor.stop()
         run.stops.close(failure)
@@ -195,16 +194,6 @@ def pretrain(
         run.journal.write(end)
         run.journal.close()
         failure = None  # the exception's traceback holds this frame: no cycle keeps it, or the run, alive
-
-
-class _FaultCallback(Callback):
-    """Raises the configured ``callback`` fault from ``on_step_end``: a failure inside a callback."""
-
-    def __init__(self, run: _Run) -> None:
-        self.run = run
-
-    def on_step_end(self, session: SessionHandle, step: int, loss: float) -> None:
-        self.run.inject(Phase.CALLBACK, step)
 
 
 class _Run:
@@ -269,13 +258,19 @@ class _Run:
         self.device = torch.device("cpu")
         self.consumed = 0  # train micro-batches all data-parallel ranks consumed before the current step
 
+    def drop_groups(self) -> None:
+        """Drop the process-group references the model's modules hold (megatron's layers keep theirs): gloo closes a
+        group's connections only once it is freed (a blocked peer would wait the timeout). On a failure, before the
+        groups are aborted: the teardown's threads then hold the last references and free them in parallel, not
+        this thread one by one (``lifecycle._torch.groups``)."""
+        for module in self.model.modules() if self.model is not None else ():
+            for name, value in list(vars(module).items()):
+                if isinstance(value, dist.ProcessGroup):
+                    setattr(module, name, None)
+
     def drop_model(self) -> None:
-        """Drop the process-group references the model's modules hold (megatron's layers keep theirs), and the model."""
-        if self.model is not None:
-            for module in self.model.modules():
-                for name, value in list(vars(module).items()):
-                    if isinstance(value, dist.ProcessGroup):
-                        setattr(module, name, None)
+        """``drop_groups``, then drop the model."""
+        self.drop_groups()
         self.model = None
 
     def due(self, phase: Phase, step: int | None = None, kind: FaultKind | None = None) -> FaultKind | None:

@@ -55,3 +55,20 @@ def _frames(error: BaseException) -> list[FrameType]:
 
 def _dir(package: str) -> str:
     return os.path.dirname(os.path.abspath(sys.modules[package].__file__ or ""))
+
+
+def test_quiet_packages_are_cleared_too_but_not_counted_and_not_noted() -> None:
+    """Frames of ``quietly``'s packages are cleared like those of ``packages``, but not counted, and no note says so
+    (lifecycle's own frames: a failed step's loss holds the tensor-parallel group through its graph)."""
+    held = Held()
+    try:
+        _wrapped(held)
+    except RuntimeError as exc:
+        error = exc
+    assert error.__cause__ is not None
+    json_frames = [f for f in _frames(error.__cause__) if f.f_code.co_filename.startswith(_dir("json"))]
+    assert any(f.f_locals for f in json_frames)
+    assert clear_frames_of(error, (), quietly=("json",)) == 0
+    assert all(not f.f_locals for f in json_frames)
+    assert any("held" in f.f_locals for f in _frames(error.__cause__))  # the caller's frames are kept
+    assert not getattr(error, "__notes__", [])

@@ -117,6 +117,32 @@ def test_a_failed_calls_model_is_freed_once_the_caller_drops_its_error(
     assert alive() == NOTHING_LIVE
 
 
+def test_a_failed_steps_graph_and_groups_are_let_go_before_the_teardown(tmp_path: Path) -> None:
+    """A failed call's error keeps no lifecycle frame's locals (the step's loss and its autograd graph, whose
+    megatron-core nodes hold the tensor-parallel group) and no model module keeps a group: the teardown's threads,
+    not the caller's, free the aborted groups."""
+    seen: list[torch.nn.Module] = []
+
+    def provider(config: Any) -> torch.nn.Module:
+        model = default_model_provider(config)
+        seen.append(model)
+        return model
+
+    config = config_of_one(tmp_path, iterations=4, fault=FaultInjection(Phase.STEP, step=2))
+    with pytest.raises(InjectedFault) as caught:
+        pretrain(config, model_provider=provider)
+    frames, tb = [], caught.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    ours = [f for f in frames if "/lifecycle/" in f.f_code.co_filename and f.f_code.co_name != "pretrain"]
+    assert any(f.f_code.co_name == "train_step" for f in ours), [f.f_code.co_name for f in frames]
+    assert all(not f.f_locals for f in ours), {f.f_code.co_name: list(f.f_locals) for f in ours if f.f_locals}
+    assert seen and not [
+        (n, v) for m in seen[0].modules() for n, v in vars(m).items() if isinstance(v, torch.distributed.ProcessGroup)
+    ]
+
+
 @pytest.mark.parametrize(
     "where",
     [
