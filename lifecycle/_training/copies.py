@@ -19,7 +19,10 @@ make the slot files, which later copies write over): the packing on the training
 plus, when the model is on the CPU, the background write's CPU time (it competes for the
 same cores; its waits for the GIL cost the training nothing).
 ``interval = ceil(median cost / (memory_budget × median step time))``; every rank takes the
-largest (one ``all_reduce``, once), so all copy the same steps.
+largest (one ``all_reduce``, once), so all copy the same steps. A later call of the run in
+the same process (a retry here) with the same model, batches and budget starts with that
+interval when every rank carries it (said in ``resume``'s ``all_gather``), instead of
+copying each of its first steps to measure it again.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ made."""
 MEASURED = 4
 """Steps copied after ``WARMUP`` to measure the copy's cost, before the interval is derived."""
 
+_INTERVALS: dict[tuple[str, str], int] = {}
+"""The interval each run's calls derived in this process, by run id and ``NodeCopies.key``: a retry here starts with
+it (``resume``, when every rank carries the same one) rather than copying each of its first steps to measure again."""
 _WARNED: set[str] = set()
 """Runs this process already warned about a copy that does not fit: one warning a run."""
 
@@ -177,9 +183,14 @@ class NodeCopies:
     the job stops, the next start's ``sweep`` after a whole-job kill).
     """
 
-    def __init__(self, enabled: bool, interval: int, budget: float, cap_mb: float | None, attempt: str) -> None:
-        self.enabled = enabled
+    def __init__(
+        self, enabled: bool, interval: int, budget: float, cap_mb: float | None, attempt: str, key: str = ""
+    ) -> None:
+        """``key``: what the derived interval depends on besides the run (the model, the batches, the budget):
+        a later call of the run in this process with the same key starts with it (``_INTERVALS``)."""
+        self.enabled, self.key = enabled, key
         self.interval = interval  # 0: not derived yet
+        self.carried = 0  # the interval an earlier call of this run derived in this process (``open``)
         self.budget, self.cap_mb, self.attempt = budget, cap_mb, attempt
         self.slots: RankCopies | None = None
         self.fits = enabled
@@ -205,6 +216,7 @@ class NodeCopies:
             return
         self.on_cpu = on_cpu
         run = run_id()
+        self.carried = _INTERVALS.get((run, self.key), 0) if self.interval == 0 else 0
         sweep(run)
         self.slots = RankCopies(run, rank, world_size, replica=replica)
         if run == run_id({}):  # a run id of this process's own: no later process can resume from these copies
@@ -241,8 +253,9 @@ class NodeCopies:
         own = set(self.slots.newest()) if self.fits else set()
         held = sorted(own | set(self.slots.stand_ins()))[-_LOADABLE:] if self.fits else []
         rank, world = dist.get_rank(), dist.get_world_size()
-        mine = torch.full((_LOADABLE + 1,), -1, dtype=torch.int64)
+        mine = torch.full((_LOADABLE + 2,), -1, dtype=torch.int64)
         mine[: len(held)] = torch.tensor(held, dtype=torch.int64)
+        mine[_LOADABLE + 1] = self.carried
         if rank == 0:
             try:
                 found = latest_checkpoint(directory)
@@ -250,9 +263,13 @@ class NodeCopies:
                 found = None
             mine[_LOADABLE] = -1 if found is None else found[0]
         device = collective_device()
-        gathered = [torch.zeros(_LOADABLE + 1, dtype=torch.int64, device=device) for _ in range(world)]
+        gathered = [torch.zeros(_LOADABLE + 2, dtype=torch.int64, device=device) for _ in range(world)]
         dist.all_gather(gathered, mine.to(device))
         views = [g.cpu().tolist() for g in gathered]
+        carried = {int(v[_LOADABLE + 1]) for v in views}
+        if self.interval == 0 and len(carried) == 1 and min(carried) > 0:  # every rank's earlier call derived it
+            self.interval = min(carried)
+            logger.info("copy in node memory: every %d steps, as derived by this run's previous call", self.interval)
         disk = None if views[0][_LOADABLE] < 0 else int(views[0][_LOADABLE])
         common = set.intersection(*({s for s in v[:_LOADABLE] if s >= 0} for v in views))
         step = max(common, default=None)
@@ -355,6 +372,8 @@ class NodeCopies:
         agreed = mine.to(device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         self.interval = int(agreed.item())
+        if self.slots is not None:
+            _INTERVALS[(self.slots.run_id, self.key)] = self.interval
         logger.info(
             "copy in node memory: %.2f ms a copy (packing %.2f, writing %.2f of CPU), %.1f ms a step: every %d steps"
             " (budget %.2g)",

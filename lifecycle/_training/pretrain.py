@@ -249,7 +249,8 @@ class _Run:
         self.saves = Saves(config.checkpoint, self.journal, self.rank, None)
         c = config.checkpoint
         label = f"{origin.restart_count}.{attempt}"
-        self.copies = NodeCopies(c.memory_copy, c.memory_interval, c.memory_budget, c.memory_cap_mb, label)
+        measured = repr((config.model, config.parallel, c.memory_budget))  # what the copies' interval depends on
+        self.copies = NodeCopies(c.memory_copy, c.memory_interval, c.memory_budget, c.memory_cap_mb, label, measured)
         self.guard = NonfiniteGuard(config.training, self.journal)
         self.fault_fired = False  # a data fault (DATA_FAULTS) fires once per call
         self.desynced = False  # a desync fault fired in this step: it skips one all_reduce

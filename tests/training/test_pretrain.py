@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
+import logging
 import signal
 import sys
 import weakref
@@ -115,6 +117,34 @@ def test_a_failed_calls_model_is_freed_once_the_caller_drops_its_error(
     assert parameters
     assert not kept, f"{len(kept)} of {len(parameters)} parameters of the failed call's model are still alive"
     assert alive() == NOTHING_LIVE
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-model", "another-model"])
+def test_a_retry_here_takes_the_copy_interval_its_run_derived_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, same: bool
+) -> None:
+    """A call that fails after deriving the copies' interval leaves it to the run's next call in this process, with
+    the same model, batches and budget: it copies at that interval from its start, not each of its first steps to
+    measure again; another model measures again."""
+    monkeypatch.setenv("LIFECYCLE_COPY_ROOT", str(tmp_path / "shm"))
+    monkeypatch.setattr("lifecycle._training.copies._INTERVALS", {})  # this process's earlier tests derived some
+    checkpoint = CheckpointConfig(dir=str(tmp_path / "ckpt"), interval=4, resume=True, memory_copy=True)
+    first = config_of_one(tmp_path, iterations=12, checkpoint=checkpoint, fault=FaultInjection(Phase.STEP, step=10))
+    with caplog.at_level(logging.INFO, logger="lifecycle.pretrain"), contextlib.suppress(InjectedFault):
+        pretrain(first)
+    derived = [r.getMessage() for r in caplog.records if "steps (budget" in r.getMessage()]
+    assert len(derived) == 1, derived
+    caplog.clear()
+    model = first.model if same else dataclasses.replace(first.model, hidden_size=2 * first.model.hidden_size)
+    second = dataclasses.replace(first, fault=None, model=model)
+    if not same:
+        second = dataclasses.replace(second, checkpoint=dataclasses.replace(checkpoint, dir=str(tmp_path / "other")))
+    with caplog.at_level(logging.INFO, logger="lifecycle.pretrain"):
+        pretrain(second)
+    messages = [r.getMessage() for r in caplog.records]
+    carried = [m for m in messages if "as derived by this run's previous call" in m]
+    measured = [m for m in messages if "steps (budget" in m]
+    assert (len(carried), len(measured)) == ((1, 0) if same else (0, 1)), messages
 
 
 def test_a_failed_steps_graph_and_groups_are_let_go_before_the_teardown(tmp_path: Path) -> None:
