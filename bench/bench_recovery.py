@@ -33,10 +33,13 @@ group on a new TCPStore and passing a barrier; then Megatron-core's groups, the 
 model and optimizer, its parameters broadcast and the bytes of the checkpoint the run
 resumed from read (what any restart must do, without lifecycle); and the median step of
 the first attempt. The ratio is the part's sum
-over the floors' (a retry has no import floor: its processes live on). Two more rows: the
+over the floors'. A retry imports nothing (its processes live on), but tears down the failed
+attempt's groups: its floor there is every group aborted and freed bare, in parallel, one thread
+each (gloo's free waits out a tick of its socket loop; torch's own ``destroy_process_group``
+frees them one after the other, 90-150 ms here). Until 2026-12-06 that floor was counted 0. Two more rows: the
 retry resuming from the copy in node memory (``--memory-copy``), and the same with
-``--liveness off``: a rank's monitor is a new process each attempt, and its start (an
-interpreter and its imports, about 40 ms of CPU) competes with the set-up for two cores. The third table
+``--liveness off``: a rank's monitor is kept across the retry (parked), where a new one, an
+interpreter and its imports (about 40 ms of CPU), competed with the set-up for two cores. The third table
 is the same kinds with ``--memory-copy``: the steps lost when a copy in node memory
 survives (its interval comes from a 1% budget of the step, so a copy is some steps old).
 """
@@ -150,7 +153,7 @@ def measure(records: list[Record], kind: str) -> dict[str, float]:
 
 
 _FLOOR_RANK = """
-import sys, time
+import sys, threading, time
 from datetime import timedelta
 from pathlib import Path
 import torch, torch.distributed as dist
@@ -175,12 +178,23 @@ for parameter in model.parameters():
 for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
     path.read_bytes()
 dist.barrier()
-print(grouped - began, time.perf_counter() - grouped, flush=True)
+loaded = time.perf_counter()
+groups = list(dist.distributed_c10d._world.pg_map)
 parallel_state.destroy_model_parallel()
-dist.destroy_process_group()
+dist.distributed_c10d._abort_process_group()
+boxes = [[g] for g in groups]
+del groups
+threads = [threading.Thread(target=box.clear) for box in boxes]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(grouped - began, loaded - grouped, time.perf_counter() - loaded, flush=True)
 """
 """One rank of the bare floors: a gloo group on a new store and a barrier; Megatron-core's groups, the demo's
-model and optimizer built, its parameters broadcast and the checkpoint's bytes read."""
+model and optimizer built, its parameters broadcast and the checkpoint's bytes read; then every group aborted and
+freed in parallel, one thread each (torch's ``destroy_process_group`` frees them one after the other: 90-150 ms
+here for the demo's 29 groups, against one or two 10 ms ticks of gloo's socket loop in parallel)."""
 
 
 def _free_port() -> int:
@@ -195,12 +209,12 @@ def floors(checkpoint: Path) -> dict[str, float]:
     waits out a connect retry.
 
     To pretrain again: a fresh interpreter's start until it imported ``IMPORTS`` (not its
-    exit; a retry has none: its processes live on); rendezvous: a gloo group on a new
-    store and a barrier; setup and load:
+    exit); for a retry (``TEARDOWN``), every group aborted and freed in parallel; rendezvous:
+    a gloo group on a new store and a barrier; setup and load:
     Megatron-core's groups, the model and optimizer, the parameters broadcast, every byte
     of the ``checkpoint`` folder a run resumed from read.
     """
-    imports, rendezvous, setup = [], [], []
+    imports, rendezvous, setup, teardown = [], [], [], []
     importing = f"import time\nimport {', '.join(IMPORTS)}\nprint(time.time(), flush=True)"
     for _ in range(FLOOR_RUNS):
         began = time.time()  # the child's clock is the same wall clock: its imports done, not its exit
@@ -223,12 +237,18 @@ def floors(checkpoint: Path) -> dict[str, float]:
             assert rank.stdin is not None
             rank.stdin.write("go\n")
             rank.stdin.close()
-        times = [[float(t) for t in rank.stdout.read().split()[-2:]] for rank in ranks if rank.stdout is not None]
+        times = [[float(t) for t in rank.stdout.read().split()[-3:]] for rank in ranks if rank.stdout is not None]
         for rank in ranks:
             rank.wait(timeout=300)
         rendezvous.append(max(t[0] for t in times))
         setup.append(max(t[1] for t in times))
-    return {"to pretrain again": min(imports), "rendezvous": min(rendezvous), "setup and load": min(setup)}
+        teardown.append(max(t[2] for t in times))
+    return {
+        "to pretrain again": min(imports),
+        "rendezvous": min(rendezvous),
+        "setup and load": min(setup),
+        TEARDOWN: min(teardown),
+    }
 
 
 def main() -> str:
@@ -249,10 +269,12 @@ def main() -> str:
     return "\n".join((_table(results), _parts_table(rows, floor), _copy_table(copied), SHOWS, ""))
 
 
+TEARDOWN = "teardown"
+"""The floor of a retry's "to pretrain again": the groups of the failed attempt aborted and freed, bare."""
 RETRY_COPY = "raise, --memory-copy"
 RETRY_UNWATCHED = "raise, --memory-copy, --liveness off"
-"""Table 2's extra rows: the retry resuming from the copy, with and without the ranks' liveness monitors (whose
-restart, a new process per rank per attempt, competes with the set-up for this machine's two cores)."""
+"""Table 2's extra rows: the retry resuming from the copy, with and without the ranks' liveness monitors (kept
+across the retry: the two rows should differ by the noise alone)."""
 
 
 def _parts_table(results: dict[str, list[dict[str, float]]], floor: dict[str, float]) -> str:
@@ -261,8 +283,8 @@ def _parts_table(results: dict[str, list[dict[str, float]]], floor: dict[str, fl
     for kind, runs in results.items():
         parts = [statistics.median(r[part] for r in runs) for part in PARTS]
         retry = kind.startswith("raise")
-        floors_ = [0.0 if retry and part == "to pretrain again" else floor.get(part, 0.0) for part in PARTS]
-        floors_[-1] = statistics.median(r["step"] for r in runs)
+        floors_ = [floor[TEARDOWN] if retry and part == "to pretrain again" else floor[part] for part in PARTS[:-1]]
+        floors_.append(statistics.median(r["step"] for r in runs))  # a warm step: a fresh process's first is slower
         cells = [f"{p:.2f} ({f:.2f})" for p, f in zip(parts, floors_, strict=True)]
         rows.append([kind, *cells, f"{sum(parts):.2f}", f"{sum(floors_):.2f}", f"{sum(parts) / sum(floors_):.1f}x"])
     title = (
