@@ -5,8 +5,8 @@ only when its last reference goes, and the frames of a failure's traceback keep 
 locals alive for as long as the caller keeps the exception (a notebook keeps
 ``sys.last_traceback``). lifecycle never clears the caller's frames (debuggers and error
 reporters read their locals); it clears the frames of the packages a resource kind
-declares as holders (``Resource.held_in_frames_of``: torch's and megatron-core's own
-functions, which take a group or a store as an argument), and says so in a note, and its
+declares as holders (``Resource.held_in_frames_of``: torch's own functions, which take
+a group or a store as an argument), and says so in a note, and its
 own finished frames, silently: a failed step's loss holds its autograd graph, whose
 megatron-core nodes hold the tensor-parallel group, and a failed collective's wrapper
 holds its ``Work``.
@@ -63,7 +63,7 @@ def clear_frames_of(error: BaseException, packages: tuple[str, ...], quietly: tu
                 except RuntimeError:  # still executing
                     pass
                 else:
-                    cleared += path.startswith(loud) if loud else 0
+                    cleared += path.startswith(loud)
             tb = tb.tb_next
     if cleared:
         names = ", ".join(packages)
