@@ -20,6 +20,7 @@ from support.launch import REPO, free_port, run_bounded
 from support.probes import alive
 from support.torch_internals import default_forward_step, default_model_provider  # pretrain's own defaults
 
+import lifecycle
 from lifecycle import (
     Callback,
     CheckpointConfig,
@@ -165,7 +166,8 @@ def test_a_failed_steps_graph_and_groups_are_let_go_before_the_teardown(tmp_path
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
-    ours = [f for f in frames if "/lifecycle/" in f.f_code.co_filename and f.f_code.co_name != "pretrain"]
+    package = str(Path(lifecycle.__file__).resolve().parent)
+    ours = [f for f in frames if f.f_code.co_filename.startswith(package) and f.f_code.co_name != "pretrain"]
     assert any(f.f_code.co_name == "train_step" for f in ours), [f.f_code.co_name for f in frames]
     assert all(not f.f_locals for f in ours), {f.f_code.co_name: list(f.f_locals) for f in ours if f.f_locals}
     assert seen and not [
