@@ -31,7 +31,9 @@ def _package_dir(package: str) -> str | None:
     return None if path is None else os.path.dirname(os.path.abspath(path)) + os.sep
 
 
-def clear_frames_of(error: BaseException, packages: tuple[str, ...], quietly: tuple[str, ...] = ()) -> int:
+def clear_frames_of(
+    error: BaseException, packages: tuple[str, ...], quietly: tuple[str, ...] = (), note: bool = True
+) -> int:
     """Clear the locals of the finished frames of ``packages`` and ``quietly`` in the tracebacks of ``error`` and
     of its chain.
 
@@ -40,7 +42,8 @@ def clear_frames_of(error: BaseException, packages: tuple[str, ...], quietly: tu
     cause). Frames still executing are skipped; frames of every other module (the
     caller's) are left as they are. The tracebacks' lines stay printable. Returns how
     many frames of ``packages`` were cleared; if any, a note on ``error`` says how many
-    and why (those of ``quietly`` are not counted).
+    and why (those of ``quietly`` are not counted; ``note`` False: the caller adds it
+    later with ``note_cleared``).
     """
     loud = tuple(d for d in map(_package_dir, packages) if d is not None)
     dirs = loud + tuple(d for d in map(_package_dir, quietly) if d is not None)
@@ -65,10 +68,15 @@ def clear_frames_of(error: BaseException, packages: tuple[str, ...], quietly: tu
                 else:
                     cleared += path.startswith(loud)
             tb = tb.tb_next
-    if cleared:
-        names = ", ".join(packages)
-        error.add_note(
-            f"lifecycle: cleared the locals of {cleared} {names} frame(s) of this traceback: they held a process "
-            "group or store, whose sockets close only once it is freed"
-        )
+    if note:
+        note_cleared(error, cleared, packages)
     return cleared
+
+
+def note_cleared(error: BaseException, cleared: int, packages: tuple[str, ...]) -> None:
+    """Add to ``error`` the note saying that ``cleared`` frames of ``packages`` were cleared; nothing if none were."""
+    if cleared:
+        error.add_note(
+            f"lifecycle: cleared the locals of {cleared} {', '.join(packages)} frame(s) of this traceback: they held "
+            "a process group or store, whose sockets close only once it is freed"
+        )

@@ -22,7 +22,7 @@ from lifecycle._core.events import (
 )
 from lifecycle._core.executor import Releaser, StepRecord, TeardownReport, raise_failures
 from lifecycle._core.failing import fail_surely
-from lifecycle._core.frames import clear_frames_of
+from lifecycle._core.frames import clear_frames_of, note_cleared
 from lifecycle._core.holdings import Holdings
 from lifecycle._core.machine import Driver
 from lifecycle._core.ownership import Ledger, caller_site
@@ -315,8 +315,10 @@ class Session:
             logger.error("%s failed in state %s: %s; releasing what it owns", self.label, state, text)
 
         holders = tuple(dict.fromkeys(p for e in self.ledger.entries for p in e.resource.held_in_frames_of))
-        clear_frames_of(error, holders, quietly=("lifecycle",))  # never the caller's; before the groups are aborted
+        # Never the caller's frames; before the groups are aborted; the note after the teardown's own notes.
+        cleared = clear_frames_of(error, holders, quietly=("lifecycle",), note=False)
         report = self._fail_teardown(start, text, error, log_first)
+        note_cleared(error, cleared, holders)
         for failure in report.failed:
             error.add_note(f"lifecycle: teardown step {failure.step} also failed: {describe(failure.error)}")
         if self._exit_request is not None:
