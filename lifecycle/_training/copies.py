@@ -190,7 +190,6 @@ class NodeCopies:
         a later call of the run in this process with the same key starts with it (``_INTERVALS``)."""
         self.enabled, self.key = enabled, key
         self.interval = interval  # 0: not derived yet
-        self.carried = 0  # the interval an earlier call of this run derived in this process (``open``)
         self.budget, self.cap_mb, self.attempt = budget, cap_mb, attempt
         self.slots: RankCopies | None = None
         self.fits = enabled
@@ -216,7 +215,6 @@ class NodeCopies:
             return
         self.on_cpu = on_cpu
         run = run_id()
-        self.carried = _INTERVALS.get((run, self.key), 0) if self.interval == 0 else 0
         sweep(run)
         self.slots = RankCopies(run, rank, world_size, replica=replica)
         if run == run_id({}):  # a run id of this process's own: no later process can resume from these copies
@@ -255,7 +253,7 @@ class NodeCopies:
         rank, world = dist.get_rank(), dist.get_world_size()
         mine = torch.full((_LOADABLE + 2,), -1, dtype=torch.int64)
         mine[: len(held)] = torch.tensor(held, dtype=torch.int64)
-        mine[_LOADABLE + 1] = self.carried
+        mine[_LOADABLE + 1] = _INTERVALS.get((self.slots.run_id, self.key), 0) if self.interval == 0 else 0
         if rank == 0:
             try:
                 found = latest_checkpoint(directory)

@@ -241,13 +241,10 @@ class RankCopies:
         and as long as its header says. Headers only: the payload's checksum is verified by ``read``, which returns
         None for a damaged one (``resume`` then falls back on every rank). Other files are left alone."""
         found: dict[int, Path] = {}
+        mine = (self.run_id, self.rank, self.world_size)
         for index in slots:
             header = read_header(self.slot(index), whole=True)
-            if header is not None and (header.run_id, header.rank, header.world_size) == (
-                self.run_id,
-                self.rank,
-                self.world_size,
-            ):
+            if header is not None and (header.run_id, header.rank, header.world_size) == mine:
                 found[header.step] = self.slot(index)
         return found
 

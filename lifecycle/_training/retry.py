@@ -376,7 +376,7 @@ def _wait_for_cause(
             checked = now
             if _ended(journal_dir, facts.rank, name):
                 running, deadline = False, now + wait_s
-        limit = min(start + CAUSE_WAIT_S, deadline if not running else now + _CHECK_S)
+        limit = start + CAUSE_WAIT_S if running else min(start + CAUSE_WAIT_S, deadline)
         if not ledger.wait(name, max(0.001, min(_CHECK_S, limit - now))):
             time.sleep(pause)
             pause = min(2 * pause, _POLL_S)
