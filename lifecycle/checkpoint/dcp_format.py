@@ -27,10 +27,12 @@ Checksums. Each tensor's bytes in a data file are one ``torch.save`` zip archive
 ``torch.save`` stores the CRC-32 of every member (the tensor's bytes, its pickle) as
 the zip format asks, computed in the same pass that writes them. A data file's listing
 says so (``"checksum": "zip-crc32"``) and ``load_shard`` checks every member's CRC-32
-(``zipfile``) as it reads each tensor, the tensor's storage as ``torch.load`` returns it
-(torch's zip reader honours header fields ``zipfile`` ignores: one flipped there made
-it return other bytes): no second pass over the bytes when saving, and none before
-loading. (torch does not check the CRCs itself; any zip tool can.) Only when
+as it reads each tensor: in one pass with the tensor's rebuild for the zip torch writes
+(``zip_tensor.read_plain``: ``struct``, ``zlib`` and the C unpickler, about a tenth of
+the time), else with ``zipfile`` and, for the storage, on the bytes ``torch.load``
+returns (torch's zip reader honours header fields ``zipfile`` ignores: one flipped
+there made it return other bytes): no second pass over the bytes when saving, and none
+before loading. (torch does not check the CRCs itself; any zip tool can.) Only when
 torch's CRCs are switched off (``torch.serialization.set_crc32_options(False)``) does
 ``write_planned`` read the file back once for a whole-file CRC-32 (``"crc32"``); records
 written before this listed a whole-file ``"sha256"``, still checked.
@@ -44,8 +46,10 @@ data file can rewrite the record and manifest that list it. The small files (rec
 on at resume, and each record's digest travels in the commit's ``all_gather`` row, so
 rank 0 merges exactly what each rank wrote.
 
-Non-tensor values never go through pickle: they are in the record's JSON skeleton, and
-``load_shard`` reads tensors with ``torch.load(weights_only=True)``.
+Non-tensor values never go through pickle: they are in the record's JSON skeleton. A
+tensor's own pickle is read by an unpickler that finds nothing but the tensor rebuild,
+its storage types and an empty ``OrderedDict`` (``read_plain``), or by
+``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ from lifecycle.checkpoint.layout import (
     crc32,
     write_new,
 )
+from lifecycle.checkpoint.zip_tensor import read_plain
 
 __all__ = [
     "DATA_RE",
@@ -383,15 +388,32 @@ def _storage_crc32(tensor: torch.Tensor) -> int:
     return zlib.crc32(raw.numpy().data)
 
 
-def _chunks(
-    folder: Path, record: Mapping[str, Any], *, loading: bool
-) -> Iterator[tuple[Mapping[str, Any], bytes, int | None]]:
-    """Each tensor entry of ``record``, its bytes, and the CRC-32 its storage must have (None: checked already).
+def _load_carefully(t: Mapping[str, Any], path: Path, data: bytes, zipped: bool) -> Any:
+    """Tensor ``t``'s ``data`` loaded by ``torch.load(weights_only=True)``, a zip's members checked by ``zipfile``.
 
-    Whole-file checksums (``crc32``, ``sha256``) are checked before a file's first chunk;
-    with ``zip-crc32``, each chunk's members as it is read, except, when ``loading``, its
-    storage: the caller checks the storage ``torch.load`` returns against the CRC-32
-    given, in the same pass. ``ShardCorrupt`` naming the file whose content differs;
+    The way for what ``read_plain`` does not read: a damaged zip (``ShardCorrupt`` naming
+    ``path`` and the tensor), another zip layout or pickle, data checked by a whole-file
+    checksum (``zipped`` False). The storage ``torch.load`` returns is checked against its
+    member's CRC-32, so damage that makes torch's zip reader read other bytes than
+    ``zipfile`` checked is caught too.
+    """
+    crc = _zip_intact(data, path, str(t["fqn"]), skip_storage=True) if zipped else None
+    try:
+        tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch's zip reader or safe unpickler refused it: a flipped
+        # byte surfaces as RuntimeError, UnpicklingError, EOFError, even IndexError (seen in full runs)
+        raise ShardCorrupt(f"shard {path} is corrupt: torch cannot read {t['fqn']!r} ({exc})") from exc
+    if crc is not None and isinstance(tensor, torch.Tensor) and _storage_crc32(tensor) != crc:
+        raise ShardCorrupt(f"shard {path} is corrupt: the bytes loaded for {t['fqn']!r} do not match their CRC-32")
+    return tensor
+
+
+def _chunks(folder: Path, record: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], Path, bytes, bool]]:
+    """Each tensor entry of ``record``, the file it lies in, its bytes, and whether they are a checked zip.
+
+    Whole-file checksums (``crc32``, ``sha256``) are checked before a file's first chunk
+    (``ShardCorrupt`` naming the file whose content differs); a chunk of a ``zip-crc32``
+    file comes with True: its zip's members are the caller's to check.
     ``ValueError``/``KeyError``/``TypeError`` for a record that does not describe its
     data; ``OSError`` for an I/O error.
     """
@@ -410,25 +432,22 @@ def _chunks(
                 handles[name] = open(path, "rb")  # noqa: SIM115 - closed below
             f = handles[name]
             f.seek(int(chunk["offset"]))
-            data = f.read(int(chunk["length"]))
-            crc = None
-            if listed[name].get("checksum") == ZIP_CRC32:
-                crc = _zip_intact(data, path, str(t["fqn"]), skip_storage=loading)
-            yield t, data, crc if loading else None
+            yield t, path, f.read(int(chunk["length"])), listed[name].get("checksum") == ZIP_CRC32
     finally:
         for f in handles.values():
             f.close()
 
 
 def verify_data(folder: Path, record: Mapping[str, Any]) -> None:
-    """Check the content of every data file ``record`` lists, as ``load_shard`` does, without loading it.
+    """Check the content of every data file ``record`` lists, as ``load_shard`` does, without keeping it.
 
     ``ShardCorrupt`` naming the first file whose content differs from what was written;
     ``CheckpointError`` if the record does not describe its data.
     """
     try:
-        for _ in _chunks(folder, record, loading=False):
-            pass
+        for t, path, data, zipped in _chunks(folder, record):
+            if zipped and read_plain(data) is None:
+                _zip_intact(data, path, str(t["fqn"]), skip_storage=False)
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint record in {folder} does not describe its data: {exc}") from exc
 
@@ -447,33 +466,25 @@ def verify_step(folder: Path, manifest: Mapping[str, Any]) -> None:
 
 
 def load_shard(folder: Path, record: Mapping[str, Any]) -> Any:
-    """The state one rank saved, rebuilt from its ``record``: tensors read with ``torch.load(weights_only=True)``.
+    """The state one rank saved, rebuilt from its ``record``; no pickle but a tensor's own is read.
 
     The caller checked the record itself (``read_record``); the data files' content is
-    checked here, in the pass that reads it (``ShardCorrupt`` naming the file): with
-    ``zip-crc32``, the tensor ``torch.load`` returns is checked against its storage's
-    CRC-32, so damage that makes torch's zip reader read other bytes than ``zipfile``
-    checked is caught too. ``CheckpointError`` if the record does not describe its data.
+    checked here, in the pass that reads it (``ShardCorrupt`` naming the file). A tensor
+    whose zip is the plain case torch writes is checked and rebuilt in one pass
+    (``zip_tensor.read_plain``); any other, damaged ones included, is checked by
+    ``zipfile`` and loaded by ``torch.load(weights_only=True)`` (``_load_carefully``).
+    ``CheckpointError`` if the record does not describe its data.
     """
     tensors: dict[str, torch.Tensor] = {}
     try:
-        for t, data, crc in _chunks(folder, record, loading=True):
-            try:
-                tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-            except Exception as exc:  # torch's zip reader or safe unpickler refused it: a flipped
-                # byte surfaces as RuntimeError, UnpicklingError, EOFError, even IndexError (seen in full runs)
-                raise ShardCorrupt(
-                    f"shard {folder / t['chunks'][0]['file']} is corrupt: torch cannot read {t['fqn']!r} ({exc})"
-                ) from exc
+        for t, path, data, zipped in _chunks(folder, record):
+            tensor = read_plain(data) if zipped else None
+            if tensor is None:
+                tensor = _load_carefully(t, path, data, zipped)
             if not isinstance(tensor, torch.Tensor) or list(tensor.shape) != t["size"]:
                 raise ValueError(f"{t['fqn']!r} is not a tensor of size {t['size']}")
             if str(tensor.dtype).removeprefix("torch.") != t["dtype"]:
                 raise ValueError(f"{t['fqn']!r} is not a tensor of dtype {t['dtype']}")
-            if crc is not None and _storage_crc32(tensor) != crc:
-                raise ShardCorrupt(
-                    f"shard {folder / t['chunks'][0]['file']} is corrupt: the bytes loaded for {t['fqn']!r} "
-                    "do not match their CRC-32"
-                )
             tensors[t["fqn"]] = tensor
         return _decode(record["state"], tensors)
     except (ValueError, KeyError, TypeError) as exc:
