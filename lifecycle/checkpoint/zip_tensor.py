@@ -26,6 +26,7 @@ import zlib
 from collections import OrderedDict
 from typing import Any
 
+import numpy
 import torch
 
 __all__ = ["read_plain"]
@@ -121,9 +122,9 @@ class _Unpickler(pickle.Unpickler):
         if len(body) != numel * dtype.itemsize or self.storages:
             raise _NotPlain
         self.storages.append(key)
-        if not len(body):  # frombuffer refuses an empty buffer
-            return dtype, torch.empty(0, dtype=torch.uint8).untyped_storage()
-        return dtype, torch.frombuffer(bytearray(body), dtype=torch.uint8).untyped_storage()
+        owned = torch.empty(len(body), dtype=torch.uint8)  # torch's own memory, aligned, not the zip's buffer
+        owned.numpy()[:] = numpy.frombuffer(body, dtype=numpy.uint8)
+        return dtype, owned.untyped_storage()
 
 
 def _rebuild(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, *rest: Any) -> Any:
@@ -141,14 +142,13 @@ def _rebuild(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: A
 def read_plain(data: bytes | bytearray | memoryview) -> torch.Tensor | None:
     """The tensor ``data`` (one ``torch.save`` zip) holds, every member checked, or None if it is not the plain case.
 
-    A tensor returned owns its storage (a copy of the zip's bytes) and its every byte was
-    covered by a CRC-32 check: its storage's, or its pickle's. None for anything else,
-    damaged bytes included: the caller then checks and loads ``data`` the careful way.
-    Never raises for any ``data``.
+    A tensor returned owns its storage (a copy of the zip's bytes in memory torch
+    allocated, not a view of ``data``), and its every byte was covered by a CRC-32 check:
+    its storage's or its pickle's. None for anything else, damaged bytes included: the
+    caller then checks and loads ``data`` the careful way. Never raises for any ``data``.
     """
-    view = memoryview(data).cast("B")
     try:
-        members = _members(view)
+        members = _members(memoryview(data).cast("B"))
         pickles = [name for name in members if name.rsplit("/", 1)[-1] == "data.pkl"]
         if len(pickles) != 1:
             raise _NotPlain
