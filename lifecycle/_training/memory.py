@@ -25,6 +25,7 @@ Each process of the run holds a shared ``flock`` on ``<root>/<run>/.lock`` while
 the copies; the kernel drops it when the process dies, even by SIGKILL. ``sweep`` removes
 the folders of other runs whose lock nobody holds: the files a whole job killed at once left.
 A run whose id is the process's own (``remove_at_exit``) has its files removed when the process exits.
+The root itself is removed with the last run's folder (an ``rmdir``, so only when empty).
 """
 
 from __future__ import annotations
@@ -222,9 +223,15 @@ class RankCopies:
 
     def open(self) -> None:
         """Create the run's folder, hold its shared lock (until ``remove`` or the process ends), drop torn writes."""
-        self.folder.mkdir(parents=True, exist_ok=True)
         if self.folder not in _HELD:
-            fd = os.open(self.folder / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            for tries_left in reversed(range(3)):
+                try:  # the root is removed once empty (``_remove_if_free``): between our mkdirs, another run's remover
+                    self.folder.mkdir(parents=True, exist_ok=True)  # may take it; the next try makes it again
+                    fd = os.open(self.folder / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+                    break
+                except FileNotFoundError:
+                    if not tries_left:
+                        raise
             fcntl.flock(fd, fcntl.LOCK_SH)
             _HELD[self.folder] = fd
         for stale in self.folder.glob(f"rank{self.rank}.slot*-*"):  # spares, and an older version's <slot>.tmp-<pid>
@@ -394,24 +401,28 @@ class RankCopies:
 
 
 def _remove_if_free(folder: Path) -> bool:
-    """Remove ``folder`` if no process holds its lock (taken exclusively meanwhile); whether it is gone."""
+    """Remove ``folder`` if no process holds its lock (taken exclusively meanwhile), and the root above it once that
+    holds no run's folder (``rmdir``: never a folder in use); whether ``folder`` is gone."""
     try:
         fd = os.open(folder / _LOCK, os.O_RDWR)
     except FileNotFoundError:
-        shutil.rmtree(folder, ignore_errors=True)
-        return not folder.exists()
+        fd = None
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return False
-    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         shutil.rmtree(folder, ignore_errors=True)
+    except OSError:
+        return False
     finally:
-        os.close(fd)
-    return not folder.exists()
+        if fd is not None:
+            os.close(fd)
+    if folder.exists():
+        return False
+    with contextlib.suppress(OSError):  # ENOTEMPTY while another run's folder is there: the root stays
+        folder.parent.rmdir()
+    return True
 
 
 @atexit.register

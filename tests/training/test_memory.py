@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,6 +146,43 @@ def test_removing_a_ranks_copies_removes_the_folder_once_no_process_holds_it(tmp
     (copies.folder / "rank1.slot0").write_bytes(b"p")
     remove_rank_copies("run-1", 0, tmp_path)
     assert not copies.folder.exists()
+
+
+def test_the_root_goes_with_the_last_runs_folder_and_comes_back_with_the_next(tmp_path: Path) -> None:
+    """Removing one run's copies keeps a root another run's folder is in; removing the last removes the root too."""
+    root = tmp_path / "copies"
+    first, second = slots(root, "first"), slots(root, "second")
+    first.write(1, "0.0", [b"p"], cap=None)
+    first.remove()
+    assert sorted(p.name for p in root.iterdir()) == ["second"]
+    second.remove()
+    assert not root.exists()
+    again = slots(root, "third")
+    again.write(2, "0.0", [b"q"], cap=None)
+    assert sorted(again.newest()) == [2]
+    again.remove()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_opening_makes_the_root_again_when_another_run_removes_it_between_the_mkdirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The root removed by another run's last remove just after this open made it: the open makes it again."""
+    root = tmp_path / "copies"
+    made = Path.mkdir
+    raced: list[Path] = []
+
+    def mkdir_then_lose_the_root(self: Path, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        if self == root and not raced:  # the parent made, the run's folder not yet: another run's rmdir lands
+            raced.append(self)
+            root.rmdir()
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_lose_the_root)
+    copies = slots(root, "run-1")
+    assert raced == [root]
+    copies.write(1, "0.0", [b"p"], cap=None)
+    assert sorted(copies.newest()) == [1]
 
 
 @pytest.mark.parametrize("at_exit", [True, False], ids=["removed-at-exit", "kept"])
