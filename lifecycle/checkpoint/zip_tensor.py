@@ -89,7 +89,7 @@ def _members(data: memoryview) -> dict[str, memoryview]:
             raise _NotPlain
         if name.decode() in members:
             raise _NotPlain
-        members[name.decode()] = body
+        members[name.decode()] = body  # utf-8: torch names its members in ASCII
     if at != offset + size:
         raise _NotPlain
     return members
@@ -104,6 +104,7 @@ class _Unpickler(pickle.Unpickler):
         self.storages: list[str] = []
 
     def find_class(self, module: str, name: str) -> Any:
+        """Our rebuild for torch's, ``OrderedDict``, a storage type's dtype; ``_NotPlain`` for any other global."""
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
             return _rebuild
         if (module, name) == ("collections", "OrderedDict"):
@@ -113,6 +114,7 @@ class _Unpickler(pickle.Unpickler):
         raise _NotPlain
 
     def persistent_load(self, pid: Any) -> Any:
+        """The one storage the pickle names, as (dtype, a copy of its member's bytes); ``_NotPlain`` otherwise."""
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise _NotPlain
         _, dtype, key, _location, numel = pid
