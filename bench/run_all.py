@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_checkpoint  # noqa: E402
+import bench_close  # noqa: E402
 import bench_leaks  # noqa: E402
 import bench_liveness  # noqa: E402
 import bench_memory_copy  # noqa: E402
@@ -50,6 +51,7 @@ def main() -> None:
     benches = (
         bench_overhead,
         bench_release,
+        bench_close,
         bench_retry,
         bench_leaks,
         bench_show,

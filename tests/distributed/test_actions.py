@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import num_microbatches_calculator, parallel_state, rerun_state_machine
 from support.configs import GROUP_TIMEOUT_S, ONE
-from support.launch import run_workers
+from support.launch import run_workers, worker_reports
 from support.probes import MEGATRON_RELEASES, NOTHING_ALIVE, TORCH_COLLECTIVES, TORCH_RELEASES, TorchCalls, alive
 from support.session import LIVE_STATES, drive
 
@@ -599,3 +599,15 @@ def test_megatron_gloo_twins_are_built_only_off_gloo_unless_asked() -> None:
     with pytest.raises(ConfigError) as refused:
         ParallelConfig(create_gloo_process_groups="yes")  # type: ignore[arg-type]
     assert refused.value.field == "parallel.create_gloo_process_groups"
+
+
+@pytest.mark.timeout(120)
+def test_a_healthy_close_frees_the_gloo_groups_in_parallel() -> None:
+    """A close at 2 ranks frees every gloo group on the freeing threads, none on the teardown's; a new session runs."""
+    for report in worker_reports("close_worker", timeout_s=100):
+        for session in report["sessions"]:
+            assert session["state"] == "closed" and not session["initialized"], session
+            assert session["backends"] == ["gloo"] and session["groups"] > 10, session  # megatron-core's among them
+            assert session["alive"] == 0 and session["freed"] == session["groups"], session  # freed by the close
+            # Not one after the other on the teardown's thread (a tick of gloo's socket loop per group and peer).
+            assert session["threads"] == ["lifecycle-free-group"], session
