@@ -6,9 +6,14 @@ a, ...: each side runs first as often), each session Session + TorchActions with
 all-reduce on every group, close. Timed: the ``with`` block's exit, the success plan from
 ``finalize_checkpoints`` to ``restore_signal_handlers``; a row gives the median over
 sessions of the slowest rank's time.
-  (a) lifecycle: ``destroy_process_group`` frees the gloo groups in parallel (``groups.destroy_world``);
-  (b) one by one: the same session with torch's ``dist.destroy_process_group()`` in its place (as before);
+  (a) lifecycle: ``destroy_process_group`` frees the gloo groups in parallel (``groups.destroy_world``),
+      and ``destroy_model_parallel`` megatron-core's gloo copies (``free_in_parallel``);
+  (b) one by one: the same session with torch's ``dist.destroy_process_group()`` in its place and the
+      copies left to megatron-core's destroy alone (as before);
   (c) floor: a bare gloo default group (no megatron-core), ``barrier`` then ``destroy_process_group``.
+The rows "gloo copies" ask megatron-core for gloo copies of its data-parallel groups
+(``create_gloo_process_groups=True``, the default on an nccl world), which its own destroy
+destroys one by one.
 """
 
 from __future__ import annotations
@@ -27,15 +32,15 @@ ROUNDS = 8
 SIDES = ("lifecycle", "one by one", "floor")
 
 
-def _rank(rank: int, world: int, port: int, queue: Any, bare_ports: list[int]) -> None:
+def _rank(rank: int, world: int, port: int, queue: Any, bare_ports: list[int], copies: bool) -> None:
     import torch
     import torch.distributed as dist
 
     from lifecycle import DistributedConfig, ParallelConfig, Session, TorchActions
-    from lifecycle._torch import actions
+    from lifecycle._torch import actions, megatron_actions
 
     config = DistributedConfig(world_size=world, rank=rank, master_addr="127.0.0.1", master_port=port, timeout_s=30)
-    parallel = actions.destroy_world
+    parallel, held = actions.destroy_world, megatron_actions._gloo_copies
     times: dict[str, list[float]] = {side: [] for side in SIDES}
     groups = 0
     for i in range(ROUNDS):
@@ -49,8 +54,10 @@ def _rank(rank: int, world: int, port: int, queue: Any, bare_ports: list[int]) -
                 dist.destroy_process_group()
                 times[side].append(time.perf_counter() - started)
                 continue
-            actions.destroy_world = parallel if side == "lifecycle" else dist.destroy_process_group  # type: ignore[assignment]
-            with Session(TorchActions(config, ParallelConfig())) as session:
+            ours = side == "lifecycle"
+            actions.destroy_world = parallel if ours else dist.destroy_process_group  # type: ignore[assignment]
+            megatron_actions._gloo_copies = held if ours else list  # type: ignore[assignment]
+            with Session(TorchActions(config, ParallelConfig(create_gloo_process_groups=copies))) as session:
                 session.init_distributed()
                 session.init_globals()
                 session.start_training()
@@ -65,16 +72,16 @@ def _rank(rank: int, world: int, port: int, queue: Any, bare_ports: list[int]) -
     queue.put((rank, groups, times))
 
 
-def measure(world: int) -> list[object]:
-    """One table row at ``world`` ranks."""
+def measure(world: int, copies: bool) -> list[object]:
+    """One table row at ``world`` ranks (with megatron-core's gloo copies if ``copies``)."""
     from lifecycle.testing import free_port
 
-    results = spawn(_rank, world, [free_port() for _ in range(ROUNDS)], timeout_s=300)
+    results = spawn(_rank, world, [free_port() for _ in range(ROUNDS)], copies, timeout_s=300)
     groups = results[0][1]
     slowest = {side: [max(r[2][side][i] for r in results) for i in range(ROUNDS)] for side in SIDES}
     life, serial, floor = (slowest[side] for side in SIDES)
     return [
-        world,
+        f"{world}, gloo copies" if copies else world,
         groups,
         f"{median(life) * 1e3:.0f}",
         f"{median(serial) * 1e3:.0f}",
@@ -87,7 +94,7 @@ def measure(world: int) -> list[object]:
 
 def main() -> str:
     """Measure at 2 and 4 ranks; return the Markdown table."""
-    rows = [measure(world) for world in (2, 4)]
+    rows = [measure(world, copies) for world in (2, 4) for copies in (False, True)]
     return table(
         f"A healthy close (gloo, the default ParallelConfig; {ROUNDS} sessions of each side per process, rotating; "
         "median of the slowest rank's close; ms)",
@@ -108,7 +115,8 @@ def main() -> str:
         "socket loop; torch's `destroy_process_group()` drops the groups one after the other, a tick "
         "per group and peer, so (b) grows with megatron-core's groups and the ranks. (a) holds the "
         "gloo groups and frees them in parallel, one thread each, as the failure plan does: a few "
-        "ticks in all. (c) is the floor: one group, no megatron-core, its barrier and destroy.\n"
+        "ticks in all; megatron-core's gloo copies, which its own destroy destroys one by one, it holds "
+        "and frees the same way. (c) is the floor: one group, no megatron-core, its barrier and destroy.\n"
     )
 
 

@@ -91,14 +91,17 @@ class MegatronActions:
         Rank-local. When the default group is the caller's, the subgroups Megatron
         created in it are aborted here too (the caller's group outlives the session, so
         nothing else would release them); when this object owns the default group,
-        Megatron destroys its gloo copies (gracefully: nothing is pending after a success)
-        and the rest go with the default group. Then what megatron-core's own destroy
+        Megatron destroys its gloo copies (gracefully: nothing is pending after a success;
+        held here meanwhile, so that they are freed in parallel, ``free_in_parallel``, not
+        a tick of gloo's socket loop per copy and peer one after the other) and the rest
+        go with the default group. Then what megatron-core's own destroy
         leaves set (rank lists, group aliases, the tensor-parallel RNG tracker, the MoE
         metrics tracker; see ``lifecycle._torch.megatron``) goes back to rest: every
         ``megatron.core`` module global is as before the session.
         """
         caller_group = dist.is_initialized() and not self._created_group
-        self._release_model_parallel(_subgroups() if caller_group else [], FREE_WAIT_S)
+        held = _gloo_copies() if dist.is_initialized() and self._created_group else []
+        self._release_model_parallel(_subgroups() if caller_group else [], FREE_WAIT_S, held)
 
     def abort_model_parallel(self) -> None:
         """Failure path: abort Megatron's groups before Megatron's own destroy runs; then as on success.
@@ -119,14 +122,20 @@ class MegatronActions:
         else:
             self._release_model_parallel(_subgroups(), FREE_WAIT_S)
 
-    def _release_model_parallel(self, aborted: list[object], wait_s: float) -> None:
-        """Abort ``aborted``, let Megatron reset its globals, then free ``aborted`` (within ``wait_s``)."""
+    def _release_model_parallel(self, aborted: list[object], wait_s: float, held: list[object] | None = None) -> None:
+        """Abort ``aborted``, let Megatron reset its globals (and destroy ``held``, its gloo copies), then free
+        ``aborted`` and ``held`` (emptied) within ``wait_s``."""
         errors = abort_groups(aborted)
-        _ps.destroy_model_parallel()
-        _ps.destroy_global_memory_buffer()
-        drop_leftover_groups()
-        reset_leftovers()
-        free_in_parallel(aborted, wait_s)  # Megatron's references are gone: ours are the last
+        try:
+            _ps.destroy_model_parallel()
+            _ps.destroy_global_memory_buffer()
+            drop_leftover_groups()
+            reset_leftovers()
+        finally:
+            if held:
+                aborted += held
+                held.clear()
+            free_in_parallel(aborted, wait_s)  # Megatron's references are gone: ours are the last
         if errors:
             raise LifecycleError(
                 f"{Resource.MODEL_PARALLEL.value}: {len(errors)} model-parallel subgroup(s) failed to abort "
