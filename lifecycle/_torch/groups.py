@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -57,18 +58,10 @@ def abort_group(group: Any, *, wait_s: float = FREE_WAIT_S) -> None:
     group and peer, and in parallel only a few ticks in all (see docs/benchmarks.md,
     gloo-tick, gloo-free-serial and gloo-free-parallel).
     """
-    # References that make our threads the ones to free the gloo groups. One group: its
-    # caller holds it anyway. A world of one: no connection to close, and threads only
-    # added their start-up cost (see docs/benchmarks.md, gloo-free-world-of-one). Otherwise
-    # every gloo group, those of one rank too (freeing them one after the other costs
-    # as much: see docs/benchmarks.md, gloo-free-rank-local). nccl's abort does its work
-    # itself: its groups go as before.
-    threaded = group is None and dist.is_initialized() and dist.get_world_size() > 1
-    held = [g for g, entry in pg_map().items() if threaded and _gloo_only(entry[0])]
-    try:
+    if group is None:
+        _holding_gloo_groups(lambda: _abort_or_destroy(None), wait_s)
+    else:  # one group: its caller holds it anyway
         _abort_or_destroy(group)
-    finally:
-        _free_in_parallel(held, wait_s)
 
 
 def destroy_world(*, wait_s: float = FREE_WAIT_S) -> None:
@@ -82,10 +75,21 @@ def destroy_world(*, wait_s: float = FREE_WAIT_S) -> None:
     with megatron-core's 18 groups took about 110 ms at 2 ranks, in parallel about 20 ms
     (bench/bench_close.py).
     """
+    _holding_gloo_groups(dist.destroy_process_group, wait_s)
+
+
+def _holding_gloo_groups(unregister: Callable[[], None], wait_s: float) -> None:
+    """Run ``unregister`` (torch's abort or destroy of every group) while holding the gloo groups, then free them
+    in parallel within ``wait_s`` (``_free_in_parallel``), also when it raises."""
+    # References that make our threads the ones to free the gloo groups. A world of one:
+    # no connection to close, and threads only added their start-up cost (see
+    # docs/benchmarks.md, gloo-free-world-of-one). Otherwise every gloo group, those of one
+    # rank too (freeing them one after the other costs as much: see docs/benchmarks.md,
+    # gloo-free-rank-local). nccl does its work itself: its groups go as before.
     threaded = dist.is_initialized() and dist.get_world_size() > 1
     held = [g for g, entry in pg_map().items() if threaded and _gloo_only(entry[0])]
     try:
-        dist.destroy_process_group()
+        unregister()
     finally:
         _free_in_parallel(held, wait_s)
 
